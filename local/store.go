@@ -1,0 +1,306 @@
+package local
+
+import (
+	"errors"
+	"hash/maphash"
+	"math"
+	"sync"
+	"sync/atomic"
+)
+
+const (
+	shardBits = 6
+	numShards = 1 << shardBits
+	minTable  = 8
+)
+
+// Config configures a [Store].
+type Config struct {
+	// MaxKeys caps the number of keys the store tracks, at least 64. When a shard is full, a clean key
+	// (nothing pending) is evicted, oldest-used first by the CLOCK algorithm; a key with pending
+	// consumption is never evicted.
+	MaxKeys int
+}
+
+// Stats counts what the store did. All fields only grow.
+type Stats struct {
+	Inserts   atomic.Int64 // keys added
+	Evictions atomic.Int64 // clean keys evicted to make room
+	Full      atomic.Int64 // inserts refused because every candidate had pending consumption
+}
+
+// Store holds the per-key local state of one limiter. It is safe for concurrent use. Lookups are
+// lock-free; inserts and evictions take a per-shard mutex. The zero Store is not usable; call [New].
+type Store struct {
+	seed     maphash.Seed
+	perShard int // key cap per shard
+	shards   [numShards]shard
+	inc      atomic.Uint64 // incarnation counter for new entries
+	dirty    atomic.Int64  // entries on dirty lists
+	notify   chan struct{} // signalled when dirty goes from 0 to 1
+	stats    Stats
+}
+
+type shard struct {
+	tab   atomic.Pointer[table] // current table; readers load it without locking
+	head  atomic.Pointer[Entry] // dirty list (a Treiber stack linked by Entry.next)
+	mu    sync.Mutex            // guards writes to tab's slots, live, tombs and hand
+	live  int                   // entries in the table
+	tombs int                   // tombstones in the table
+	hand  uint64                // CLOCK hand
+	_     [40]byte              // keep shards on separate cache lines
+}
+
+type table struct {
+	slots []atomic.Pointer[Entry]
+	mask  uint64
+}
+
+// tomb marks a deleted slot; probes continue past it.
+var tomb = &Entry{}
+
+// New returns an empty store.
+func New(cfg Config) (*Store, error) {
+	if cfg.MaxKeys < numShards {
+		return nil, errors.New("local: MaxKeys must be at least 64")
+	}
+	s := &Store{
+		seed:     maphash.MakeSeed(),
+		perShard: (cfg.MaxKeys + numShards - 1) / numShards,
+		notify:   make(chan struct{}, 1),
+	}
+	for i := range s.shards {
+		s.shards[i].tab.Store(newTable(minTable))
+	}
+	return s, nil
+}
+
+func newTable(size int) *table {
+	return &table{slots: make([]atomic.Pointer[Entry], size), mask: uint64(size - 1)}
+}
+
+// Stats returns the store's counters.
+func (s *Store) Stats() *Stats { return &s.stats }
+
+// Hash returns the hash the store uses for key; [Store.Lookup] and [Store.Insert] take it so callers
+// hash once.
+func (s *Store) Hash(key string) uint64 { return maphash.String(s.seed, key) }
+
+// Lookup returns the entry for key, or nil. It never blocks and never allocates.
+func (s *Store) Lookup(key string, h uint64) *Entry {
+	t := s.shards[h&(numShards-1)].tab.Load()
+	for i := (h >> shardBits) & t.mask; ; i = (i + 1) & t.mask {
+		e := t.slots[i].Load()
+		if e == nil {
+			return nil
+		}
+		if e.hash == h && e.key == key && e != tomb {
+			return e
+		}
+	}
+}
+
+// Len returns the number of keys tracked.
+func (s *Store) Len() int {
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n += sh.live
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// Insert returns the entry for key, creating it if needed. A new entry has no allowance: every take
+// goes to Redis until a reconcile grants one. It returns nil when the shard is at its cap and every
+// key in it has pending consumption; the caller then decides without local state.
+func (s *Store) Insert(key string, h uint64) *Entry {
+	sh := &s.shards[h&(numShards-1)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	t := sh.tab.Load()
+	free := -1
+	for i := (h >> shardBits) & t.mask; ; i = (i + 1) & t.mask {
+		e := t.slots[i].Load()
+		if e == nil {
+			break
+		}
+		if e == tomb {
+			if free < 0 {
+				free = int(i)
+			}
+			continue
+		}
+		if e.hash == h && e.key == key {
+			return e
+		}
+	}
+	if sh.live >= s.perShard && !s.evictLocked(sh) {
+		s.stats.Full.Add(1)
+		return nil
+	}
+	e := &Entry{key: key, hash: h, inc: s.inc.Add(1), store: s, sh: sh}
+	e.mark.Store(0)
+	if (sh.live+sh.tombs+1)*4 > len(t.slots)*3 {
+		t = sh.rebuildLocked(sh.live + 1)
+		free = -1
+	}
+	if free < 0 {
+		for i := (h >> shardBits) & t.mask; ; i = (i + 1) & t.mask {
+			if t.slots[i].Load() == nil {
+				free = int(i)
+				break
+			}
+		}
+	} else {
+		sh.tombs--
+	}
+	t.slots[free].Store(e)
+	sh.live++
+	s.stats.Inserts.Add(1)
+	return e
+}
+
+// rebuildLocked replaces the table with one sized for want live entries at most half full,
+// dropping tombstones. Readers of the old table still find every entry that existed before.
+func (sh *shard) rebuildLocked(want int) *table {
+	size := minTable
+	for size < want*2 {
+		size *= 2
+	}
+	old := sh.tab.Load()
+	t := newTable(size)
+	for i := range old.slots {
+		e := old.slots[i].Load()
+		if e == nil || e == tomb {
+			continue
+		}
+		for j := (e.hash >> shardBits) & t.mask; ; j = (j + 1) & t.mask {
+			if t.slots[j].Load() == nil {
+				t.slots[j].Store(e)
+				break
+			}
+		}
+	}
+	sh.tab.Store(t)
+	sh.tombs = 0
+	return t
+}
+
+// evictLocked evicts one clean entry of the shard, CLOCK order: a recently used entry gets a second
+// chance. It reports whether it freed a slot.
+func (s *Store) evictLocked(sh *shard) bool {
+	t := sh.tab.Load()
+	n := uint64(len(t.slots))
+	for k := uint64(0); k < 2*n+1; k++ {
+		i := sh.hand & t.mask
+		sh.hand++
+		e := t.slots[i].Load()
+		if e == nil || e == tomb {
+			continue
+		}
+		if e.used.Load() {
+			e.used.Store(false)
+			continue
+		}
+		if !e.tryEvict() {
+			continue
+		}
+		t.slots[i].Store(tomb)
+		sh.live--
+		sh.tombs++
+		s.stats.Evictions.Add(1)
+		return true
+	}
+	return false
+}
+
+// NewIncarnation returns an incarnation number no entry has used, for a one-off take without an entry.
+func (s *Store) NewIncarnation() uint64 { return s.inc.Add(1) }
+
+// Notify returns a channel that receives a value when the first entry becomes dirty after the dirty
+// lists were emptied. The syncer waits on it so that an idle limiter never ticks.
+func (s *Store) Notify() <-chan struct{} { return s.notify }
+
+// Dirty returns the number of entries waiting on dirty lists.
+func (s *Store) Dirty() int64 { return s.dirty.Load() }
+
+// markDirty puts e on its shard's dirty list unless it is already there.
+func (s *Store) markDirty(e *Entry) {
+	if e.dirty.Load() || !e.dirty.CompareAndSwap(false, true) {
+		return
+	}
+	sh := e.sh
+	for {
+		old := sh.head.Load()
+		e.next = old
+		if sh.head.CompareAndSwap(old, e) {
+			break
+		}
+	}
+	if s.dirty.Add(1) == 1 {
+		select {
+		case s.notify <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// MarkDirty puts e back on the dirty list, e.g. after its reconcile failed.
+func (s *Store) MarkDirty(e *Entry) { s.markDirty(e) }
+
+// Collect moves every dirty entry to buf (which it returns, appended) and clears their dirty flags.
+// An entry consumed again after Collect read it becomes dirty again.
+func (s *Store) Collect(buf []*Entry) []*Entry {
+	for i := range s.shards {
+		e := s.shards[i].head.Swap(nil)
+		k := int64(0)
+		for e != nil {
+			next := e.next
+			e.next = nil
+			e.dirty.Store(false)
+			buf = append(buf, e)
+			k++
+			e = next
+		}
+		if k > 0 {
+			s.dirty.Add(-k)
+		}
+	}
+	return buf
+}
+
+// Range calls fn for every tracked entry until fn returns false. It holds one shard lock at a time;
+// fn must not call back into the store's write methods.
+func (s *Store) Range(fn func(*Entry) bool) {
+	for i := range s.shards {
+		t := s.shards[i].tab.Load()
+		for j := range t.slots {
+			e := t.slots[j].Load()
+			if e == nil || e == tomb {
+				continue
+			}
+			if !fn(e) {
+				return
+			}
+		}
+	}
+}
+
+// Allowance returns the number of tokens a node may consume locally before it asks Redis again:
+// floor(drift · max(0, global + rate·interval) / active). global is in tokens; a zero drift means
+// every decision goes to Redis.
+func Allowance(drift, global, rate, intervalSeconds float64, active int64) int64 {
+	if active < 1 {
+		active = 1
+	}
+	a := drift * (global + rate*intervalSeconds) / float64(active)
+	if !(a >= 1) { // also false for NaN
+		return 0
+	}
+	if a > 1<<52 {
+		return 1 << 52
+	}
+	return int64(math.Floor(a))
+}
