@@ -1,0 +1,522 @@
+package central
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridrate/hybridrate/lua"
+)
+
+// Errors returned by the client. Redis errors are wrapped with %w.
+var (
+	// ErrUnavailable means the breaker is open: the call was not sent.
+	ErrUnavailable = errors.New("central: redis unavailable (circuit breaker open)")
+	// ErrBadReply means Redis answered with a reply of an unexpected shape.
+	ErrBadReply = errors.New("central: unexpected reply from redis")
+)
+
+// Config configures a [Client]. Every field is required unless it says otherwise; package hybrid
+// fills in its defaults.
+type Config struct {
+	// Client is the Redis client: *redis.Client, *redis.ClusterClient (batches are grouped by slot)
+	// or a Sentinel failover client.
+	Client redis.UniversalClient
+	// Prefix starts every Redis key, e.g. "hr"; see [BucketKey].
+	Prefix string
+	// NodeID identifies this process to the scripts; 1 to 64 bytes of [A-Za-z0-9_-].
+	NodeID string
+	// SyncTimeout bounds one synchronous take, including its round trip.
+	SyncTimeout time.Duration
+	// FlushTimeout bounds one Reconcile call (all its pipelines).
+	FlushTimeout time.Duration
+	// MaxBatch is the largest number of keys one script call reconciles; 1 to 1000.
+	MaxBatch int
+	// ActiveWindow is how recently a node must have touched a key to count as active on it.
+	ActiveWindow time.Duration
+	// PruneAge is how long a node's per-key record is kept after its last touch; at least ActiveWindow.
+	PruneAge time.Duration
+	// Breaker configures the circuit breaker.
+	Breaker BreakerConfig
+	// Now is the clock for the breaker; nil means time.Now.
+	Now func() time.Time
+}
+
+// Limit is a token bucket: Rate tokens per second refill a bucket of Burst tokens.
+type Limit struct {
+	Rate  float64
+	Burst int64
+}
+
+// Valid reports whether the limit can be sent to the scripts: 0 < Rate ≤ 1e9 (finite), 1 ≤ Burst ≤ 1e9.
+func (l Limit) Valid() bool {
+	return l.Rate > 0 && l.Rate <= 1e9 && !math.IsNaN(l.Rate) && l.Burst >= 1 && l.Burst <= 1e9
+}
+
+// Update is one key's part of a reconcile: this node's cumulative consumption and an optional take.
+type Update struct {
+	Key    string // the limiter key (not the Redis key)
+	Limit  Limit
+	Inc    uint64 // incarnation of the node's local entry for Key
+	Cum    int64  // tokens this incarnation has consumed in total
+	Acked  int64  // the part of Cum the node knows Redis has applied
+	N      int64  // tokens to take now; 0 for a pure reconcile
+	TakeID uint64 // unique per take within this node; ignored when N is 0
+}
+
+// State is Redis's answer for one key.
+type State struct {
+	// Taken is 1 when the take was granted, 0 when denied, -1 when the update took nothing.
+	Taken int8
+	// Applied is how much of this incarnation's consumption Redis has applied, including a granted take.
+	Applied int64
+	// Tokens is the global token count in micro-tokens after the update (negative: debt).
+	Tokens int64
+	// Active is the number of nodes recently active on the key (at least 1).
+	Active int64
+	// RetryAfter is how long until a denied take could succeed; zero otherwise.
+	RetryAfter time.Duration
+	// ResetAfter is how long until the bucket is full again.
+	ResetAfter time.Duration
+}
+
+// Stats counts what the client did. All fields only grow.
+type Stats struct {
+	Takes          atomic.Int64 // synchronous takes sent
+	Reconciles     atomic.Int64 // reconcile pipelines sent
+	ReconciledKeys atomic.Int64 // keys in reconcile pipelines
+	Commands       atomic.Int64 // script calls sent (EVALSHA/EVAL, both paths)
+	Errors         atomic.Int64 // failed calls (network, timeout, error replies)
+	ScriptLoads    atomic.Int64 // script (re)loads after NOSCRIPT
+	Rejected       atomic.Int64 // calls not sent because the breaker was open
+}
+
+// Client talks to Redis for package hybrid. Create it with [New]; it is safe for concurrent use.
+type Client struct {
+	cfg       Config
+	cluster   *redis.ClusterClient // non-nil when Config.Client is a cluster client
+	breaker   *Breaker
+	reconcile *redis.Script // with the #!lua header
+	legacyRec *redis.Script // without it, for servers that predate script flags
+	ban       *redis.Script
+	legacyBan *redis.Script
+	legacy    atomic.Bool // the server rejected the #!lua header; use the legacy scripts
+	takeSeq   atomic.Uint64
+	stats     Stats
+	keyArgs   []any // the four global ARGV values
+}
+
+// New validates cfg and returns a client. It does no I/O.
+func New(cfg Config) (*Client, error) {
+	switch {
+	case cfg.Client == nil:
+		return nil, errors.New("central: nil redis client")
+	case !validPrefix(cfg.Prefix):
+		return nil, ErrBadPrefix
+	case !validNodeID(cfg.NodeID):
+		return nil, fmt.Errorf("central: bad node id %q: want 1 to 64 bytes of [A-Za-z0-9_-]", cfg.NodeID)
+	case cfg.SyncTimeout <= 0 || cfg.FlushTimeout <= 0:
+		return nil, errors.New("central: SyncTimeout and FlushTimeout must be positive")
+	case cfg.MaxBatch < 1 || cfg.MaxBatch > 1000:
+		return nil, fmt.Errorf("central: MaxBatch %d out of range [1, 1000]", cfg.MaxBatch)
+	case cfg.ActiveWindow < time.Millisecond || cfg.PruneAge < cfg.ActiveWindow:
+		return nil, errors.New("central: ActiveWindow must be at least 1ms and PruneAge at least ActiveWindow")
+	case cfg.Breaker.Threshold < 1 || cfg.Breaker.Cooldown <= 0:
+		return nil, errors.New("central: breaker needs Threshold ≥ 1 and a positive Cooldown")
+	}
+	c := &Client{
+		cfg:       cfg,
+		breaker:   NewBreaker(cfg.Breaker, cfg.Now),
+		reconcile: redis.NewScript(lua.Reconcile()),
+		legacyRec: redis.NewScript(lua.StripShebang(lua.Reconcile())),
+		ban:       redis.NewScript(lua.Ban()),
+		legacyBan: redis.NewScript(lua.StripShebang(lua.Ban())),
+	}
+	c.cluster, _ = cfg.Client.(*redis.ClusterClient)
+	c.keyArgs = []any{cfg.NodeID, cfg.ActiveWindow.Milliseconds(), cfg.PruneAge.Milliseconds(), 0}
+	return c, nil
+}
+
+func validNodeID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// Stats returns the client's counters.
+func (c *Client) Stats() *Stats { return &c.stats }
+
+// Breaker returns the client's circuit breaker.
+func (c *Client) Breaker() *Breaker { return c.breaker }
+
+// NextTakeID returns a take id unique within this client.
+func (c *Client) NextTakeID() uint64 { return c.takeSeq.Add(1) }
+
+func (c *Client) scripts() (rec, ban *redis.Script) {
+	if c.legacy.Load() {
+		return c.legacyRec, c.legacyBan
+	}
+	return c.reconcile, c.ban
+}
+
+// appendArgs appends u's seven script arguments.
+func appendArgs(args []any, u Update) []any {
+	return append(args,
+		strconv.FormatUint(u.Inc, 10),
+		strconv.FormatInt(u.Cum, 10),
+		strconv.FormatInt(u.Acked, 10),
+		strconv.FormatInt(u.N, 10),
+		strconv.FormatUint(u.TakeID, 10),
+		strconv.FormatFloat(u.Limit.Rate, 'g', -1, 64),
+		strconv.FormatInt(u.Limit.Burst, 10))
+}
+
+// validate checks an update before it is sent: NaN, infinities and out-of-range numbers never reach Redis.
+func validate(u Update) error {
+	switch {
+	case !u.Limit.Valid():
+		return fmt.Errorf("central: key %q: invalid limit rate=%v burst=%d", u.Key, u.Limit.Rate, u.Limit.Burst)
+	case u.Cum < 0 || u.Acked < 0 || u.Acked > u.Cum || u.Cum > 1<<53:
+		return fmt.Errorf("central: key %q: invalid counters cum=%d acked=%d", u.Key, u.Cum, u.Acked)
+	case u.N < 0 || u.N > u.Limit.Burst:
+		return fmt.Errorf("central: key %q: n=%d out of range [0, burst=%d]", u.Key, u.N, u.Limit.Burst)
+	case u.Inc > 1<<53 || u.TakeID > 1<<53:
+		return fmt.Errorf("central: key %q: incarnation or take id too large", u.Key)
+	}
+	return nil
+}
+
+// Take applies u (which should have N > 0) in one synchronous script call bounded by SyncTimeout.
+// It returns ErrUnavailable without I/O while the breaker is open.
+func (c *Client) Take(ctx context.Context, u Update) (State, error) {
+	if err := validate(u); err != nil {
+		return State{}, err
+	}
+	if !c.breaker.Allow() {
+		c.stats.Rejected.Add(1)
+		return State{}, ErrUnavailable
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.SyncTimeout)
+	defer cancel()
+	keys := []string{BucketKey(c.cfg.Prefix, u.Key)}
+	args := appendArgs(append(make([]any, 0, 11), c.keyArgs...), u)
+	c.stats.Takes.Add(1)
+	res, err := c.run(ctx, false, keys, args)
+	c.record(ctx, err)
+	if err != nil {
+		return State{}, fmt.Errorf("central: take %q: %w", u.Key, err)
+	}
+	var out [1]State
+	if err := decodeStates(res, out[:]); err != nil {
+		return State{}, err
+	}
+	return out[0], nil
+}
+
+// record feeds the breaker with the outcome of a call.
+func (c *Client) record(ctx context.Context, err error) {
+	switch {
+	case err == nil:
+		c.breaker.Success()
+	case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
+		c.stats.Errors.Add(1)
+		c.breaker.Cancel() // the caller gave up; says nothing about Redis
+	case isServerReply(err):
+		c.stats.Errors.Add(1)
+		c.breaker.Success() // Redis answered, with an error: it is up
+	default:
+		c.stats.Errors.Add(1)
+		c.breaker.Failure()
+	}
+}
+
+// isServerReply reports whether err is an error reply from a live server (not a transport failure).
+func isServerReply(err error) bool {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return false
+	}
+	msg := re.Error()
+	// Replies that mean "this node cannot serve you right now" count as failures.
+	for _, p := range []string{"LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "BUSY"} {
+		if strings.HasPrefix(msg, p) {
+			return false
+		}
+	}
+	return true
+}
+
+// run sends one script call (reconcile, or ban when ban is true) with NOSCRIPT and shebang recovery.
+func (c *Client) run(ctx context.Context, ban bool, keys []string, args []any) (any, error) {
+	for attempt := 0; ; attempt++ {
+		legacy := c.legacy.Load()
+		rec, bs := c.scripts()
+		s := rec
+		if ban {
+			s = bs
+		}
+		c.stats.Commands.Add(1)
+		res, err := s.EvalSha(ctx, c.cfg.Client, keys, args...).Result()
+		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			c.stats.ScriptLoads.Add(1)
+			c.stats.Commands.Add(1)
+			res, err = s.Eval(ctx, c.cfg.Client, keys, args...).Result()
+		}
+		if err != nil && attempt == 0 && !legacy && isShebangUnsupported(err) {
+			c.legacy.Store(true)
+			continue
+		}
+		return res, err
+	}
+}
+
+// isShebangUnsupported reports whether err is a server's complaint about the "#!lua" first line.
+func isShebangUnsupported(err error) bool {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return false
+	}
+	msg := re.Error()
+	return strings.Contains(msg, "compiling script") && strings.Contains(msg, "'#'")
+}
+
+// Reconcile applies updates in pipelined script calls of up to MaxBatch keys (grouped by slot in a
+// Cluster) and writes Redis's answer for updates[i] into out[i]; len(out) must equal len(updates).
+// errs[i] is non-nil for an update whose call failed; the caller keeps such deltas for a later round.
+// The returned error is the first failure, or ErrUnavailable when the breaker kept the batch back.
+// A batch that failed with NOSCRIPT is re-sent once after the scripts are loaded.
+func (c *Client) Reconcile(ctx context.Context, updates []Update, out []State, errs []error) error {
+	if len(out) != len(updates) || len(errs) != len(updates) {
+		return fmt.Errorf("central: reconcile: %d updates, %d states, %d errors", len(updates), len(out), len(errs))
+	}
+	if len(updates) == 0 {
+		return nil
+	}
+	var groups [][]int // indexes into updates, one group per script call
+	var first error
+	valid := make([]int, 0, len(updates))
+	for i, u := range updates {
+		errs[i] = nil
+		if err := validate(u); err != nil {
+			errs[i] = err
+			if first == nil {
+				first = err
+			}
+			continue
+		}
+		valid = append(valid, i)
+	}
+	groups = c.group(updates, valid)
+	if len(groups) == 0 {
+		return first
+	}
+	if !c.breaker.Allow() {
+		c.stats.Rejected.Add(1)
+		for _, g := range groups {
+			for _, i := range g {
+				errs[i] = ErrUnavailable
+			}
+		}
+		return ErrUnavailable
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.FlushTimeout)
+	defer cancel()
+	c.stats.Reconciles.Add(1)
+	c.stats.ReconciledKeys.Add(int64(len(valid)))
+
+	pending := groups
+	var transport error
+	for attempt := 0; attempt < 2 && len(pending) > 0; attempt++ {
+		cmds, err := c.pipeline(ctx, updates, pending)
+		var retry [][]int
+		noscript := false
+		for gi, g := range pending {
+			var cerr error
+			if gi < len(cmds) {
+				cerr = cmds[gi].Err()
+			} else {
+				cerr = err
+			}
+			if cerr == nil {
+				tmp := make([]State, len(g))
+				if derr := decodeStates(cmds[gi].Val(), tmp); derr != nil {
+					cerr = derr
+				} else {
+					for k, i := range g {
+						out[i] = tmp[k]
+					}
+				}
+			}
+			if cerr != nil && attempt == 0 && (redis.HasErrorPrefix(cerr, "NOSCRIPT") || isShebangUnsupported(cerr)) {
+				noscript = true
+				retry = append(retry, g)
+				continue
+			}
+			for _, i := range g {
+				errs[i] = cerr
+			}
+			if cerr != nil {
+				if first == nil {
+					first = fmt.Errorf("central: reconcile %d keys: %w", len(valid), cerr)
+				}
+				if !isServerReply(cerr) && !errors.Is(cerr, ErrBadReply) {
+					transport = cerr
+				}
+			}
+		}
+		if noscript {
+			if lerr := c.load(ctx, retry); lerr != nil {
+				for _, g := range retry {
+					for _, i := range g {
+						errs[i] = lerr
+					}
+				}
+				if first == nil {
+					first = fmt.Errorf("central: reload scripts: %w", lerr)
+				}
+				if !isServerReply(lerr) {
+					transport = lerr
+				}
+				retry = nil
+			}
+		}
+		pending = retry
+	}
+	if transport != nil {
+		c.record(ctx, transport)
+	} else {
+		c.record(ctx, nil)
+	}
+	return first
+}
+
+// group splits the valid update indexes into script calls of at most MaxBatch keys; in cluster mode
+// the keys of one call share a slot.
+func (c *Client) group(updates []Update, valid []int) [][]int {
+	var groups [][]int
+	chunk := func(idx []int) {
+		for start := 0; start < len(idx); start += c.cfg.MaxBatch {
+			end := min(start+c.cfg.MaxBatch, len(idx))
+			groups = append(groups, idx[start:end:end])
+		}
+	}
+	if c.cluster == nil {
+		chunk(valid)
+		return groups
+	}
+	bySlot := make(map[int][]int)
+	var order []int
+	for _, i := range valid {
+		s := Slot(BucketKey(c.cfg.Prefix, updates[i].Key))
+		if _, ok := bySlot[s]; !ok {
+			order = append(order, s)
+		}
+		bySlot[s] = append(bySlot[s], i)
+	}
+	for _, s := range order {
+		chunk(bySlot[s])
+	}
+	return groups
+}
+
+// pipeline sends one EVALSHA per group in one pipeline (the cluster client splits it per node).
+func (c *Client) pipeline(ctx context.Context, updates []Update, groups [][]int) ([]*redis.Cmd, error) {
+	rec, _ := c.scripts()
+	pipe := c.cfg.Client.Pipeline()
+	cmds := make([]*redis.Cmd, len(groups))
+	for gi, g := range groups {
+		keys := make([]string, len(g))
+		args := make([]any, 0, len(c.keyArgs)+7*len(g))
+		args = append(args, c.keyArgs...)
+		for k, i := range g {
+			keys[k] = BucketKey(c.cfg.Prefix, updates[i].Key)
+			args = appendArgs(args, updates[i])
+		}
+		cmds[gi] = rec.EvalSha(ctx, pipe, keys, args...)
+	}
+	c.stats.Commands.Add(int64(len(groups)))
+	_, err := pipe.Exec(ctx)
+	return cmds, err
+}
+
+// load loads the reconcile script on the servers that serve the given groups (every master in a cluster).
+func (c *Client) load(ctx context.Context, groups [][]int) error {
+	c.stats.ScriptLoads.Add(1)
+	if c.legacy.Load() {
+		return c.legacyRec.Load(ctx, c.cfg.Client).Err()
+	}
+	err := c.reconcile.Load(ctx, c.cfg.Client).Err()
+	if err != nil && isShebangUnsupported(err) {
+		c.legacy.Store(true)
+		return c.legacyRec.Load(ctx, c.cfg.Client).Err()
+	}
+	return err
+}
+
+// decodeStates decodes a reconcile reply of 6 integers per key into out.
+func decodeStates(res any, out []State) error {
+	vals, ok := res.([]any)
+	if !ok || len(vals) != 6*len(out) {
+		return fmt.Errorf("%w: want %d integers, got %T of length %d", ErrBadReply, 6*len(out), res, lenOf(res))
+	}
+	for k := range out {
+		var v [6]int64
+		for j := range v {
+			x, ok := vals[6*k+j].(int64)
+			if !ok {
+				return fmt.Errorf("%w: element %d is %T", ErrBadReply, 6*k+j, vals[6*k+j])
+			}
+			v[j] = x
+		}
+		if v[0] < -1 || v[0] > 1 || v[3] < 1 || v[4] < 0 || v[5] < 0 {
+			return fmt.Errorf("%w: values out of range %v", ErrBadReply, v)
+		}
+		out[k] = State{
+			Taken:      int8(v[0]),
+			Applied:    v[1],
+			Tokens:     v[2],
+			Active:     v[3],
+			RetryAfter: time.Duration(v[4]) * time.Microsecond,
+			ResetAfter: time.Duration(v[5]) * time.Microsecond,
+		}
+	}
+	return nil
+}
+
+func lenOf(x any) int {
+	if v, ok := x.([]any); ok {
+		return len(v)
+	}
+	return -1
+}
+
+// IsTransport reports whether err means Redis could not be reached or did not answer in time (as
+// opposed to an answer, or a local validation error).
+func IsTransport(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return true
+	}
+	return !isServerReply(err) && !errors.Is(err, ErrBadReply) && !strings.HasPrefix(err.Error(), "central: key")
+}
