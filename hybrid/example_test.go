@@ -1,0 +1,70 @@
+package hybrid_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridrate/hybridrate/hybrid"
+)
+
+func Example() {
+	// A Redis-compatible server for the example; use your own Redis (or Cluster, or Sentinel) client.
+	m := miniredis.NewMiniRedis()
+	if err := m.Start(); err != nil {
+		panic(err)
+	}
+	defer m.Close()
+	m.SetTime(time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)) // a fixed Redis TIME keeps the output stable
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+
+	ctx := context.Background()
+	lim, err := hybrid.New(rdb,
+		hybrid.WithSyncInterval(20*time.Millisecond),
+		hybrid.WithDriftThreshold(0.1),
+		hybrid.WithFailurePolicy(hybrid.LocalFallback))
+	if err != nil {
+		panic(err)
+	}
+	defer lim.Close(ctx)
+
+	limit := hybrid.Limit{Rate: 1, Burst: 3} // 1 token per second, bursts of 3
+	for i := 0; i < 4; i++ {
+		d, err := lim.Allow(ctx, "user:42", limit)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Printf("allowed=%v remaining=%d retry-after=%v source=%v\n", d.Allowed, d.Remaining, d.RetryAfter, d.Source)
+	}
+	// Output:
+	// allowed=true remaining=2 retry-after=0s source=central
+	// allowed=true remaining=1 retry-after=0s source=central
+	// allowed=true remaining=0 retry-after=0s source=central
+	// allowed=false remaining=0 retry-after=1s source=central
+}
+
+func ExampleLimiter_AllowN() {
+	m := miniredis.NewMiniRedis()
+	if err := m.Start(); err != nil {
+		panic(err)
+	}
+	defer m.Close()
+	m.SetTime(time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC))
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+	lim, err := hybrid.New(rdb)
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	defer lim.Close(ctx)
+
+	// Weighted cost: an export costs 10 tokens of a 100-per-minute budget.
+	d, _ := lim.AllowN(ctx, "tenant:7:export", hybrid.PerMinute(100), 10)
+	fmt.Println(d.Allowed, d.Remaining)
+	// Output: true 90
+}

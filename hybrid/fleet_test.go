@@ -1,0 +1,178 @@
+package hybrid_test
+
+import (
+	"context"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/internal/redistest"
+)
+
+// fleet is N limiters ("nodes"), each with its own Redis client, as N processes would have.
+type fleet struct {
+	lims []*hybrid.Limiter
+}
+
+func newFleet(t *testing.T, addr string, n int, opts ...hybrid.Option) *fleet {
+	t.Helper()
+	f := &fleet{}
+	for range n {
+		rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+		lim, err := hybrid.New(rdb, opts...)
+		require.NoError(t, err)
+		f.lims = append(f.lims, lim)
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			_ = lim.Close(ctx)
+			_ = rdb.Close()
+		})
+	}
+	return f
+}
+
+// flush flushes every node until nothing is pending (the breaker may need a moment after an outage).
+func (f *fleet) flush(t *testing.T) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		ok := true
+		for _, l := range f.lims {
+			if l.Flush(context.Background()) != nil || l.Stats().Pending > 0 {
+				ok = false
+			}
+		}
+		return ok
+	}, 10*time.Second, 50*time.Millisecond, "pending consumption could not be flushed")
+}
+
+// workload drives keys at demand tokens/s each (spread evenly over the nodes) until stop is closed.
+type workload struct {
+	keys   []string
+	limit  hybrid.Limit
+	demand float64 // requests per second per key, over all nodes
+}
+
+// tally is what a load run observed.
+type tally struct {
+	mu         sync.Mutex
+	admitted   map[string]int64
+	demanded   map[string]int64
+	sources    map[hybrid.Source]int64
+	errors     int64
+	maxLatency time.Duration
+	start, end time.Time
+}
+
+func newTally() *tally {
+	return &tally{admitted: map[string]int64{}, demanded: map[string]int64{}, sources: map[hybrid.Source]int64{}}
+}
+
+// run drives the workloads on every node until stop is closed. Each node has one goroutine that, every
+// 2ms, issues the requests that are due for each key.
+func (f *fleet) run(t *testing.T, stop <-chan struct{}, tl *tally, ws ...workload) *sync.WaitGroup {
+	t.Helper()
+	var wg sync.WaitGroup
+	tl.start = time.Now()
+	n := float64(len(f.lims))
+	for _, lim := range f.lims {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx := context.Background()
+			issued := make([][]int64, len(ws))
+			for i, w := range ws {
+				issued[i] = make([]int64, len(w.keys))
+			}
+			local := newTally()
+			var maxLat time.Duration
+			tick := time.NewTicker(2 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case <-stop:
+					tl.mu.Lock()
+					for k, v := range local.admitted {
+						tl.admitted[k] += v
+					}
+					for k, v := range local.demanded {
+						tl.demanded[k] += v
+					}
+					for k, v := range local.sources {
+						tl.sources[k] += v
+					}
+					tl.errors += local.errors
+					tl.maxLatency = max(tl.maxLatency, maxLat)
+					tl.mu.Unlock()
+					return
+				case <-tick.C:
+				}
+				el := time.Since(tl.start).Seconds()
+				for i, w := range ws {
+					for j, key := range w.keys {
+						due := int64(w.demand/n*el) - issued[i][j]
+						for range due {
+							t0 := time.Now()
+							d, err := lim.Allow(ctx, key, w.limit)
+							lat := time.Since(t0)
+							maxLat = max(maxLat, lat)
+							issued[i][j]++
+							local.demanded[key]++
+							if err != nil {
+								local.errors++
+								continue
+							}
+							local.sources[d.Source]++
+							if d.Allowed {
+								local.admitted[key]++
+							}
+						}
+					}
+				}
+			}
+		}()
+	}
+	return &wg
+}
+
+// harmonic returns H(n) = 1 + 1/2 + … + 1/n.
+func harmonic(n int) float64 {
+	h := 0.0
+	for i := 1; i <= n; i++ {
+		h += 1 / float64(i)
+	}
+	return h
+}
+
+// overshootBound is docs/accuracy.md's E = drift · (burst + rate·interval) · H(nodes).
+func overshootBound(drift float64, l hybrid.Limit, interval time.Duration, nodes int) float64 {
+	return drift * (float64(l.Burst) + l.Rate*interval.Seconds()) * harmonic(nodes)
+}
+
+func consumedInRedis(t *testing.T, rdb *redis.Client, key string) int64 {
+	t.Helper()
+	v, err := rdb.HGet(context.Background(), "hr:v1:{"+key+"}", "c").Int64()
+	if err == redis.Nil {
+		return 0
+	}
+	require.NoError(t, err)
+	return v
+}
+
+func startRedis(t *testing.T) (*redistest.Server, *redis.Client) {
+	t.Helper()
+	srv := redistest.Start(t)
+	return srv, srv.Client(t)
+}
+
+func ratio(a, b int64) float64 {
+	if b == 0 {
+		return math.NaN()
+	}
+	return float64(a) / float64(b)
+}

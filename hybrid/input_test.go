@@ -1,0 +1,172 @@
+package hybrid_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridrate/hybridrate/hybrid"
+)
+
+func newMini(t *testing.T, opts ...hybrid.Option) (*hybrid.Limiter, *miniredis.Miniredis) {
+	t.Helper()
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	lim, err := hybrid.New(rdb, opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = lim.Close(context.Background())
+		_ = rdb.Close()
+	})
+	return lim, m
+}
+
+// TestBadInput is DESIGN.md invariant 6: every bad input gets a clear error, never a panic.
+func TestBadInput(t *testing.T) {
+	lim, _ := newMini(t)
+	ok := hybrid.Limit{Rate: 10, Burst: 10}
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		ctx   context.Context
+		key   string
+		limit hybrid.Limit
+		n     int64
+		want  error // nil: a decision, no error
+	}{
+		{"empty key", ctx, "", ok, 1, hybrid.ErrInvalidKey},
+		{"1 MiB key", ctx, strings.Repeat("k", 1<<20), ok, 1, hybrid.ErrInvalidKey},
+		{"longest key", ctx, strings.Repeat("k", hybrid.MaxKeyLen), ok, 1, nil},
+		{"key with braces", ctx, "{tenant}:a}b{", ok, 1, nil},
+		{"key with NUL bytes", ctx, "a\x00b", ok, 1, nil},
+		{"n zero", ctx, "k", ok, 0, hybrid.ErrInvalidCost},
+		{"n negative", ctx, "k", ok, -3, hybrid.ErrInvalidCost},
+		{"n over burst", ctx, "k", ok, 11, hybrid.ErrInvalidCost},
+		{"NaN rate", ctx, "k", hybrid.Limit{Rate: math.NaN(), Burst: 10}, 1, hybrid.ErrInvalidLimit},
+		{"+Inf rate", ctx, "k", hybrid.Limit{Rate: math.Inf(1), Burst: 10}, 1, hybrid.ErrInvalidLimit},
+		{"-Inf rate", ctx, "k", hybrid.Limit{Rate: math.Inf(-1), Burst: 10}, 1, hybrid.ErrInvalidLimit},
+		{"negative rate", ctx, "k", hybrid.Limit{Rate: -1, Burst: 10}, 1, hybrid.ErrInvalidLimit},
+		{"zero rate", ctx, "k", hybrid.Limit{Rate: 0, Burst: 10}, 1, hybrid.ErrInvalidLimit},
+		{"rate over 1e9", ctx, "k", hybrid.Limit{Rate: 2e9, Burst: 10}, 1, hybrid.ErrInvalidLimit},
+		{"zero burst", ctx, "k", hybrid.Limit{Rate: 1, Burst: 0}, 1, hybrid.ErrInvalidLimit},
+		{"burst over 1e9", ctx, "k", hybrid.Limit{Rate: 1, Burst: 2e9}, 1, hybrid.ErrInvalidLimit},
+		{"cancelled context", cancelled, "k", ok, 1, context.Canceled},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, err := lim.AllowN(tc.ctx, tc.key, tc.limit, tc.n)
+			if tc.want == nil {
+				require.NoError(t, err)
+				assert.True(t, d.Allowed)
+				return
+			}
+			assert.ErrorIs(t, err, tc.want)
+			assert.False(t, d.Allowed, "an error never allows")
+		})
+	}
+	// Keys that differ only after a brace or a NUL are different keys.
+	for _, k := range []string{"a\x00c", "{tenant}:a}c{"} {
+		d, err := lim.AllowN(ctx, k, hybrid.Limit{Rate: 1, Burst: 1}, 1)
+		require.NoError(t, err)
+		assert.True(t, d.Allowed, "%q has its own bucket", k)
+	}
+	assert.ErrorIs(t, lim.Ban(ctx, "", time.Second), hybrid.ErrInvalidKey)
+	assert.Error(t, lim.Ban(ctx, "k", 0), "zero ban")
+}
+
+func TestNewRejectsBadOptions(t *testing.T) {
+	_, err := hybrid.New(nil)
+	assert.ErrorIs(t, err, hybrid.ErrNilClient)
+	var nilClient *redis.Client
+	_, err = hybrid.New(nilClient)
+	assert.ErrorIs(t, err, hybrid.ErrNilClient, "a typed nil")
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	t.Cleanup(func() { _ = rdb.Close() })
+	for _, opt := range []hybrid.Option{
+		hybrid.WithSyncInterval(0),
+		hybrid.WithSyncInterval(time.Hour),
+		hybrid.WithDriftThreshold(-0.1),
+		hybrid.WithDriftThreshold(1.5),
+		hybrid.WithDriftThreshold(math.NaN()),
+		hybrid.WithFailurePolicy(hybrid.FailurePolicy(9)),
+		hybrid.WithKeyPrefix(""),
+		hybrid.WithKeyPrefix("a{b"),
+		hybrid.WithMaxKeys(10),
+		hybrid.WithSyncTimeout(0),
+		hybrid.WithFlushTimeout(0),
+		hybrid.WithLogger(nil),
+		hybrid.WithMeterProvider(nil),
+		hybrid.WithTracerProvider(nil),
+		hybrid.WithNodeID("bad id"),
+		nil,
+	} {
+		_, err := hybrid.New(rdb, opt)
+		assert.ErrorIs(t, err, hybrid.ErrBadOption)
+	}
+}
+
+func TestClosedLimiter(t *testing.T) {
+	lim, _ := newMini(t)
+	ctx := context.Background()
+	require.NoError(t, lim.Close(ctx))
+	require.NoError(t, lim.Close(ctx), "a second Close is a no-op")
+	_, err := lim.Allow(ctx, "k", hybrid.PerSecond(1))
+	assert.ErrorIs(t, err, hybrid.ErrClosed)
+	assert.ErrorIs(t, lim.Flush(ctx), hybrid.ErrClosed)
+	assert.ErrorIs(t, lim.Ban(ctx, "k", time.Second), hybrid.ErrClosed)
+}
+
+func TestNewDoesNoIOAndRedisDownAtStart(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	for _, tc := range []struct {
+		policy  hybrid.FailurePolicy
+		allowed bool
+	}{{hybrid.FailOpen, true}, {hybrid.FailClosed, false}, {hybrid.LocalFallback, true}} {
+		lim, err := hybrid.New(rdb, hybrid.WithFailurePolicy(tc.policy))
+		require.NoError(t, err)
+		d, err := lim.Allow(context.Background(), "k", hybrid.PerSecond(10))
+		require.NoError(t, err, tc.policy.String())
+		assert.Equal(t, tc.allowed, d.Allowed, tc.policy.String())
+		assert.Equal(t, hybrid.SourceFallback, d.Source)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err = lim.Close(ctx)
+		cancel()
+		if tc.allowed {
+			assert.Error(t, err, "%v: the final flush cannot reach Redis", tc.policy)
+			assert.False(t, errors.Is(err, hybrid.ErrClosed))
+		} else {
+			assert.NoError(t, err, "%v: nothing was admitted, nothing to flush", tc.policy)
+		}
+	}
+}
+
+func TestLocalFallbackEnforcesShare(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	now := time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)
+	lim, err := hybrid.New(rdb, hybrid.WithClock(func() time.Time { return now }))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = lim.Close(context.Background()) })
+	admitted := 0
+	for range 50 {
+		d, err := lim.Allow(context.Background(), "k", hybrid.Limit{Rate: 10, Burst: 20})
+		require.NoError(t, err)
+		if d.Allowed {
+			admitted++
+		}
+	}
+	assert.Equal(t, 20, admitted, "with one known node the fallback bucket holds the whole burst; the clock stands still")
+	st := lim.Stats()
+	assert.Equal(t, int64(20), st.FallbackAllowed)
+	assert.Equal(t, int64(1), st.Pending, "the admitted tokens wait for Redis")
+}

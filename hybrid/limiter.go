@@ -1,0 +1,492 @@
+package hybrid
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"golang.org/x/time/rate"
+
+	"github.com/hybridrate/hybridrate/central"
+	"github.com/hybridrate/hybridrate/denycache"
+	"github.com/hybridrate/hybridrate/local"
+	ratesync "github.com/hybridrate/hybridrate/sync"
+)
+
+// Errors returned by the limiter. Input errors wrap one of these with details.
+var (
+	ErrClosed       = errors.New("hybrid: limiter closed")
+	ErrNilClient    = errors.New("hybrid: nil redis client")
+	ErrInvalidKey   = errors.New("hybrid: invalid key")
+	ErrInvalidLimit = errors.New("hybrid: invalid limit")
+	ErrInvalidCost  = errors.New("hybrid: invalid cost")
+)
+
+// Source says who made a decision.
+type Source uint8
+
+// The decision sources.
+const (
+	// SourceLocal: this node's local allowance, no I/O.
+	SourceLocal Source = iota + 1
+	// SourceCentral: a synchronous Redis check.
+	SourceCentral
+	// SourceDenyCache: the key is banned, or Redis denied it recently and its retry-after has not passed.
+	SourceDenyCache
+	// SourceFallback: Redis was unavailable and the failure policy decided.
+	SourceFallback
+)
+
+// String returns "local", "central", "deny-cache" or "fallback".
+func (s Source) String() string {
+	switch s {
+	case SourceLocal:
+		return "local"
+	case SourceCentral:
+		return "central"
+	case SourceDenyCache:
+		return "deny-cache"
+	case SourceFallback:
+		return "fallback"
+	}
+	return "none"
+}
+
+// Decision is the outcome of AllowN. The zero Decision denies.
+type Decision struct {
+	// Allowed reports whether the n tokens were granted.
+	Allowed bool
+	// Limit is the limit the decision was made under.
+	Limit Limit
+	// Remaining estimates the global tokens left after this decision: exact when Source is
+	// SourceCentral, otherwise the last global count this node saw less what it consumed since.
+	Remaining int64
+	// RetryAfter is how long to wait before the same request could be allowed; zero when Allowed.
+	RetryAfter time.Duration
+	// ResetAfter estimates how long until the bucket is full again.
+	ResetAfter time.Duration
+	// Source says who decided.
+	Source Source
+}
+
+// Limiter is a distributed token-bucket rate limiter: decisions are made locally in nanoseconds from
+// an allowance that a background loop reconciles with Redis, and go to Redis synchronously only near
+// the limit. Create one with [New] per process (it can serve any number of keys and limits) and call
+// [Limiter.Close] when done. A Limiter is safe for concurrent use. Most callers want [Limiter.Allow].
+type Limiter struct {
+	opts     options
+	central  *central.Client
+	store    *local.Store
+	syncer   *ratesync.Syncer
+	deny     *denycache.Cache
+	tracer   trace.Tracer
+	closed   atomic.Bool
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	fallback *lru.Cache[string, *rate.Limiter] // LocalFallback limiters, per key
+	nodeID   string
+	counts   [numStripes]stripe // decisions, striped to keep the hot path uncontended
+	metrics  *metrics
+}
+
+// New returns a limiter that keeps its global state in rdb (a *redis.Client, a Sentinel failover
+// client or a *redis.ClusterClient) and starts its background loop. It does no Redis I/O: a Redis
+// that is down at start behaves like one that goes down later.
+func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
+	if rdb == nil || isNilClient(rdb) {
+		return nil, ErrNilClient
+	}
+	o := defaultOptions()
+	for _, opt := range opts {
+		if opt == nil {
+			return nil, badOption("nil option")
+		}
+		if err := opt.apply(&o); err != nil {
+			return nil, err
+		}
+	}
+	if o.nodeID == "" {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		o.nodeID = hex.EncodeToString(b[:])
+	}
+	cc, err := central.New(central.Config{
+		Client:       rdb,
+		Prefix:       o.prefix,
+		NodeID:       o.nodeID,
+		SyncTimeout:  o.syncTimeout,
+		FlushTimeout: o.flushTimeout,
+		MaxBatch:     scriptBatch,
+		ActiveWindow: max(activeWindow, 10*o.syncInterval),
+		PruneAge:     pruneAge,
+		Breaker:      central.BreakerConfig{Threshold: breakerThreshold, Cooldown: breakerCooldown},
+		Now:          o.now,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("hybrid: %w", err)
+	}
+	store, err := local.New(local.Config{MaxKeys: o.maxKeys})
+	if err != nil {
+		return nil, fmt.Errorf("hybrid: %w", err)
+	}
+	deny, err := denycache.New(denycache.Config{MaxBans: maxBans, MaxDenied: maxDenied})
+	if err != nil {
+		return nil, fmt.Errorf("hybrid: %w", err)
+	}
+	fb, err := lru.New[string, *rate.Limiter](maxFallback)
+	if err != nil {
+		return nil, fmt.Errorf("hybrid: %w", err)
+	}
+	l := &Limiter{
+		opts:     o,
+		central:  cc,
+		store:    store,
+		deny:     deny,
+		fallback: fb,
+		nodeID:   o.nodeID,
+		tracer:   o.tracerProvider.Tracer(instrumentationName),
+	}
+	l.syncer, err = ratesync.New(ratesync.Config{
+		Store:    store,
+		Central:  cc,
+		Interval: o.syncInterval,
+		MaxBatch: flushBatch,
+		Drift:    o.drift,
+		OnError: func(err error) {
+			l.opts.logger.Warn("hybridrate: reconcile failed; consumption stays pending", slog.Any("error", err))
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("hybrid: %w", err)
+	}
+	if l.metrics, err = newMetrics(l); err != nil {
+		return nil, fmt.Errorf("hybrid: metrics: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	l.cancel = cancel
+	l.wg.Add(2)
+	go func() {
+		defer l.wg.Done()
+		l.syncer.Run(ctx)
+	}()
+	go func() {
+		defer l.wg.Done()
+		l.central.WatchBans(ctx, banRefresh, l.onBan, l.onBanList, func(err error) {
+			l.opts.logger.Warn("hybridrate: ban list", slog.Any("error", err))
+		})
+	}()
+	return l, nil
+}
+
+// isNilClient catches a typed nil pointer inside the interface.
+func isNilClient(rdb redis.UniversalClient) bool {
+	switch c := rdb.(type) {
+	case *redis.Client:
+		return c == nil
+	case *redis.ClusterClient:
+		return c == nil
+	case *redis.Ring:
+		return c == nil
+	}
+	return false
+}
+
+// NodeID returns this limiter's node id, unique per limiter.
+func (l *Limiter) NodeID() string { return l.nodeID }
+
+// Allow is shorthand for AllowN(ctx, key, limit, 1).
+func (l *Limiter) Allow(ctx context.Context, key string, limit Limit) (Decision, error) {
+	return l.AllowN(ctx, key, limit, 1)
+}
+
+// AllowN reports whether n tokens may be taken for key under limit now, and takes them if so.
+//
+// A denial is not an error: err is non-nil only when no decision could be made — invalid input
+// (ErrInvalidKey, ErrInvalidLimit, ErrInvalidCost), a closed limiter (ErrClosed) or a cancelled
+// ctx. Keys are 1 to MaxKeyLen bytes of anything (braces and NUL bytes included); n is 1 to
+// limit.Burst. The same key should always be used with the same limit; when it changes, the newest
+// limit applies from the next reconcile on.
+//
+// Most calls are answered from local state without I/O or allocation. A call that must ask Redis
+// waits at most the sync timeout (WithSyncTimeout) and ctx.
+func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) (Decision, error) {
+	if l.closed.Load() {
+		return Decision{}, ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return Decision{}, err
+	}
+	if len(key) == 0 || len(key) > MaxKeyLen {
+		return Decision{}, invalidKey(key)
+	}
+	if !(limit.Rate > 0 && limit.Rate <= 1e9) || limit.Burst < 1 || limit.Burst > 1e9 {
+		return Decision{}, limit.Validate()
+	}
+	if n < 1 || n > limit.Burst {
+		return Decision{}, fmt.Errorf("%w: n=%d: want 1 to burst (%d)", ErrInvalidCost, n, limit.Burst)
+	}
+	h := l.store.Hash(key)
+	st := &l.counts[h&(numStripes-1)]
+	if !l.deny.Empty() {
+		if d, ok := l.denied(key, limit); ok {
+			st.deny.Add(1)
+			return d, nil
+		}
+	}
+	if e := l.store.Lookup(key, h); e != nil {
+		e.SetLimit(limit.Rate, limit.Burst)
+		if e.TryTake(n) == local.Taken {
+			st.local.Add(1)
+			rem := e.Remaining()
+			return Decision{Allowed: true, Limit: limit, Remaining: rem, ResetAfter: resetAfter(limit, rem), Source: SourceLocal}, nil
+		}
+	}
+	return l.slow(ctx, key, h, limit, n)
+}
+
+func invalidKey(key string) error {
+	if len(key) == 0 {
+		return fmt.Errorf("%w: empty key", ErrInvalidKey)
+	}
+	return fmt.Errorf("%w: %d bytes, longer than %d", ErrInvalidKey, len(key), MaxKeyLen)
+}
+
+// resetAfter estimates the time until a bucket with rem tokens is full.
+func resetAfter(limit Limit, rem int64) time.Duration {
+	missing := limit.Burst - rem
+	if missing <= 0 {
+		return 0
+	}
+	return time.Duration(float64(missing) / limit.Rate * float64(time.Second))
+}
+
+// denied answers from the deny cache.
+func (l *Limiter) denied(key string, limit Limit) (Decision, bool) {
+	now := l.opts.now()
+	reason, until := l.deny.Check(key, now)
+	if reason == denycache.None {
+		return Decision{}, false
+	}
+	wait := until.Sub(now)
+	return Decision{Limit: limit, RetryAfter: wait, ResetAfter: max(wait, 0), Source: SourceDenyCache}, true
+}
+
+// slow asks Redis, or the failure policy when Redis cannot answer.
+func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n int64) (Decision, error) {
+	st := &l.counts[h&(numStripes-1)]
+	var e *local.Entry
+	for {
+		if e = l.store.Insert(key, h); e == nil || !e.Evicted() {
+			break
+		}
+	}
+	u := central.Update{Key: key, Limit: central.Limit{Rate: limit.Rate, Burst: limit.Burst}, N: n, TakeID: l.central.NextTakeID()}
+	if e != nil {
+		e.SetLimit(limit.Rate, limit.Burst)
+		e.Touch()
+		// Another goroutine may have refreshed the allowance while we waited for the lock.
+		if e.TryTake(n) == local.Taken {
+			st.local.Add(1)
+			rem := e.Remaining()
+			return Decision{Allowed: true, Limit: limit, Remaining: rem, ResetAfter: resetAfter(limit, rem), Source: SourceLocal}, nil
+		}
+		snap := e.Snapshot()
+		u.Inc, u.Cum, u.Acked = snap.Inc, snap.Cum, snap.Acked
+	} else {
+		u.Inc = l.store.NewIncarnation() // no room locally: a one-off incarnation
+	}
+
+	ctx, span := l.tracer.Start(ctx, "hybridrate.take", trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.Int64("hybridrate.n", n)))
+	res, err := l.central.Take(ctx, u)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "take failed")
+	}
+	span.End()
+	if err == nil {
+		if e != nil {
+			if res.Taken == 1 {
+				e.AddTaken(n)
+			}
+			l.syncer.Apply(e, u.Limit, res)
+		}
+		rem := max(res.Tokens/1_000_000, 0)
+		if res.Taken == 1 {
+			st.central.Add(1)
+			return Decision{Allowed: true, Limit: limit, Remaining: rem, ResetAfter: res.ResetAfter, Source: SourceCentral}, nil
+		}
+		st.centralDenied.Add(1)
+		if res.RetryAfter > 0 {
+			l.deny.Deny(key, l.opts.now().Add(res.RetryAfter))
+		}
+		return Decision{Limit: limit, Remaining: rem, RetryAfter: res.RetryAfter, ResetAfter: res.ResetAfter, Source: SourceCentral}, nil
+	}
+	if cerr := ctx.Err(); cerr != nil && !errors.Is(cerr, context.DeadlineExceeded) {
+		return Decision{}, cerr
+	}
+	if !central.IsTransport(err) {
+		return Decision{}, fmt.Errorf("hybrid: %w", err)
+	}
+	return l.failure(key, e, limit, n), nil
+}
+
+// failure applies the failure policy to a decision Redis could not make.
+func (l *Limiter) failure(key string, e *local.Entry, limit Limit, n int64) Decision {
+	st := &l.counts[0]
+	d := Decision{Limit: limit, Source: SourceFallback}
+	switch l.opts.policy {
+	case FailOpen:
+		d.Allowed = true
+	case FailClosed:
+		d.RetryAfter = breakerCooldown
+	default:
+		active := int64(1)
+		if e != nil {
+			if _, a, _ := e.Global(); a > 1 {
+				active = a
+			}
+		}
+		r := rate.Limit(limit.Rate / float64(active))
+		b := int(max(limit.Burst/active, n, 1))
+		fl, ok := l.fallback.Get(key)
+		if !ok {
+			fl = rate.NewLimiter(r, b)
+			l.fallback.Add(key, fl)
+		} else if fl.Limit() != r || fl.Burst() != b {
+			now := l.opts.now()
+			fl.SetLimitAt(now, r)
+			fl.SetBurstAt(now, b)
+		}
+		now := l.opts.now()
+		if fl.AllowN(now, int(n)) {
+			d.Allowed = true
+		} else {
+			d.RetryAfter = time.Duration(float64(n) / float64(r) * float64(time.Second))
+		}
+	}
+	if d.Allowed {
+		st.fallbackAllowed.Add(1)
+		l.record(e, n)
+	} else {
+		st.fallbackDenied.Add(1)
+	}
+	return d
+}
+
+// record counts tokens admitted without Redis so that they are applied to Redis later.
+func (l *Limiter) record(e *local.Entry, n int64) {
+	if e == nil {
+		l.counts[0].unrecorded.Add(n)
+		return
+	}
+	for e.Add(n) == local.Gone {
+		if e = l.store.Insert(e.Key(), l.store.Hash(e.Key())); e == nil {
+			l.counts[0].unrecorded.Add(n)
+			return
+		}
+	}
+}
+
+// Ban makes every node deny key for d (at least 1ms), within one sync interval; this node at once.
+func (l *Limiter) Ban(ctx context.Context, key string, d time.Duration) error {
+	if l.closed.Load() {
+		return ErrClosed
+	}
+	if len(key) == 0 || len(key) > MaxKeyLen {
+		return invalidKey(key)
+	}
+	if err := l.central.Ban(ctx, key, d); err != nil {
+		return fmt.Errorf("hybrid: %w", err)
+	}
+	l.deny.Ban(key, l.opts.now().Add(d))
+	return nil
+}
+
+// Unban lifts a ban on every node.
+func (l *Limiter) Unban(ctx context.Context, key string) error {
+	if l.closed.Load() {
+		return ErrClosed
+	}
+	if len(key) == 0 || len(key) > MaxKeyLen {
+		return invalidKey(key)
+	}
+	if err := l.central.Unban(ctx, key); err != nil {
+		return fmt.Errorf("hybrid: %w", err)
+	}
+	l.deny.Unban(key)
+	return nil
+}
+
+func (l *Limiter) onBan(ev central.BanEvent) {
+	if ev.Banned {
+		l.deny.Ban(ev.Key, l.opts.now().Add(ev.TTL))
+	} else {
+		l.deny.Unban(ev.Key)
+	}
+}
+
+func (l *Limiter) onBanList(bans []central.BanEvent) {
+	now := l.opts.now()
+	m := make(map[string]time.Time, len(bans))
+	for _, b := range bans {
+		m[b.Key] = now.Add(b.TTL)
+	}
+	l.deny.ReplaceBans(m)
+}
+
+// Flush reconciles all pending consumption with Redis now. It returns the first error; consumption
+// that failed to reconcile stays pending.
+func (l *Limiter) Flush(ctx context.Context) error {
+	if l.closed.Load() {
+		return ErrClosed
+	}
+	return l.flush(ctx)
+}
+
+func (l *Limiter) flush(ctx context.Context) error {
+	ctx, span := l.tracer.Start(ctx, "hybridrate.flush", trace.WithSpanKind(trace.SpanKindClient))
+	defer span.End()
+	err := l.syncer.Flush(ctx)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "flush failed")
+	}
+	return err
+}
+
+// Close stops the background loop, flushes pending consumption (bounded by ctx) and releases the
+// limiter's goroutines and metric callbacks. Calls racing with Close may be decided after the final
+// flush; Close flushes again while anything is pending, a few times. Close is safe to call more than
+// once; later calls return nil. After Close, AllowN returns ErrClosed.
+func (l *Limiter) Close(ctx context.Context) error {
+	if !l.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	l.cancel()
+	l.wg.Wait()
+	err := l.syncer.Flush(ctx)
+	for i := 0; i < 3 && err == nil && l.store.Dirty() > 0; i++ {
+		runtime.Gosched()
+		err = l.syncer.Flush(ctx)
+	}
+	if merr := l.metrics.close(); merr != nil && err == nil {
+		err = merr
+	}
+	if err != nil {
+		return fmt.Errorf("hybrid: close: final flush: %w", err)
+	}
+	return nil
+}

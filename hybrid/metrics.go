@@ -1,0 +1,121 @@
+package hybrid
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+)
+
+const instrumentationName = "github.com/hybridrate/hybridrate/hybrid"
+
+const numStripes = 16
+
+// stripe holds decision counters for a slice of the key space, on its own cache lines, so that
+// parallel decisions on different keys do not contend on one counter.
+type stripe struct {
+	local           atomic.Int64
+	central         atomic.Int64
+	centralDenied   atomic.Int64
+	deny            atomic.Int64
+	fallbackAllowed atomic.Int64
+	fallbackDenied  atomic.Int64
+	unrecorded      atomic.Int64 // tokens admitted by a failure policy that could not be recorded (no local room)
+	_               [8]byte
+}
+
+// Stats is a snapshot of a limiter's counters, for tests, the load generator and dashboards.
+type Stats struct {
+	Local, Central, CentralDenied, DenyCache, FallbackAllowed, FallbackDenied int64 // decisions by outcome
+	Unrecorded                                                                int64 // tokens admitted by policy without local room to record them
+	Keys                                                                      int   // keys in local memory
+	Pending                                                                   int64 // keys with unreconciled consumption
+	Evictions                                                                 int64 // clean keys evicted
+	Flushes, FlushedKeys, FailedKeys                                          int64 // background reconcile work
+	RedisCommands                                                             int64 // script calls this limiter sent
+	RedisErrors                                                               int64 // failed Redis calls
+	BreakerOpen                                                               bool  // the circuit breaker is not closed
+}
+
+// Stats returns a snapshot of the limiter's counters.
+func (l *Limiter) Stats() Stats {
+	var s Stats
+	for i := range l.counts {
+		c := &l.counts[i]
+		s.Local += c.local.Load()
+		s.Central += c.central.Load()
+		s.CentralDenied += c.centralDenied.Load()
+		s.DenyCache += c.deny.Load()
+		s.FallbackAllowed += c.fallbackAllowed.Load()
+		s.FallbackDenied += c.fallbackDenied.Load()
+		s.Unrecorded += c.unrecorded.Load()
+	}
+	s.Keys = l.store.Len()
+	s.Pending = l.store.Dirty()
+	s.Evictions = l.store.Stats().Evictions.Load()
+	ss := l.syncer.Stats()
+	s.Flushes, s.FlushedKeys, s.FailedKeys = ss.Flushes.Load(), ss.Keys.Load(), ss.FailedKeys.Load()
+	cs := l.central.Stats()
+	s.RedisCommands, s.RedisErrors = cs.Commands.Load(), cs.Errors.Load()
+	s.BreakerOpen = l.central.Breaker().State().String() != "closed"
+	return s
+}
+
+// metrics registers the OpenTelemetry instruments; they are all observed from Stats in one callback,
+// so the hot path only bumps striped atomics.
+type metrics struct {
+	reg metric.Registration
+}
+
+func newMetrics(l *Limiter) (*metrics, error) {
+	m := l.opts.meterProvider.Meter(instrumentationName)
+	decisions, err1 := m.Int64ObservableCounter("hybridrate.decisions", metric.WithDescription("Decisions, by source and outcome."))
+	keys, err2 := m.Int64ObservableGauge("hybridrate.keys", metric.WithDescription("Keys held in local memory."))
+	pending, err3 := m.Int64ObservableGauge("hybridrate.pending", metric.WithDescription("Keys with consumption not yet applied to Redis."))
+	flushes, err4 := m.Int64ObservableCounter("hybridrate.sync.flushes", metric.WithDescription("Background reconcile rounds."))
+	flushed, err5 := m.Int64ObservableCounter("hybridrate.sync.keys", metric.WithDescription("Keys sent in background reconciles."))
+	failed, err6 := m.Int64ObservableCounter("hybridrate.sync.failed_keys", metric.WithDescription("Keys whose reconcile failed (kept pending)."))
+	cmds, err7 := m.Int64ObservableCounter("hybridrate.redis.commands", metric.WithDescription("Script calls sent to Redis."))
+	errs, err8 := m.Int64ObservableCounter("hybridrate.redis.errors", metric.WithDescription("Failed Redis calls."))
+	breaker, err9 := m.Int64ObservableGauge("hybridrate.breaker.open", metric.WithDescription("1 while the circuit breaker is open or half-open."))
+	evictions, err10 := m.Int64ObservableCounter("hybridrate.evictions", metric.WithDescription("Clean keys evicted from local memory."))
+	if err := errors.Join(err1, err2, err3, err4, err5, err6, err7, err8, err9, err10); err != nil {
+		return nil, err
+	}
+	node := attribute.String("hybridrate.node", l.nodeID)
+	src := func(s, outcome string) metric.ObserveOption {
+		return metric.WithAttributes(node, attribute.String("source", s), attribute.String("outcome", outcome))
+	}
+	reg, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		s := l.Stats()
+		o.ObserveInt64(decisions, s.Local, src("local", "allowed"))
+		o.ObserveInt64(decisions, s.Central, src("central", "allowed"))
+		o.ObserveInt64(decisions, s.CentralDenied, src("central", "denied"))
+		o.ObserveInt64(decisions, s.DenyCache, src("deny-cache", "denied"))
+		o.ObserveInt64(decisions, s.FallbackAllowed, src("fallback", "allowed"))
+		o.ObserveInt64(decisions, s.FallbackDenied, src("fallback", "denied"))
+		a := metric.WithAttributes(node)
+		o.ObserveInt64(keys, int64(s.Keys), a)
+		o.ObserveInt64(pending, s.Pending, a)
+		o.ObserveInt64(flushes, s.Flushes, a)
+		o.ObserveInt64(flushed, s.FlushedKeys, a)
+		o.ObserveInt64(failed, s.FailedKeys, a)
+		o.ObserveInt64(cmds, s.RedisCommands, a)
+		o.ObserveInt64(errs, s.RedisErrors, a)
+		open := int64(0)
+		if s.BreakerOpen {
+			open = 1
+		}
+		o.ObserveInt64(breaker, open, a)
+		o.ObserveInt64(evictions, s.Evictions, a)
+		return nil
+	}, decisions, keys, pending, flushes, flushed, failed, cmds, errs, breaker, evictions)
+	if err != nil {
+		return nil, err
+	}
+	return &metrics{reg: reg}, nil
+}
+
+func (m *metrics) close() error { return m.reg.Unregister() }

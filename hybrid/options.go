@@ -1,0 +1,291 @@
+package hybrid
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// The defaults, all in one place.
+const (
+	DefaultSyncInterval   = 20 * time.Millisecond
+	DefaultDriftThreshold = 0.1
+	DefaultKeyPrefix      = "hr"
+	DefaultMaxKeys        = 1 << 20
+	DefaultSyncTimeout    = 5 * time.Millisecond
+	DefaultFlushTimeout   = 500 * time.Millisecond
+	// MaxKeyLen is the longest key AllowN accepts, in bytes.
+	MaxKeyLen = 1024
+)
+
+// Tunables that have no option yet; documented in docs/operations.md.
+const (
+	breakerThreshold = 5                      // consecutive failed calls that open the breaker
+	breakerCooldown  = 500 * time.Millisecond // open time before a probe
+	scriptBatch      = 256                    // keys per reconcile script call
+	flushBatch       = 4096                   // keys per pipelined reconcile
+	activeWindow     = 2 * time.Second        // a node counts as active on a key this long
+	pruneAge         = 10 * time.Minute       // a node's record on a key is dropped after this
+	banRefresh       = 10 * time.Second       // full ban-list reload period (Pub/Sub carries changes)
+	maxDenied        = 1 << 16                // cached Redis denials
+	maxBans          = 1 << 16                // bans held locally
+	maxFallback      = 1 << 16                // keys with a LocalFallback limiter
+)
+
+// FailurePolicy says what a limit does when Redis cannot answer a decision that needs it (the circuit
+// breaker is open, or the synchronous check failed or timed out). Keys with local allowance left keep
+// using it whatever the policy.
+type FailurePolicy int
+
+// The failure policies.
+const (
+	// LocalFallback enforces, on this node, its share of the global limit (Rate/active nodes, at least
+	// one token of burst) with golang.org/x/time/rate until Redis is back. Admitted tokens are counted
+	// and applied to Redis later. This is the default.
+	LocalFallback FailurePolicy = iota
+	// FailOpen admits every request; admitted tokens are counted and applied to Redis later.
+	FailOpen
+	// FailClosed denies every request that needs Redis.
+	FailClosed
+)
+
+// String returns "local-fallback", "fail-open" or "fail-closed".
+func (p FailurePolicy) String() string {
+	switch p {
+	case LocalFallback:
+		return "local-fallback"
+	case FailOpen:
+		return "fail-open"
+	case FailClosed:
+		return "fail-closed"
+	}
+	return fmt.Sprintf("FailurePolicy(%d)", int(p))
+}
+
+// Option configures a [Limiter]; see the With functions.
+type Option interface{ apply(*options) error }
+
+type optionFunc func(*options) error
+
+func (f optionFunc) apply(o *options) error { return f(o) }
+
+type options struct {
+	syncInterval   time.Duration
+	drift          float64
+	policy         FailurePolicy
+	prefix         string
+	maxKeys        int
+	syncTimeout    time.Duration
+	flushTimeout   time.Duration
+	now            func() time.Time
+	logger         *slog.Logger
+	meterProvider  metric.MeterProvider
+	tracerProvider trace.TracerProvider
+	nodeID         string
+}
+
+func defaultOptions() options {
+	return options{
+		syncInterval:   DefaultSyncInterval,
+		drift:          DefaultDriftThreshold,
+		policy:         LocalFallback,
+		prefix:         DefaultKeyPrefix,
+		maxKeys:        DefaultMaxKeys,
+		syncTimeout:    DefaultSyncTimeout,
+		flushTimeout:   DefaultFlushTimeout,
+		now:            time.Now,
+		logger:         slog.New(slog.DiscardHandler),
+		meterProvider:  otel.GetMeterProvider(),
+		tracerProvider: otel.GetTracerProvider(),
+	}
+}
+
+// ErrBadOption is wrapped by every option error from [New].
+var ErrBadOption = errors.New("hybrid: bad option")
+
+func badOption(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrBadOption}, args...)...)
+}
+
+// WithSyncInterval sets how long consumption may wait before it is reconciled with Redis, from 1ms to
+// 1 minute. Shorter is more accurate and costs more Redis commands. The default is 20ms.
+func WithSyncInterval(d time.Duration) Option {
+	return optionFunc(func(o *options) error {
+		if d < time.Millisecond || d > time.Minute {
+			return badOption("sync interval %v out of range [1ms, 1m]", d)
+		}
+		o.syncInterval = d
+		return nil
+	})
+}
+
+// WithDriftThreshold sets the fraction of the global remaining tokens (plus one sync interval of
+// refill) that the nodes may consume locally, split between the nodes active on the key, before a
+// node asks Redis synchronously. 0 sends every decision to Redis (a strict central limiter); larger
+// values save Redis commands and widen the overshoot bound of docs/accuracy.md. From 0 to 1; the
+// default is 0.1.
+func WithDriftThreshold(f float64) Option {
+	return optionFunc(func(o *options) error {
+		if !(f >= 0 && f <= 1) {
+			return badOption("drift threshold %v out of range [0, 1]", f)
+		}
+		o.drift = f
+		return nil
+	})
+}
+
+// WithFailurePolicy sets what happens while Redis is unavailable. The default is LocalFallback.
+func WithFailurePolicy(p FailurePolicy) Option {
+	return optionFunc(func(o *options) error {
+		if p < LocalFallback || p > FailClosed {
+			return badOption("unknown failure policy %d", int(p))
+		}
+		o.policy = p
+		return nil
+	})
+}
+
+// WithKeyPrefix sets the prefix of every Redis key, so that several applications can share a Redis.
+// It must be non-empty, at most 64 bytes, with no braces or whitespace. The default is "hr".
+func WithKeyPrefix(p string) Option {
+	return optionFunc(func(o *options) error {
+		if p == "" || len(p) > 64 || strings.ContainsAny(p, "{} \t\r\n") {
+			return badOption("key prefix %q: want 1 to 64 bytes without braces or whitespace", p)
+		}
+		o.prefix = p
+		return nil
+	})
+}
+
+// WithMaxKeys caps the number of keys held in local memory (at least 64). When the cap is reached,
+// keys with nothing pending are evicted, least recently used first; their state is in Redis. The
+// default is 1<<20.
+func WithMaxKeys(n int) Option {
+	return optionFunc(func(o *options) error {
+		if n < 64 {
+			return badOption("max keys %d: want at least 64", n)
+		}
+		o.maxKeys = n
+		return nil
+	})
+}
+
+// WithSyncTimeout bounds a synchronous Redis check, from 100µs to 10s. A check that times out is
+// answered by the failure policy. The default is 5ms.
+func WithSyncTimeout(d time.Duration) Option {
+	return optionFunc(func(o *options) error {
+		if d < 100*time.Microsecond || d > 10*time.Second {
+			return badOption("sync timeout %v out of range [100µs, 10s]", d)
+		}
+		o.syncTimeout = d
+		return nil
+	})
+}
+
+// WithFlushTimeout bounds one background reconcile (one pipeline round), from 1ms to 1 minute. The
+// default is 500ms.
+func WithFlushTimeout(d time.Duration) Option {
+	return optionFunc(func(o *options) error {
+		if d < time.Millisecond || d > time.Minute {
+			return badOption("flush timeout %v out of range [1ms, 1m]", d)
+		}
+		o.flushTimeout = d
+		return nil
+	})
+}
+
+// WithClock sets the clock used for deny-cache deadlines and the LocalFallback limiter (nil means
+// time.Now). Global refill never uses it: Redis TIME is the only clock of the global state.
+func WithClock(now func() time.Time) Option {
+	return optionFunc(func(o *options) error {
+		if now == nil {
+			now = time.Now
+		}
+		o.now = now
+		return nil
+	})
+}
+
+// WithLogger sets where background errors are logged. The default discards them (they are also
+// counted in metrics).
+func WithLogger(l *slog.Logger) Option {
+	return optionFunc(func(o *options) error {
+		if l == nil {
+			return badOption("nil logger")
+		}
+		o.logger = l
+		return nil
+	})
+}
+
+// WithMeterProvider sets the OpenTelemetry meter provider. The default is otel.GetMeterProvider().
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return optionFunc(func(o *options) error {
+		if mp == nil {
+			return badOption("nil meter provider")
+		}
+		o.meterProvider = mp
+		return nil
+	})
+}
+
+// WithTracerProvider sets the OpenTelemetry tracer provider for spans around Redis round trips. The
+// default is otel.GetTracerProvider().
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return optionFunc(func(o *options) error {
+		if tp == nil {
+			return badOption("nil tracer provider")
+		}
+		o.tracerProvider = tp
+		return nil
+	})
+}
+
+// WithNodeID sets this limiter's node id (1 to 64 bytes of [A-Za-z0-9_-]). Every limiter must have
+// its own; the default is random, which is what almost every caller wants. Reusing the id of a
+// limiter that is still running corrupts both limiters' accounting.
+func WithNodeID(id string) Option {
+	return optionFunc(func(o *options) error {
+		if id == "" || len(id) > 64 || strings.IndexFunc(id, func(r rune) bool {
+			return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-')
+		}) >= 0 {
+			return badOption("node id %q: want 1 to 64 bytes of [A-Za-z0-9_-]", id)
+		}
+		o.nodeID = id
+		return nil
+	})
+}
+
+// Limit is a token bucket: Rate tokens per second refill a bucket that holds at most Burst tokens.
+// Rate must be finite, above 0 and at most 1e9; Burst from 1 to 1e9.
+type Limit struct {
+	Rate  float64
+	Burst int64
+}
+
+// PerSecond returns a limit of n per second with a burst of n.
+func PerSecond(n int64) Limit { return Limit{Rate: float64(n), Burst: n} }
+
+// PerMinute returns a limit of n per minute with a burst of n.
+func PerMinute(n int64) Limit { return Limit{Rate: float64(n) / 60, Burst: n} }
+
+// PerHour returns a limit of n per hour with a burst of n.
+func PerHour(n int64) Limit { return Limit{Rate: float64(n) / 3600, Burst: n} }
+
+// Validate reports why l cannot be used, or nil.
+func (l Limit) Validate() error {
+	switch {
+	case math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0) || l.Rate <= 0 || l.Rate > 1e9:
+		return fmt.Errorf("%w: rate %v: want a finite number in (0, 1e9]", ErrInvalidLimit, l.Rate)
+	case l.Burst < 1 || l.Burst > 1e9:
+		return fmt.Errorf("%w: burst %d: want 1 to 1e9", ErrInvalidLimit, l.Burst)
+	}
+	return nil
+}
