@@ -1,0 +1,35 @@
+# hybridrate developer targets. `make test` is what CI runs (see .ci/run); it needs redis-server in PATH.
+GO ?= go
+MOD := github.com/hybridrate/hybridrate
+
+.PHONY: test test-short race bench lint deps loadgen
+
+test: ## all tests, real Redis included, with the race detector (the README's test command)
+	$(GO) test -race -count=1 ./...
+
+race: test
+
+test-short: ## fast tests only (skips the multi-second load and fault-injection tests)
+	$(GO) test -short -count=1 ./...
+
+bench: ## benchmarks in benchstat-ready form; compare runs with benchstat old.txt new.txt
+	$(GO) test -run '^$$' -bench . -benchmem -count 6 -benchtime 500ms ./bench/ | tee bench.txt
+
+lint: ## gofmt, go vet, staticcheck
+	@test -z "$$(gofmt -l .)" || { echo "gofmt needed on:"; gofmt -l .; exit 1; }
+	$(GO) vet ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@2025.1.1 ./...
+
+deps: ## check the package graph of DESIGN.md: imports flow downward only
+	@$(GO) list -f '{{.ImportPath}} {{join .Imports " "}}' ./... | awk -v mod="$(MOD)" ' \
+	function short(p) { sub(mod "/", "", p); return p } \
+	BEGIN { allow["local"]=""; allow["denycache"]=""; allow["lua"]=""; allow["central"]="lua"; \
+	        allow["sync"]="local central"; allow["hybrid"]="local sync denycache central"; } \
+	{ pkg = short($$1); if (!(pkg in allow)) next; \
+	  for (i = 2; i <= NF; i++) { if (index($$i, mod "/") != 1) continue; dep = short($$i); \
+	    if (dep ~ /^internal\//) continue; \
+	    if (index(" " allow[pkg] " ", " " dep " ") == 0) { printf "deps: %s must not import %s\n", pkg, dep; bad = 1 } } } \
+	END { if (bad) exit 1; print "deps: package graph ok" }'
+
+loadgen: ## the default load-generator scenario (embedded Redis)
+	$(GO) run ./cmd/loadgen
