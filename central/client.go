@@ -242,6 +242,12 @@ func (c *Client) record(ctx context.Context, err error) {
 	default:
 		c.stats.Errors.Add(1)
 		c.breaker.Failure()
+		if c.cluster != nil {
+			// go-redis reloads the slot map on MOVED, but not when a dead master refuses connections;
+			// its periodic reload can take a minute (go-redis #3979). Ask for one now; it is
+			// deduplicated and rate-limited inside go-redis.
+			c.cluster.ReloadState(ctx)
+		}
 	}
 }
 
