@@ -182,7 +182,7 @@ func appendArgs(args []any, u Update) []any {
 		strconv.FormatInt(u.Acked, 10),
 		strconv.FormatInt(u.N, 10),
 		strconv.FormatUint(u.TakeID, 10),
-		strconv.FormatFloat(u.Limit.Rate, 'g', -1, 64),
+		strconv.FormatFloat(u.Limit.Rate, 'f', -1, 64), // no exponent: gopher-lua (miniredis) cannot parse "1e+09"
 		strconv.FormatInt(u.Limit.Burst, 10))
 }
 

@@ -345,3 +345,21 @@ func TestKeysAndSlots(t *testing.T) {
 		assert.False(t, validPrefix(p), p)
 	}
 }
+
+// TestExtremeRatesReachTheScript pins the rate's wire format: no exponent ("1e+09" is not a number
+// to gopher-lua) and all digits of a fractional rate.
+func TestExtremeRatesReachTheScript(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		c := newTestClient(t, rdb, "a")
+		for i, lim := range []Limit{{1e9, 1e9}, {1e-6, 1}, {123.456789, 7}, {1.0 / 3, 1}} {
+			c.at(t0)
+			st := take(t, c, "rate"+strconv.Itoa(i), lim, 1, 0, 0, 1)
+			assert.Equal(t, int8(1), st.Taken, "%v", lim)
+			assert.Equal(t, (lim.Burst-1)*1_000_000, st.Tokens, "%v", lim)
+			c.at(t0 + 1_000_000)
+			st = take(t, c, "rate"+strconv.Itoa(i), lim, 1, 1, 1, 0)
+			want := float64(lim.Burst-1)*1e6 + lim.Rate*1e6
+			assert.InDelta(t, math.Min(want, float64(lim.Burst)*1e6), float64(st.Tokens), 1, "%v: one second of refill", lim)
+		}
+	})
+}

@@ -250,7 +250,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) 
 		if e.TryTake(n) == local.Taken {
 			st.local.Add(1)
 			rem := e.Remaining()
-			return Decision{Allowed: true, Limit: limit, Remaining: rem, ResetAfter: resetAfter(limit, rem), Source: SourceLocal}, nil
+			return Decision{Allowed: true, Limit: limit, Remaining: rem, ResetAfter: time.Duration(e.ResetAfterNanos(limit.Burst, rem)), Source: SourceLocal}, nil
 		}
 	}
 	return l.slow(ctx, key, h, limit, n)

@@ -10,30 +10,30 @@ import (
 // applies Total-Acked, and a re-sent reconcile is recognised by the script. All methods are safe for
 // concurrent use.
 type Entry struct {
-	key   string
-	hash  uint64
-	inc   uint64
-	store *Store
-	sh    *shard
+	// The hot path reads the first cache line (hash … used) and, for the decision's estimates, the
+	// second; keep the fields in this order.
+	hash    uint64
+	key     string
+	total   atomic.Int64  // tokens consumed by this incarnation (local admissions and granted takes)
+	mark    atomic.Int64  // total may grow up to mark without asking Redis
+	rate    atomic.Uint64 // math.Float64bits of the last limit's rate
+	burst   atomic.Int64  // the last limit's burst
+	dirty   atomic.Bool   // on the shard's dirty list
+	evicted atomic.Bool   // removed from the store; see tryEvict
+	used    atomic.Bool   // CLOCK reference bit
 
-	total atomic.Int64 // tokens consumed by this incarnation (local admissions and granted takes)
-	mark  atomic.Int64 // total may grow up to mark without asking Redis
-	acked atomic.Int64 // the part of total Redis has applied
-
-	dirty   atomic.Bool // on the shard's dirty list
-	evicted atomic.Bool // removed from the store; see tryEvict
-	used    atomic.Bool // CLOCK reference bit
-
-	rate  atomic.Uint64 // math.Float64bits of the last limit's rate
-	burst atomic.Int64  // the last limit's burst
-
-	mu          sync.Mutex   // serialises Grant and Revoke
 	grantBase   atomic.Int64 // Applied of the reply that set mark; written under mu
-	globalMicro atomic.Int64
+	globalMicro atomic.Int64 // global micro-tokens in the last answer
+	nsPerToken  atomic.Int64 // refill time of one token at the last rate, in ns (capped)
+	acked       atomic.Int64 // the part of total Redis has applied
+	store       *Store
+	sh          *shard
+	inc         uint64
 	active      atomic.Int64
-	resetMicros atomic.Int64
 
-	next *Entry // dirty-list link; written only by the goroutine that set dirty
+	mu          sync.Mutex // serialises Grant and Revoke
+	resetMicros atomic.Int64
+	next        *Entry // dirty-list link; written only by the goroutine that set dirty
 }
 
 // Key returns the entry's key.
@@ -59,6 +59,7 @@ func (e *Entry) Evicted() bool { return e.evicted.Load() }
 func (e *Entry) SetLimit(rate float64, burst int64) {
 	if bits := math.Float64bits(rate); e.rate.Load() != bits {
 		e.rate.Store(bits)
+		e.nsPerToken.Store(int64(min(1e9/rate, maxNsPerToken)))
 	}
 	if e.burst.Load() != burst {
 		e.burst.Store(burst)
@@ -195,6 +196,22 @@ func (e *Entry) Revoke() {
 func (e *Entry) Remaining() int64 {
 	g := e.globalMicro.Load()/1_000_000 - (e.total.Load() - e.grantBase.Load())
 	return max(g, 0)
+}
+
+const maxNsPerToken = 1 << 40 // about 18 minutes per token; slower rates report capped estimates
+
+// ResetAfterNanos estimates how long, in ns, until a bucket of burst tokens with rem left is full
+// again, at the rate last set with SetLimit. It uses no division, for the hot path.
+func (e *Entry) ResetAfterNanos(burst, rem int64) int64 {
+	missing := burst - rem
+	if missing <= 0 {
+		return 0
+	}
+	ns := e.nsPerToken.Load()
+	if missing > (1<<62)/max(ns, 1) {
+		return 1 << 62
+	}
+	return missing * ns
 }
 
 // Global returns the global tokens (micro-tokens), active nodes and time to full (µs) of the last answer.
