@@ -102,7 +102,10 @@ type Stats struct {
 // Client talks to Redis for package hybrid. Create it with [New]; it is safe for concurrent use.
 type Client struct {
 	cfg       Config
-	cluster   *redis.ClusterClient // non-nil when Config.Client is a cluster client
+	cluster   *redis.ClusterClient  // non-nil when Config.Client is a cluster client
+	syncRDB   redis.UniversalClient // Config.Client, with socket timeouts of SyncTimeout where possible
+	flushRDB  redis.UniversalClient // Config.Client, with socket timeouts of FlushTimeout where possible
+	enforced  bool                  // socket deadlines follow our timeouts
 	breaker   *Breaker
 	reconcile *redis.Script // with the #!lua header
 	legacyRec *redis.Script // without it, for servers that predate script flags
@@ -140,7 +143,19 @@ func New(cfg Config) (*Client, error) {
 		ban:       redis.NewScript(lua.Ban()),
 		legacyBan: redis.NewScript(lua.StripShebang(lua.Ban())),
 	}
-	c.cluster, _ = cfg.Client.(*redis.ClusterClient)
+	// go-redis applies a context deadline to the socket only with ContextTimeoutEnabled; otherwise a
+	// hung Redis holds a call for the client's ReadTimeout (3s by default), far beyond our timeouts.
+	// A *redis.Client (also a Sentinel failover client) gives us shallow copies that share its pool
+	// with our own socket timeouts. A cluster client cannot be copied that way: see TimeoutsEnforced.
+	c.syncRDB, c.flushRDB = cfg.Client, cfg.Client
+	switch rc := cfg.Client.(type) {
+	case *redis.Client:
+		c.syncRDB, c.flushRDB = rc.WithTimeout(cfg.SyncTimeout), rc.WithTimeout(cfg.FlushTimeout)
+		c.enforced = true
+	case *redis.ClusterClient:
+		c.cluster = rc
+		c.enforced = rc.Options().ContextTimeoutEnabled
+	}
 	c.keyArgs = []any{cfg.NodeID, cfg.ActiveWindow.Milliseconds(), cfg.PruneAge.Milliseconds(), 0}
 	return c, nil
 }
@@ -157,6 +172,11 @@ func validNodeID(id string) bool {
 	}
 	return true
 }
+
+// TimeoutsEnforced reports whether a hung Redis is abandoned after SyncTimeout / FlushTimeout. It is
+// true for a *redis.Client (including a Sentinel failover client) and for a cluster client created
+// with ContextTimeoutEnabled: true; otherwise calls wait up to the client's own ReadTimeout.
+func (c *Client) TimeoutsEnforced() bool { return c.enforced }
 
 // Stats returns the client's counters.
 func (c *Client) Stats() *Stats { return &c.stats }
@@ -277,11 +297,15 @@ func (c *Client) run(ctx context.Context, ban bool, keys []string, args []any) (
 			s = bs
 		}
 		c.stats.Commands.Add(1)
-		res, err := s.EvalSha(ctx, c.cfg.Client, keys, args...).Result()
+		rdb := c.syncRDB
+		if ban {
+			rdb = c.flushRDB
+		}
+		res, err := s.EvalSha(ctx, rdb, keys, args...).Result()
 		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			c.stats.ScriptLoads.Add(1)
 			c.stats.Commands.Add(1)
-			res, err = s.Eval(ctx, c.cfg.Client, keys, args...).Result()
+			res, err = s.Eval(ctx, rdb, keys, args...).Result()
 		}
 		if err != nil && attempt == 0 && !legacy && isShebangUnsupported(err) {
 			c.legacy.Store(true)
@@ -443,7 +467,7 @@ func (c *Client) group(updates []Update, valid []int) [][]int {
 // pipeline sends one EVALSHA per group in one pipeline (the cluster client splits it per node).
 func (c *Client) pipeline(ctx context.Context, updates []Update, groups [][]int) ([]*redis.Cmd, error) {
 	rec, _ := c.scripts()
-	pipe := c.cfg.Client.Pipeline()
+	pipe := c.flushRDB.Pipeline()
 	cmds := make([]*redis.Cmd, len(groups))
 	for gi, g := range groups {
 		keys := make([]string, len(g))
@@ -464,12 +488,12 @@ func (c *Client) pipeline(ctx context.Context, updates []Update, groups [][]int)
 func (c *Client) load(ctx context.Context, groups [][]int) error {
 	c.stats.ScriptLoads.Add(1)
 	if c.legacy.Load() {
-		return c.legacyRec.Load(ctx, c.cfg.Client).Err()
+		return c.legacyRec.Load(ctx, c.flushRDB).Err()
 	}
-	err := c.reconcile.Load(ctx, c.cfg.Client).Err()
+	err := c.reconcile.Load(ctx, c.flushRDB).Err()
 	if err != nil && isShebangUnsupported(err) {
 		c.legacy.Store(true)
-		return c.legacyRec.Load(ctx, c.cfg.Client).Err()
+		return c.legacyRec.Load(ctx, c.flushRDB).Err()
 	}
 	return err
 }

@@ -83,8 +83,8 @@ func TestScriptBucketScenarios(t *testing.T) {
 		// cover n=1: fix the expectation to the arithmetic instead of trusting the table author.
 		steps[2].taken, steps[2].tokens, steps[2].applied, steps[2].retry = 0, 750_000, 10, 500*time.Millisecond
 		steps = append(steps,
-			step{at: 3_000_000, cum: 10, n: 1, taken: 1, tokens: 500_000, applied: 11},           // refill 0.75 → 1.5, take 1
-			step{at: 2_000_000, cum: 11, n: 0, taken: -1, tokens: 500_000, applied: 11},          // clock went back: no refill
+			step{at: 3_000_000, cum: 10, n: 1, taken: 1, tokens: 500_000, applied: 11},                  // refill 0.75 → 1.5, take 1
+			step{at: 2_000_000, cum: 11, n: 0, taken: -1, tokens: 500_000, applied: 11},                 // clock went back: no refill
 			step{at: 3_000_000 + 19_000_000, cum: 11, n: 0, taken: -1, tokens: 10_000_000, applied: 11}, // capped at burst
 		)
 		acked := int64(0)

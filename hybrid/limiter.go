@@ -171,6 +171,10 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("hybrid: %w", err)
 	}
+	if !cc.TimeoutsEnforced() {
+		o.logger.Warn("hybridrate: this Redis client ignores context deadlines; a hung Redis holds calls for the client's ReadTimeout. " +
+			"Create cluster clients with ContextTimeoutEnabled: true so that WithSyncTimeout and WithFlushTimeout bound every call")
+	}
 	if l.metrics, err = newMetrics(l); err != nil {
 		return nil, fmt.Errorf("hybrid: metrics: %w", err)
 	}
