@@ -26,7 +26,8 @@ func Example() {
 	lim, err := hybrid.New(rdb,
 		hybrid.WithSyncInterval(20*time.Millisecond),
 		hybrid.WithDriftThreshold(0.1),
-		hybrid.WithFailurePolicy(hybrid.LocalFallback))
+		hybrid.WithFailurePolicy(hybrid.LocalFallback),
+		hybrid.WithSyncTimeout(time.Second)) // generous for an example on a busy machine; the default is 5ms
 	if err != nil {
 		panic(err)
 	}
@@ -56,7 +57,7 @@ func ExampleLimiter_AllowN() {
 	m.SetTime(time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC))
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	defer rdb.Close()
-	lim, err := hybrid.New(rdb)
+	lim, err := hybrid.New(rdb, hybrid.WithSyncTimeout(time.Second))
 	if err != nil {
 		panic(err)
 	}
@@ -65,6 +66,6 @@ func ExampleLimiter_AllowN() {
 
 	// Weighted cost: an export costs 10 tokens of a 100-per-minute budget.
 	d, _ := lim.AllowN(ctx, "tenant:7:export", hybrid.PerMinute(100), 10)
-	fmt.Println(d.Allowed, d.Remaining)
-	// Output: true 90
+	fmt.Println(d.Allowed, d.Remaining, d.Source)
+	// Output: true 90 central
 }
