@@ -20,7 +20,9 @@ func newMini(t *testing.T, opts ...hybrid.Option) (*hybrid.Limiter, *miniredis.M
 	t.Helper()
 	m := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	lim, err := hybrid.New(rdb, opts...)
+	// A generous sync timeout: miniredis runs Lua slowly, and a busy CI machine must not turn a
+	// decision into a fallback one. Callers' options come after and win.
+	lim, err := hybrid.New(rdb, append([]hybrid.Option{hybrid.WithSyncTimeout(time.Second)}, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		_ = lim.Close(context.Background())
