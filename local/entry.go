@@ -101,7 +101,9 @@ func (e *Entry) TryTake(n int64) TakeResult {
 	if !e.used.Load() {
 		e.used.Store(true)
 	}
-	e.store.markDirty(e)
+	if !e.dirty.Load() {
+		e.store.markDirty(e)
+	}
 	return Taken
 }
 
@@ -207,8 +209,8 @@ func (e *Entry) ResetAfterNanos(burst, rem int64) int64 {
 	if missing <= 0 {
 		return 0
 	}
-	ns := e.nsPerToken.Load()
-	if missing > (1<<62)/max(ns, 1) {
+	ns := e.nsPerToken.Load() // at most maxNsPerToken = 2^40
+	if missing >= 1<<22 && missing > (1<<62)/max(ns, 1) { // the division only for huge buckets
 		return 1 << 62
 	}
 	return missing * ns
