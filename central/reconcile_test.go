@@ -76,17 +76,14 @@ func TestScriptBucketScenarios(t *testing.T) {
 		}
 		steps := []step{
 			{at: 0, cum: 0, n: 4, taken: 1, tokens: 6_000_000, applied: 4},
-			{at: 0, cum: 4, n: 7, taken: 0, tokens: 6_000_000, applied: 4, retry: 2 * time.Second},
-			{at: 1_500_000, cum: 10, n: 1, taken: 1, tokens: -250_000, applied: 11}, // 6 + 0.75 - 6 - 1: granted? no, see below
+			{at: 0, cum: 4, n: 7, taken: 0, tokens: 6_000_000, applied: 4, retry: 2 * time.Second}, // (7-6)/0.5
+			// 1.5 s later: refill 0.75, then the 6 tokens consumed locally (cum 10 - applied 4) are applied,
+			// leaving 0.75, which cannot cover n=1: retry after (1-0.75)/0.5 s.
+			{at: 1_500_000, cum: 10, n: 1, taken: 0, tokens: 750_000, applied: 10, retry: 500 * time.Millisecond},
+			{at: 3_000_000, cum: 10, n: 1, taken: 1, tokens: 500_000, applied: 11},      // refill 0.75 → 1.5, take 1
+			{at: 2_000_000, cum: 11, n: 0, taken: -1, tokens: 500_000, applied: 11},     // clock went back: no refill
+			{at: 22_000_000, cum: 11, n: 0, taken: -1, tokens: 10_000_000, applied: 11}, // capped at burst
 		}
-		// Step 3 first applies the 6 locally consumed tokens (cum 10 - applied 4), leaving 0.75, which cannot
-		// cover n=1: fix the expectation to the arithmetic instead of trusting the table author.
-		steps[2].taken, steps[2].tokens, steps[2].applied, steps[2].retry = 0, 750_000, 10, 500*time.Millisecond
-		steps = append(steps,
-			step{at: 3_000_000, cum: 10, n: 1, taken: 1, tokens: 500_000, applied: 11},                  // refill 0.75 → 1.5, take 1
-			step{at: 2_000_000, cum: 11, n: 0, taken: -1, tokens: 500_000, applied: 11},                 // clock went back: no refill
-			step{at: 3_000_000 + 19_000_000, cum: 11, n: 0, taken: -1, tokens: 10_000_000, applied: 11}, // capped at burst
-		)
 		acked := int64(0)
 		for i, s := range steps {
 			c.at(t0 + s.at)
