@@ -44,8 +44,7 @@ end
 function A.gcra.take(r)
   r.d = r.need
   local key = KEYS[r.k]
-  redis.call('SET', key, string.format('%.17g %.17g', r.ts, r.d))
-  ttl(key, r.d + r.ts - r.now)
+  redis.call('SET', key, string.format('%.17g %.17g', r.ts, r.d), 'PX', ttl_ms(r.d + r.ts - r.now))
 end
 
 function A.gcra.view(r)

@@ -31,3 +31,50 @@ var ban string
 
 // Ban returns the source of the ban-list script (ban, unban, list); ban.lua documents its contract.
 func Ban() string { return ban }
+
+//go:embed strict.lua
+var strict string
+
+// Strict returns the source of the strict-limiting driver, which checks one or more rules and lets them
+// all consume or none; strict.lua documents its KEYS, ARGV and reply. It is not a complete script: the
+// algorithms it runs (the other strict sources below) are spliced in at its "-- @algorithms" line, which
+// package central does once per set of algorithms.
+func Strict() string { return strict }
+
+//go:embed token_bucket.lua
+var tokenBucket string
+
+// TokenBucket returns the strict token bucket, an algorithm of [Strict]; token_bucket.lua documents it.
+func TokenBucket() string { return tokenBucket }
+
+//go:embed gcra.lua
+var gcra string
+
+// GCRA returns the generic cell rate algorithm, an algorithm of [Strict]; gcra.lua documents it.
+func GCRA() string { return gcra }
+
+//go:embed fixed_window.lua
+var fixedWindow string
+
+// FixedWindow returns the fixed window counter, an algorithm of [Strict]; fixed_window.lua documents it.
+func FixedWindow() string { return fixedWindow }
+
+//go:embed sliding_window.lua
+var slidingWindow string
+
+// SlidingWindow returns the sliding window counter, an algorithm of [Strict]; sliding_window.lua
+// documents it.
+func SlidingWindow() string { return slidingWindow }
+
+//go:embed sliding_log.lua
+var slidingLog string
+
+// SlidingLog returns the sliding window log, an algorithm of [Strict]; sliding_log.lua documents it.
+func SlidingLog() string { return slidingLog }
+
+//go:embed leaky_bucket.lua
+var leakyBucket string
+
+// LeakyBucket returns the leaky-bucket shaper, an algorithm of [Strict] that needs [GCRA] spliced in
+// before it; leaky_bucket.lua documents it.
+func LeakyBucket() string { return leakyBucket }

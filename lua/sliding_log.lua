@@ -27,19 +27,24 @@ end
 function A.sl.load(r)
   local z, h = KEYS[r.k], KEYS[r.k + 1]
   r.cutoff = r.now - r.period
+  r.sum, r.trim, r.newest, r.reseq = 0, 0, -1, nil
+  local newest = redis.call('ZRANGE', z, -1, -1, 'WITHSCORES')
+  if #newest == 0 then return end -- an empty log, whatever the hash says
+  r.newest = tonumber(newest[2])
   local sum = tonumber(redis.call('HGET', h, 's'))
   if sum == nil or sum ~= sum then
-    -- No sum (first request, or the hash was lost): count the whole set.
-    sum = 0
-    for _, m in ipairs(redis.call('ZRANGE', z, 0, -1)) do sum = sum + sl_cost(m) end
+    -- The hash was lost (evicted?) but not the log: recount it, and hand out seqs above its largest.
+    sum, r.reseq = 0, 0
+    for _, m in ipairs(redis.call('ZRANGE', z, 0, -1)) do
+      sum = sum + sl_cost(m)
+      r.reseq = math.max(r.reseq, tonumber(string.match(m, '^(%d+):')) or 0)
+    end
   end
   local old = redis.call('ZRANGEBYSCORE', z, '-inf', string.format('%.17g', r.cutoff))
   r.trim = #old
   for _, m in ipairs(old) do sum = sum - sl_cost(m) end
   if sum < 0 then sum = 0 end
   r.sum = sum
-  local newest = redis.call('ZRANGE', z, -1, -1, 'WITHSCORES')
-  r.newest = tonumber(newest[2]) or -1
 end
 
 function A.sl.check(r)
@@ -69,6 +74,7 @@ function A.sl.take(r)
   if r.trim > 0 then
     redis.call('ZREMRANGEBYSCORE', z, '-inf', string.format('%.17g', r.cutoff))
   end
+  if r.reseq then redis.call('HSET', h, 'q', r.reseq) end
   local seq = redis.call('HINCRBY', h, 'q', 1)
   redis.call('ZADD', z, string.format('%.17g', r.now), string.format('%d:%d', seq, r.n))
   r.sum = r.sum + r.n

@@ -29,7 +29,9 @@ function A.sw.load(r)
   if w == nil or c == nil or p == nil or w ~= w or c ~= c or p ~= p or w < start - P then
     c, p = 0, 0
   elseif w == start - P then
-    c, p = 0, c
+    -- Two statements, not "c, p = 0, c": gopher-lua (miniredis) assigns left to right and would lose c.
+    p = c
+    c = 0
   elseif w > start then
     start = w -- the clock went back: stay in the stored window
   end

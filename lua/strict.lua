@@ -48,10 +48,15 @@ local function ceil_us(x, period)
   return v
 end
 
--- ttl sets key to expire after us µs, rounded up to a whole ms plus one ms of margin (the key is only
+-- ttl_ms converts a lifetime of us µs to whole ms, rounded up, plus one ms of margin (a key is only
 -- deleted once its state means "nothing recorded", so an early expiry could never admit too much).
+local function ttl_ms(us)
+  return math.max(1, math.min(math.ceil(us / 1000) + 1, 1e12))
+end
+
+-- ttl sets key to expire after us µs (see ttl_ms).
 local function ttl(key, us)
-  redis.call('PEXPIRE', key, math.min(math.ceil(us / 1000) + 1, 1e12))
+  redis.call('PEXPIRE', key, ttl_ms(us))
 end
 
 -- num parses an integer in [lo, hi]; nil for anything else (nil, garbage, NaN, ±inf, fractions).

@@ -1,0 +1,501 @@
+package central
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrInvalid is wrapped by every error [Strict] and [Shaper] return for a request they refuse to send:
+// an invalid rule, an empty or oversized subject or tag, a cost n ≤ 0 or above the limit, duplicate
+// checks. Such a request never reaches Redis and never counts against the breaker.
+var ErrInvalid = errors.New("central: invalid strict request")
+
+// Bounds of strict rules and requests, checked in Go before anything is sent and again by the scripts.
+const (
+	// MaxStrictLimit is the largest Limit of a strict rule.
+	MaxStrictLimit = 1_000_000_000
+	// MaxSlidingLogLimit is the largest Limit of a [SlidingLog] rule: its key may hold that many members.
+	MaxSlidingLogLimit = 100_000
+	// MinStrictPeriod is the shortest Period of a strict rule.
+	MinStrictPeriod = time.Millisecond
+	// MaxStrictPeriod is the longest Period of a strict rule, 1e14 µs (about 3.2 years).
+	MaxStrictPeriod = 100_000_000_000_000 * time.Microsecond
+	// MaxStrictChecks is the largest number of checks in one [Strict.AllowMulti] call.
+	MaxStrictChecks = 16
+	// MaxSubjectLen is the longest subject or tag, in bytes (before hashing).
+	MaxSubjectLen = 1024
+)
+
+// Algorithm selects how a strict [Rule] counts. The zero Algorithm is invalid, so a Rule whose
+// Algorithm was forgotten is refused. docs/algorithms.md compares them.
+type Algorithm uint8
+
+// The strict algorithms. Each is one Lua file in package lua; all of them take weighted costs.
+const (
+	// TokenBucket admits bursts of up to Limit and refills continuously at Limit per Period.
+	TokenBucket Algorithm = iota + 1
+	// GCRA answers exactly as TokenBucket does, keeping one short string per key instead of a hash.
+	GCRA
+	// FixedWindow admits Limit per epoch-aligned window of Period; up to 2·Limit can pass around a
+	// window boundary.
+	FixedWindow
+	// SlidingWindow weighs the previous window's count by its overlap with the last Period
+	// (Cloudflare's sliding window counter): smooths FixedWindow's boundary burst at the cost of an
+	// estimate.
+	SlidingWindow
+	// SlidingLog records every admitted request and admits at most Limit in any Period, exactly;
+	// memory and work grow with the requests in the window (Limit is capped at MaxSlidingLogLimit).
+	SlidingLog
+)
+
+// String returns the algorithm's name, e.g. "token_bucket".
+func (a Algorithm) String() string {
+	switch a {
+	case TokenBucket:
+		return "token_bucket"
+	case GCRA:
+		return "gcra"
+	case FixedWindow:
+		return "fixed_window"
+	case SlidingWindow:
+		return "sliding_window"
+	case SlidingLog:
+		return "sliding_log"
+	}
+	return "Algorithm(" + strconv.Itoa(int(a)) + ")"
+}
+
+// code returns the algorithm's short code, used in keys and as the scripts' algorithm argument.
+func (a Algorithm) code() string {
+	switch a {
+	case TokenBucket:
+		return "tb"
+	case GCRA:
+		return "gcra"
+	case FixedWindow:
+		return "fw"
+	case SlidingWindow:
+		return "sw"
+	case SlidingLog:
+		return "sl"
+	}
+	return ""
+}
+
+// Rule is one strict limit: Limit units per Period, counted by Algorithm, for each subject.
+type Rule struct {
+	// Name identifies the rule in Redis keys; 1 to 64 bytes of [A-Za-z0-9_.-]. Two rules with the same
+	// Name and Algorithm share their counters.
+	Name string
+	// Algorithm selects how the rule counts.
+	Algorithm Algorithm
+	// Limit is the burst (TokenBucket, GCRA) or the units admitted per window (the others); 1 to
+	// MaxStrictLimit (MaxSlidingLogLimit for SlidingLog).
+	Limit int64
+	// Period is the window, or the time in which a token bucket refills Limit tokens; MinStrictPeriod
+	// to MaxStrictPeriod, used to the microsecond. Windows are aligned to the Unix epoch.
+	Period time.Duration
+}
+
+// Validate reports whether the rule can be sent, with an error wrapping [ErrInvalid] when it cannot.
+func (r Rule) Validate() error {
+	switch {
+	case !validRuleName(r.Name):
+		return fmt.Errorf("%w: rule name %q: want 1 to 64 bytes of [A-Za-z0-9_.-]", ErrInvalid, r.Name)
+	case r.Algorithm.code() == "":
+		return fmt.Errorf("%w: rule %q: unknown algorithm %v", ErrInvalid, r.Name, r.Algorithm)
+	case r.Limit < 1 || r.Limit > MaxStrictLimit:
+		return fmt.Errorf("%w: rule %q: limit %d out of range [1, %d]", ErrInvalid, r.Name, r.Limit, MaxStrictLimit)
+	case r.Algorithm == SlidingLog && r.Limit > MaxSlidingLogLimit:
+		return fmt.Errorf("%w: rule %q: sliding log limit %d above %d", ErrInvalid, r.Name, r.Limit, MaxSlidingLogLimit)
+	case r.Period < MinStrictPeriod || r.Period > MaxStrictPeriod:
+		return fmt.Errorf("%w: rule %q: period %v out of range [%v, %v]", ErrInvalid, r.Name, r.Period, MinStrictPeriod, MaxStrictPeriod)
+	}
+	return nil
+}
+
+func validRuleName(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// StrictConfig configures a [Strict]. Every field is required unless it says otherwise.
+type StrictConfig struct {
+	// Client is the Redis client: a *redis.Client, a *redis.ClusterClient or a Sentinel failover
+	// client. A call is not idempotent: a command that go-redis re-sends after a read timeout or a
+	// dropped connection may be counted twice (never admitted twice), so MaxRetries -1, or a ReadTimeout
+	// longer than Timeout, keeps every charge single.
+	Client redis.UniversalClient
+	// Prefix starts every key, e.g. "hr"; non-empty, with no braces or whitespace.
+	Prefix string
+	// HashSubjects stores subjects and tags in keys as the first 16 bytes of their SHA-256 (HMAC-SHA-256
+	// with HashKey, when set), in hex, so no raw API key, e-mail or IP address reaches Redis. Optional;
+	// false stores them as given.
+	HashSubjects bool
+	// HashKey, when HashSubjects is set and HashKey is not empty, keys the hash (HMAC-SHA-256). Without a
+	// key, a small space such as IPv4 addresses can be reversed by hashing every candidate. Optional.
+	HashKey []byte
+	// Timeout bounds one call, round trip included; positive.
+	Timeout time.Duration
+	// Breaker configures the circuit breaker in front of Redis.
+	Breaker BreakerConfig
+	// Now is the clock of the breaker and of [Shaper.WaitN]'s deadline arithmetic; nil means time.Now.
+	// The limits themselves always run on Redis TIME.
+	Now func() time.Time
+}
+
+// StrictStats counts what a [Strict] did. All fields only grow.
+type StrictStats struct {
+	Calls    atomic.Int64 // script calls sent
+	Denied   atomic.Int64 // calls answered with a denial (or a refused reservation)
+	Errors   atomic.Int64 // calls that failed (network, timeout, error reply, bad reply)
+	Rejected atomic.Int64 // calls not sent because the breaker was open
+}
+
+// Strict enforces strict limits in Redis: every request is one atomic script call, so the counts are
+// exact whatever the number of processes, at the price of a round trip per decision. Create it with
+// [NewStrict]; it is safe for concurrent use, and its zero value is not usable.
+//
+// Most callers want [Strict.AllowN] for one rule, or [Strict.AllowMulti] for several rules that must
+// all admit a request (per API key, per tenant, per user) or none of them counts it. [Strict.NewShaper]
+// returns a global leaky-bucket shaper that delays work instead of denying it.
+//
+// # Keys
+//
+// Every key is "<prefix>:v1:{<tag>}:<rule>:<algorithm>:<subject>", where the tag is chosen by the
+// caller of AllowMulti and is the subject itself for AllowN (the subject part is then left out). All
+// keys of one call share the tag, so they share a Redis Cluster slot by construction: a CROSSSLOT error
+// cannot happen. The tag is part of a counter's identity: check a rule for a subject with the same tag
+// every time. With HashSubjects, tags and subjects appear in keys only as hashes.
+//
+// # Retries
+//
+// A call is not idempotent; see [StrictConfig.Client] for the go-redis settings that keep a re-sent
+// command from charging twice.
+//
+// # Clock
+//
+// The scripts read Redis TIME; a process's clock never decides a refill or a window. Every key has a
+// TTL of at least the time its state matters (the time to full refill, or the rest of the window), so
+// idle subjects cost no memory.
+type Strict struct {
+	cfg     StrictConfig
+	now     func() time.Time
+	breaker *Breaker
+	legacy  atomic.Bool                                      // the server rejected the "#!lua" line; use the scripts without it
+	clock   atomic.Int64                                     // test-only time override in µs; 0 means Redis TIME
+	sleep   func(ctx context.Context, d time.Duration) error // WaitN's sleeper; tests replace it
+	stats   StrictStats
+}
+
+// NewStrict validates cfg and returns a Strict. It does no I/O; scripts are loaded on first use.
+func NewStrict(cfg StrictConfig) (*Strict, error) {
+	switch {
+	case cfg.Client == nil:
+		return nil, errors.New("central: nil redis client")
+	case !validPrefix(cfg.Prefix):
+		return nil, ErrBadPrefix
+	case cfg.Timeout <= 0:
+		return nil, errors.New("central: strict Timeout must be positive")
+	case cfg.Breaker.Threshold < 1 || cfg.Breaker.Cooldown <= 0:
+		return nil, errors.New("central: breaker needs Threshold ≥ 1 and a positive Cooldown")
+	}
+	now := cfg.Now
+	if now == nil {
+		now = time.Now
+	}
+	cfg.HashKey = append([]byte(nil), cfg.HashKey...)
+	return &Strict{cfg: cfg, now: now, breaker: NewBreaker(cfg.Breaker, now), sleep: sleepCtx}, nil
+}
+
+// Breaker returns the circuit breaker.
+func (s *Strict) Breaker() *Breaker { return s.breaker }
+
+// Stats returns the counters.
+func (s *Strict) Stats() *StrictStats { return &s.stats }
+
+// Result is a strict rule's answer for one subject. The zero Result denies.
+type Result struct {
+	// Allowed reports whether the request was admitted and counted. In a [MultiResult] it reports
+	// whether this rule had room; the request was counted only if [MultiResult.Allowed].
+	Allowed bool
+	// Limit is the rule's Limit.
+	Limit int64
+	// Remaining is how many units the rule has left for the subject now (after this request when it
+	// was counted).
+	Remaining int64
+	// RetryAfter is, when the rule had no room, how long until the request's cost would fit, assuming
+	// no other traffic; zero otherwise.
+	RetryAfter time.Duration
+	// ResetAfter is how long until the rule is back to its full allowance, with no further traffic.
+	ResetAfter time.Duration
+}
+
+// Check is one rule to apply to one subject within [Strict.AllowMulti].
+type Check struct {
+	Rule    Rule   // the limit to apply
+	Subject string // who is limited; non-empty, at most MaxSubjectLen bytes
+	N       int64  // the request's cost under this rule; 1 to Rule.Limit
+}
+
+// MultiResult is the answer of [Strict.AllowMulti]. The zero MultiResult denies.
+type MultiResult struct {
+	// Allowed reports whether every rule had room, in which case every rule counted the request;
+	// when false, no rule counted anything.
+	Allowed bool
+	// RetryAfter is the longest RetryAfter of the rules that had no room; zero when Allowed.
+	RetryAfter time.Duration
+	// Results holds each check's answer, in the order of the checks.
+	Results []Result
+}
+
+// Allow is shorthand for AllowN(ctx, rule, subject, 1).
+func (s *Strict) Allow(ctx context.Context, rule Rule, subject string) (Result, error) {
+	return s.AllowN(ctx, rule, subject, 1)
+}
+
+// AllowN reports whether a request of cost n by subject is admitted under rule, and counts it if so,
+// in one atomic script call. A denial is not an error: an error means no decision was made (invalid
+// input, wrapping [ErrInvalid]; [ErrUnavailable] while the breaker is open; or a Redis failure).
+// The subject is also the hash tag of the key, so it must not contain '}' unless HashSubjects is set.
+func (s *Strict) AllowN(ctx context.Context, rule Rule, subject string, n int64) (Result, error) {
+	checks := [1]Check{{Rule: rule, Subject: subject, N: n}}
+	var out [1]Result
+	allowed, _, err := s.evaluate(ctx, subject, checks[:], out[:])
+	if err != nil {
+		return Result{}, err
+	}
+	out[0].Allowed = allowed
+	return out[0], nil
+}
+
+// AllowMulti applies every check to one request in one atomic script call: if every rule has room,
+// every rule counts the request; if any rule denies, none counts anything. All the keys of the call
+// carry tag as their hash tag (typically the tenant), so they live in one Redis Cluster slot; the tag
+// must be non-empty, at most MaxSubjectLen bytes and, unless HashSubjects is set, free of '}'.
+// Checks must name distinct (rule, subject) pairs; there may be 1 to MaxStrictChecks of them.
+func (s *Strict) AllowMulti(ctx context.Context, tag string, checks []Check) (MultiResult, error) {
+	out := make([]Result, len(checks))
+	allowed, retry, err := s.evaluate(ctx, tag, checks, out)
+	if err != nil {
+		return MultiResult{}, err
+	}
+	return MultiResult{Allowed: allowed, RetryAfter: retry, Results: out}, nil
+}
+
+// evaluate validates the checks, runs the script and decodes its reply into out.
+func (s *Strict) evaluate(ctx context.Context, tag string, checks []Check, out []Result) (bool, time.Duration, error) {
+	if err := s.validTag(tag); err != nil {
+		return false, 0, err
+	}
+	if len(checks) < 1 || len(checks) > MaxStrictChecks {
+		return false, 0, fmt.Errorf("%w: %d checks: want 1 to %d", ErrInvalid, len(checks), MaxStrictChecks)
+	}
+	same := true
+	for i, c := range checks {
+		if err := c.Rule.Validate(); err != nil {
+			return false, 0, err
+		}
+		if c.Subject == "" || len(c.Subject) > MaxSubjectLen {
+			return false, 0, fmt.Errorf("%w: rule %q: subject of %d bytes: want 1 to %d", ErrInvalid, c.Rule.Name, len(c.Subject), MaxSubjectLen)
+		}
+		if c.N < 1 || c.N > c.Rule.Limit {
+			return false, 0, fmt.Errorf("%w: rule %q: n=%d out of range [1, limit=%d]", ErrInvalid, c.Rule.Name, c.N, c.Rule.Limit)
+		}
+		for _, d := range checks[:i] {
+			if d.Rule.Name == c.Rule.Name && d.Rule.Algorithm == c.Rule.Algorithm && d.Subject == c.Subject {
+				return false, 0, fmt.Errorf("%w: rule %q checked twice for one subject", ErrInvalid, c.Rule.Name)
+			}
+		}
+		same = same && c.Rule.Algorithm == checks[0].Rule.Algorithm
+	}
+	script := &strictAll
+	if same {
+		script = &strictByAlgo[checks[0].Rule.Algorithm]
+	}
+	htag := s.hashed(tag)
+	keys := make([]string, 0, 2*len(checks))
+	args := make([]any, 0, 2+4*len(checks))
+	args = append(args, strconv.FormatInt(s.clock.Load(), 10), "0")
+	for _, c := range checks {
+		subj := s.hashed(c.Subject)
+		if c.Subject == tag {
+			subj = htag
+		}
+		code := c.Rule.Algorithm.code()
+		keys = append(keys, strictKey(s.cfg.Prefix, htag, c.Rule.Name, code, subj))
+		if c.Rule.Algorithm == SlidingLog {
+			keys = append(keys, strictKey(s.cfg.Prefix, htag, c.Rule.Name, "sls", subj))
+		}
+		args = append(args, code, strconv.FormatInt(c.Rule.Limit, 10),
+			strconv.FormatInt(c.Rule.Period.Microseconds(), 10), strconv.FormatInt(c.N, 10))
+	}
+	res, err := s.call(ctx, script, keys, args)
+	if err != nil {
+		return false, 0, fmt.Errorf("central: strict %s on %q: %w", checks[0].Rule.Name, tag, err)
+	}
+	allowed, err := decodeStrict(res, out, func(i int) int64 { return checks[i].Rule.Limit })
+	if err != nil {
+		s.stats.Errors.Add(1)
+		return false, 0, err
+	}
+	var retry time.Duration
+	for i := range out {
+		if out[i].Allowed {
+			out[i].RetryAfter = 0 // a limiter's wait when allowed is always 0
+		} else {
+			retry = max(retry, out[i].RetryAfter)
+		}
+	}
+	if !allowed {
+		s.stats.Denied.Add(1)
+	}
+	return allowed, retry, nil
+}
+
+// validTag checks a hash tag (or an AllowN subject, which is its own tag).
+func (s *Strict) validTag(tag string) error {
+	switch {
+	case tag == "" || len(tag) > MaxSubjectLen:
+		return fmt.Errorf("%w: tag or subject of %d bytes: want 1 to %d", ErrInvalid, len(tag), MaxSubjectLen)
+	case !s.cfg.HashSubjects && strings.IndexByte(tag, '}') >= 0:
+		return fmt.Errorf("%w: tag %q contains '}', which would end the hash tag early (set HashSubjects)", ErrInvalid, tag)
+	}
+	return nil
+}
+
+// hashed returns x as it appears in keys: itself, or 32 hex digits of its (keyed) SHA-256.
+func (s *Strict) hashed(x string) string {
+	if !s.cfg.HashSubjects {
+		return x
+	}
+	var sum [sha256.Size]byte
+	if len(s.cfg.HashKey) > 0 {
+		mac := hmac.New(sha256.New, s.cfg.HashKey)
+		mac.Write([]byte(x))
+		mac.Sum(sum[:0])
+	} else {
+		sum = sha256.Sum256([]byte(x))
+	}
+	return hex.EncodeToString(sum[:16])
+}
+
+// strictKey returns "<prefix>:v1:{<tag>}:<rule>:<code>:<subject>", without the ":<subject>" part when
+// the subject is the tag. Rule names and codes contain no ':' and subjects are never empty, so two
+// different (tag, rule, code, subject) always give two different keys.
+func strictKey(prefix, tag, rule, code, subject string) string {
+	k := prefix + ":" + Version + ":{" + tag + "}:" + rule + ":" + code
+	if subject != tag {
+		k += ":" + subject
+	}
+	return k
+}
+
+// call runs one strict script with the breaker, the timeout, NOSCRIPT recovery (Script.Run falls back
+// to EVAL) and the switch to shebang-less scripts for servers that predate Redis 7 script flags.
+func (s *Strict) call(ctx context.Context, sc *strictScript, keys []string, args []any) (any, error) {
+	if !s.breaker.Allow() {
+		s.stats.Rejected.Add(1)
+		return nil, ErrUnavailable
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	var res any
+	var err error
+	for attempt := 0; attempt < 2; attempt++ {
+		legacy := s.legacy.Load()
+		script := sc.std
+		if legacy {
+			script = sc.legacy
+		}
+		s.stats.Calls.Add(1)
+		res, err = script.Run(ctx, s.cfg.Client, keys, args...).Result()
+		if err != nil && !legacy && isShebangUnsupported(err) {
+			s.legacy.Store(true)
+			continue
+		}
+		break
+	}
+	switch {
+	case err == nil:
+		s.breaker.Success()
+	case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
+		s.stats.Errors.Add(1)
+		s.breaker.Cancel()
+	case isServerReply(err):
+		s.stats.Errors.Add(1)
+		s.breaker.Success()
+	default:
+		s.stats.Errors.Add(1)
+		s.breaker.Failure()
+	}
+	return res, err
+}
+
+// decodeStrict decodes a strict reply, {all, then ok, remaining, wait_us, reset_us per rule}, into out
+// (Allowed is set to the rule's own ok, RetryAfter to its wait) and returns all.
+func decodeStrict(res any, out []Result, limit func(i int) int64) (bool, error) {
+	vals, ok := res.([]any)
+	if !ok || len(vals) != 1+4*len(out) {
+		return false, fmt.Errorf("%w: want %d integers, got %T of length %d", ErrBadReply, 1+4*len(out), res, lenOf(res))
+	}
+	var v [4]int64
+	all, ok := vals[0].(int64)
+	if !ok || all < 0 || all > 1 {
+		return false, fmt.Errorf("%w: verdict %v", ErrBadReply, vals[0])
+	}
+	for i := range out {
+		for j := range v {
+			x, ok := vals[1+4*i+j].(int64)
+			if !ok {
+				return false, fmt.Errorf("%w: element %d is %T", ErrBadReply, 1+4*i+j, vals[1+4*i+j])
+			}
+			v[j] = x
+		}
+		lim := limit(i)
+		if v[0] < 0 || v[0] > 1 || v[1] < 0 || v[1] > lim || v[2] < 0 || v[3] < 0 || all == 1 && v[0] == 0 {
+			return false, fmt.Errorf("%w: rule %d values out of range %v", ErrBadReply, i, v)
+		}
+		out[i] = Result{
+			Allowed:    v[0] == 1,
+			Limit:      lim,
+			Remaining:  v[1],
+			RetryAfter: time.Duration(v[2]) * time.Microsecond,
+			ResetAfter: time.Duration(v[3]) * time.Microsecond,
+		}
+	}
+	return all == 1, nil
+}
+
+// sleepCtx waits for d or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
