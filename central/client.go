@@ -56,9 +56,15 @@ type Limit struct {
 	Burst int64
 }
 
-// Valid reports whether the limit can be sent to the scripts: 0 < Rate ≤ 1e9 (finite), 1 ≤ Burst ≤ 1e9.
+// MinRate is the smallest rate the scripts accept (reconcile.lua rejects smaller ones as "bad rate"):
+// one token per 31.7 years.
+const MinRate = 1e-9
+
+// Valid reports whether the limit can be sent to the scripts: MinRate ≤ Rate ≤ 1e9, 1 ≤ Burst ≤ 1e9.
+// (It said 0 < Rate, so a rate below MinRate reached the script and came back as a Redis error:
+// found by hybrid's FuzzAllowN.)
 func (l Limit) Valid() bool {
-	return l.Rate > 0 && l.Rate <= 1e9 && !math.IsNaN(l.Rate) && l.Burst >= 1 && l.Burst <= 1e9
+	return l.Rate >= MinRate && l.Rate <= 1e9 && !math.IsNaN(l.Rate) && l.Burst >= 1 && l.Burst <= 1e9
 }
 
 // Update is one key's part of a reconcile: this node's cumulative consumption and an optional take.
@@ -513,7 +519,9 @@ func decodeStates(res any, out []State) error {
 			}
 			v[j] = x
 		}
-		if v[0] < -1 || v[0] > 1 || v[3] < 1 || v[4] < 0 || v[5] < 0 {
+		// The script clamps both durations to 1e15µs (about 31 years); a larger value would overflow
+		// time.Duration into a negative wait (found by FuzzDecodeStates).
+		if v[0] < -1 || v[0] > 1 || v[3] < 1 || v[4] < 0 || v[5] < 0 || v[4] > 1e15 || v[5] > 1e15 {
 			return fmt.Errorf("%w: values out of range %v", ErrBadReply, v)
 		}
 		out[k] = State{

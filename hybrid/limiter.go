@@ -132,7 +132,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		ActiveWindow: max(activeWindow, 10*o.syncInterval),
 		PruneAge:     pruneAge,
 		Breaker:      central.BreakerConfig{Threshold: breakerThreshold, Cooldown: breakerCooldown},
-		Now:          o.now,
+		Now:          nil, // the breaker measures its cooldown on the monotonic clock, never WithClock's
 	})
 	if err != nil {
 		return nil, fmt.Errorf("hybrid: %w", err)
@@ -235,8 +235,13 @@ func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) 
 	if len(key) == 0 || len(key) > MaxKeyLen {
 		return Decision{}, invalidKey(key)
 	}
-	if !(limit.Rate > 0 && limit.Rate <= 1e9) || limit.Burst < 1 || limit.Burst > 1e9 {
-		return Decision{}, limit.Validate()
+	if !(limit.Rate >= central.MinRate && limit.Rate <= 1e9) || limit.Burst < 1 || limit.Burst > 1e9 {
+		if err := limit.Validate(); err != nil {
+			return Decision{}, err
+		}
+		// Validate allows any rate above 0, but the scripts refuse rates below central.MinRate: say
+		// so here rather than pass Redis's "bad rate" error on (found by FuzzAllowN).
+		return Decision{}, fmt.Errorf("%w: rate %v: below the minimum of %v tokens/s", ErrInvalidLimit, limit.Rate, central.MinRate)
 	}
 	if n < 1 || n > limit.Burst {
 		return Decision{}, fmt.Errorf("%w: n=%d: want 1 to burst (%d)", ErrInvalidCost, n, limit.Burst)
@@ -252,6 +257,15 @@ func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) 
 	if e := l.store.Lookup(key, h); e != nil {
 		e.SetLimit(limit.Rate, limit.Burst)
 		if e.TryTake(n) == local.Taken {
+			// Close sets closed before its final flush. A call that took tokens locally and still
+			// sees closed false took them before Close began (Go's atomics are sequentially
+			// consistent), so the final flush collects them. A call that sees closed true may have
+			// taken them after the final flush, where they would never reach Redis: it reports
+			// ErrClosed rather than an admission that could be forgotten. Its tokens may still be
+			// flushed (an over-count of n, never an under-count). The same holds in slow.
+			if l.closed.Load() {
+				return Decision{}, ErrClosed
+			}
 			st.local.Add(1)
 			rem := e.Remaining()
 			return Decision{Allowed: true, Limit: limit, Remaining: rem, ResetAfter: time.Duration(e.ResetAfterNanos(limit.Burst, rem)), Source: SourceLocal}, nil
@@ -284,6 +298,14 @@ func (l *Limiter) denied(key string, limit Limit) (Decision, bool) {
 		return Decision{}, false
 	}
 	wait := until.Sub(now)
+	// Redis never asks to wait longer than refilling 2·Burst tokens (the debt floor is −Burst and
+	// n ≤ Burst). A cached denial that says more was made before this node's clock went back (a
+	// WithClock clock without a monotonic reading): Redis TIME is the authority, so drop the stale
+	// deadline and ask Redis rather than deny for as long as the clock jumped.
+	if reason == denycache.Denied && wait.Seconds() > 2*float64(limit.Burst)/limit.Rate {
+		l.deny.Forget(key)
+		return Decision{}, false
+	}
 	return Decision{Limit: limit, RetryAfter: wait, ResetAfter: max(wait, 0), Source: SourceDenyCache}, true
 }
 
@@ -302,6 +324,9 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 		e.Touch()
 		// Another goroutine may have refreshed the allowance while we waited for the lock.
 		if e.TryTake(n) == local.Taken {
+			if l.closed.Load() {
+				return Decision{}, ErrClosed // Close began meanwhile: see AllowN
+			}
 			st.local.Add(1)
 			rem := e.Remaining()
 			return Decision{Allowed: true, Limit: limit, Remaining: rem, ResetAfter: resetAfter(limit, rem), Source: SourceLocal}, nil
@@ -344,7 +369,11 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 	if !central.IsTransport(err) {
 		return Decision{}, fmt.Errorf("hybrid: %w", err)
 	}
-	return l.failure(key, e, limit, n), nil
+	d := l.failure(key, e, limit, n)
+	if d.Allowed && l.closed.Load() {
+		return Decision{}, ErrClosed // Close began meanwhile: see AllowN
+	}
+	return d, nil
 }
 
 // failure applies the failure policy to a decision Redis could not make.
@@ -472,9 +501,11 @@ func (l *Limiter) flush(ctx context.Context) error {
 }
 
 // Close stops the background loop, flushes pending consumption (bounded by ctx) and releases the
-// limiter's goroutines and metric callbacks. Calls racing with Close may be decided after the final
-// flush; Close flushes again while anything is pending, a few times. Close is safe to call more than
-// once; later calls return nil. After Close, AllowN returns ErrClosed.
+// limiter's goroutines and metric callbacks. A call racing with Close either is admitted before
+// Close begins, and flushed, or returns ErrClosed (its tokens may then still be flushed: an
+// over-count, never a forgotten admission). If the circuit breaker is open, Close waits out one
+// cooldown, within ctx, before its last attempt. Close is safe to call more than once; later calls
+// return nil. After Close, AllowN returns ErrClosed.
 func (l *Limiter) Close(ctx context.Context) error {
 	if !l.closed.CompareAndSwap(false, true) {
 		return nil
@@ -482,6 +513,18 @@ func (l *Limiter) Close(ctx context.Context) error {
 	l.cancel()
 	l.wg.Wait()
 	err := l.syncer.Flush(ctx)
+	// A burst of slow calls can leave the breaker open at shutdown while Redis is healthy, and an
+	// open breaker sends nothing: wait out one cooldown (bounded by ctx) and try once more before
+	// giving up on the pending consumption.
+	if errors.Is(err, central.ErrUnavailable) {
+		t := time.NewTimer(breakerCooldown)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+			err = l.syncer.Flush(ctx)
+		}
+		t.Stop()
+	}
 	for i := 0; i < 3 && err == nil && l.store.Dirty() > 0; i++ {
 		runtime.Gosched()
 		err = l.syncer.Flush(ctx)

@@ -11,6 +11,8 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/hybridrate/hybridrate/central"
 )
 
 // The defaults, all in one place.
@@ -264,7 +266,7 @@ func WithNodeID(id string) Option {
 }
 
 // Limit is a token bucket: Rate tokens per second refill a bucket that holds at most Burst tokens.
-// Rate must be finite, above 0 and at most 1e9; Burst from 1 to 1e9.
+// Rate must be finite, from 1e-9 (one token in 31.7 years) to 1e9; Burst from 1 to 1e9.
 type Limit struct {
 	Rate  float64
 	Burst int64
@@ -282,8 +284,8 @@ func PerHour(n int64) Limit { return Limit{Rate: float64(n) / 3600, Burst: n} }
 // Validate reports why l cannot be used, or nil.
 func (l Limit) Validate() error {
 	switch {
-	case math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0) || l.Rate <= 0 || l.Rate > 1e9:
-		return fmt.Errorf("%w: rate %v: want a finite number in (0, 1e9]", ErrInvalidLimit, l.Rate)
+	case math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0) || l.Rate < central.MinRate || l.Rate > 1e9:
+		return fmt.Errorf("%w: rate %v: want a finite number in [1e-9, 1e9]", ErrInvalidLimit, l.Rate)
 	case l.Burst < 1 || l.Burst > 1e9:
 		return fmt.Errorf("%w: burst %d: want 1 to 1e9", ErrInvalidLimit, l.Burst)
 	}

@@ -209,7 +209,7 @@ func (e *Entry) ResetAfterNanos(burst, rem int64) int64 {
 	if missing <= 0 {
 		return 0
 	}
-	ns := e.nsPerToken.Load() // at most maxNsPerToken = 2^40
+	ns := e.nsPerToken.Load()                             // at most maxNsPerToken = 2^40
 	if missing >= 1<<22 && missing > (1<<62)/max(ns, 1) { // the division only for huge buckets
 		return 1 << 62
 	}

@@ -1,0 +1,299 @@
+package central
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var _ redis.Error = replyErr("")
+
+// Fuzz targets for the parts of central that take untrusted input: ban messages from Pub/Sub,
+// script replies from Redis, and limiter keys. Each runs its seeds (f.Add and testdata/fuzz) in a
+// plain go test; go test -fuzz=FuzzX ./central/ explores further.
+
+// FuzzParseBanMessage: any payload is either rejected or decoded into a sensible event that
+// survives a round trip through the format the ban script publishes; and every message the script
+// can publish (any key, any duration in range) decodes to what was published.
+func FuzzParseBanMessage(f *testing.F) {
+	for _, s := range []string{"b 1000 user:1", "u 0 user:1", "b 1 a b c", "b 0 k", "u 5 k", "x 1 k", "b 1000", "b  k",
+		"b -1 k", "b 1e3 k", "b 1000000000001 k", "b 999999999999 \x00{}", "", " ", "b 10 ", "u 0 "} {
+		f.Add(s, int64(60_000))
+	}
+	f.Fuzz(func(t *testing.T, payload string, ms int64) {
+		ev, err := ParseBanMessage(payload)
+		if err == nil {
+			switch {
+			case ev.Banned && (ev.TTL < time.Millisecond || ev.TTL > 1e12*time.Millisecond):
+				t.Fatalf("%q: ban TTL %v out of range", payload, ev.TTL)
+			case !ev.Banned && ev.TTL != 0:
+				t.Fatalf("%q: unban with a TTL %v", payload, ev.TTL)
+			case !strings.HasSuffix(payload, " "+ev.Key):
+				t.Fatalf("%q: key %q is not the end of the payload", payload, ev.Key)
+			}
+			again, err := ParseBanMessage(format(ev))
+			if err != nil || again != ev {
+				t.Fatalf("%q: round trip %q gave %+v, %v; want %+v", payload, format(ev), again, err, ev)
+			}
+		}
+		// What the ban script publishes: string.format('b %d ', ms) .. key, and 'u 0 ' .. key.
+		key := payload
+		if ms >= 1 && ms <= 1e12 {
+			ev, err := ParseBanMessage(fmt.Sprintf("b %d ", ms) + key)
+			if err != nil || !ev.Banned || ev.Key != key || ev.TTL != time.Duration(ms)*time.Millisecond {
+				t.Fatalf("ban of %q for %dms: %+v, %v", key, ms, ev, err)
+			}
+		}
+		ev, err = ParseBanMessage("u 0 " + key)
+		if err != nil || ev.Banned || ev.Key != key {
+			t.Fatalf("unban of %q: %+v, %v", key, ev, err)
+		}
+	})
+}
+
+func format(ev BanEvent) string {
+	if ev.Banned {
+		return fmt.Sprintf("b %d %s", ev.TTL.Milliseconds(), ev.Key)
+	}
+	return "u 0 " + ev.Key
+}
+
+// replyErr stands for an error reply nested in an array (go-redis's own type is internal).
+type replyErr string
+
+func (e replyErr) Error() string { return string(e) }
+func (replyErr) RedisError()     {}
+
+// replyFrom builds a go-redis-like reply value from fuzz bytes: integers, strings, nils, error
+// replies, RESP3 doubles, booleans and maps, and nested arrays, as go-redis's Cmd.Val can hold.
+func replyFrom(b []byte, depth int) (any, []byte) {
+	if len(b) == 0 {
+		return nil, b
+	}
+	tag, b := b[0], b[1:]
+	switch tag % 8 {
+	case 0, 1, 2: // integers are what a good reply holds: make them likely
+		var buf [8]byte
+		n := copy(buf[:], b)
+		v := int64(binary.LittleEndian.Uint64(buf[:]))
+		if tag%8 != 0 { // small values too
+			v = int64(int8(buf[0]))
+		}
+		return v, b[min(n, 8):]
+	case 3:
+		n := 0
+		if len(b) > 0 {
+			n, b = int(b[0]%16), b[1:]
+		}
+		n = min(n, len(b))
+		return string(b[:n]), b[n:]
+	case 4:
+		return replyErr("ERR fuzz"), b
+	case 5:
+		var buf [8]byte
+		n := copy(buf[:], b)
+		return math.Float64frombits(binary.LittleEndian.Uint64(buf[:])), b[min(n, 8):]
+	case 6:
+		if depth > 3 || len(b) == 0 {
+			return true, b
+		}
+		m := map[any]any{}
+		var k, v any
+		k, b = replyFrom(b, depth+1)
+		v, b = replyFrom(b, depth+1)
+		if k, ok := k.(string); ok {
+			m[k] = v
+		}
+		return m, b
+	default:
+		if depth > 3 || len(b) == 0 {
+			return []any(nil), b
+		}
+		n := int(b[0] % 32)
+		b = b[1:]
+		arr := make([]any, 0, n)
+		for i := 0; i < n && len(b) > 0; i++ {
+			var v any
+			v, b = replyFrom(b, depth+1)
+			arr = append(arr, v)
+		}
+		return arr, b
+	}
+}
+
+// FuzzDecodeStates: decodeStates never panics on any reply shape; it accepts a reply only when it
+// is exactly 6 integers per key in range, and then decodes them faithfully, with durations that are
+// never negative. The second half builds well-formed replies from the fuzz integers and checks the
+// round trip.
+func FuzzDecodeStates(f *testing.F) {
+	good := func(vals ...int64) []byte {
+		b := []byte{7, byte(len(vals))}
+		for _, v := range vals {
+			b = append(b, 0)
+			b = binary.LittleEndian.AppendUint64(b, uint64(v))
+		}
+		return b
+	}
+	f.Add(good(1, 5, 6_000_000, 1, 0, 8_000_000), uint8(1))
+	f.Add(good(0, 5, -250_000, 3, 500_000, 1_000_000, -1, 9, 10_000_000, 1, 0, 0), uint8(2))
+	f.Add(good(1, 5, 6_000_000, 1, 0), uint8(1))               // short
+	f.Add(good(2, 5, 6_000_000, 1, 0, 8_000_000), uint8(1))    // taken out of range
+	f.Add(good(1, 5, 6_000_000, 0, 0, 8_000_000), uint8(1))    // no active node
+	f.Add(good(0, 5, 6_000_000, 1, 1e16, 8_000_000), uint8(1)) // a retry-after beyond the script's clamp
+	f.Add(good(0, 5, 6_000_000, 1, math.MaxInt64, math.MaxInt64), uint8(1))
+	f.Add([]byte{7, 6, 3, 1, 'x', 0, 0, 0, 0, 0, 0, 0, 0, 0}, uint8(1)) // a string among the integers
+	f.Add([]byte{4}, uint8(0))
+	f.Add([]byte{}, uint8(0))
+	f.Fuzz(func(t *testing.T, data []byte, keys uint8) {
+		res, _ := replyFrom(data, 0)
+		out := make([]State, keys%9)
+		err := decodeStates(res, out)
+		vals, isArr := res.([]any)
+		if err != nil {
+			if !errors.Is(err, ErrBadReply) {
+				t.Fatalf("error %v does not wrap ErrBadReply", err)
+			}
+		} else {
+			if !isArr || len(vals) != 6*len(out) {
+				t.Fatalf("accepted %#v for %d keys", res, len(out))
+			}
+			for k, st := range out {
+				checkState(t, st, vals[6*k:6*k+6])
+			}
+		}
+		// Well-formed replies built from the fuzz integers round-trip.
+		var ints []int64
+		for i := 0; i+8 <= len(data); i += 8 {
+			ints = append(ints, int64(binary.LittleEndian.Uint64(data[i:])))
+		}
+		n := len(ints) / 6
+		reply := make([]any, 0, 6*n)
+		for k := range n {
+			v := ints[6*k : 6*k+6]
+			reply = append(reply, v[0]%2, v[1], v[2], 1+abs(v[3])%1000, abs(v[4])%1_000_000_000_000_001, abs(v[5])%1_000_000_000_000_001)
+		}
+		out = make([]State, n)
+		if err := decodeStates(reply, out); err != nil {
+			t.Fatalf("a well-formed reply %v was rejected: %v", reply, err)
+		}
+		for k, st := range out {
+			checkState(t, st, reply[6*k:6*k+6])
+		}
+	})
+}
+
+func abs(v int64) int64 {
+	if v < 0 {
+		if v == math.MinInt64 {
+			return math.MaxInt64
+		}
+		return -v
+	}
+	return v
+}
+
+// checkState checks that st is the faithful decoding of the six reply values vals.
+func checkState(t *testing.T, st State, vals []any) {
+	t.Helper()
+	var v [6]int64
+	for j := range v {
+		x, ok := vals[j].(int64)
+		if !ok {
+			t.Fatalf("accepted a %T in %v", vals[j], vals)
+		}
+		v[j] = x
+	}
+	switch {
+	case st.Taken < -1 || st.Taken > 1 || int64(st.Taken) != v[0]:
+		t.Fatalf("taken %d from %v", st.Taken, v)
+	case st.Applied != v[1] || st.Tokens != v[2] || st.Active != v[3] || st.Active < 1:
+		t.Fatalf("state %+v from %v", st, v)
+	case st.RetryAfter < 0 || st.ResetAfter < 0:
+		t.Fatalf("negative duration in %+v from %v", st, v)
+	case st.RetryAfter != time.Duration(v[4])*time.Microsecond || st.ResetAfter != time.Duration(v[5])*time.Microsecond:
+		t.Fatalf("durations %+v from %v", st, v)
+	}
+}
+
+// refSlot is an independent implementation of Redis's keyHashSlot (cluster.c): a table-driven
+// CRC16/XMODEM and the hash-tag rule, written from the specification rather than from Slot.
+var crcTable = func() (t [256]uint16) {
+	for i := range t {
+		c := uint16(i) << 8
+		for range 8 {
+			if c&0x8000 != 0 {
+				c = c<<1 ^ 0x1021
+			} else {
+				c <<= 1
+			}
+		}
+		t[i] = c
+	}
+	return t
+}()
+
+func refSlot(key []byte) int {
+	s := -1
+	for i, c := range key {
+		if c == '{' {
+			s = i
+			break
+		}
+	}
+	if s >= 0 {
+		for e := s + 1; e < len(key); e++ {
+			if key[e] == '}' {
+				if e > s+1 {
+					key = key[s+1 : e]
+				}
+				break
+			}
+		}
+	}
+	var crc uint16
+	for _, c := range key {
+		crc = crc<<8 ^ crcTable[byte(crc>>8)^c]
+	}
+	return int(crc & 16383)
+}
+
+// FuzzSlot: BucketKey keeps the limiter key recoverable (so two keys never share a bucket), the
+// bucket's slot is the one Redis computes (checked against refSlot here, and against a real
+// cluster's CLUSTER KEYSLOT for the seeds in TestCluster), and a key without braces hashes as itself.
+func FuzzSlot(f *testing.F) {
+	for _, k := range slotSeeds {
+		f.Add("hr", k)
+	}
+	f.Add("a:b", "x")
+	f.Add("", "k")
+	f.Add("p{", "k")
+	f.Fuzz(func(t *testing.T, prefix, key string) {
+		if got := Slot(prefix); got != refSlot([]byte(prefix)) {
+			t.Fatalf("Slot(%q) = %d, want %d", prefix, got, refSlot([]byte(prefix)))
+		}
+		if !validPrefix(prefix) {
+			return
+		}
+		rk := BucketKey(prefix, key)
+		head := prefix + ":" + Version + ":{"
+		if !strings.HasPrefix(rk, head) || !strings.HasSuffix(rk, "}") || rk[len(head):len(rk)-1] != key {
+			t.Fatalf("BucketKey(%q, %q) = %q: the key cannot be recovered", prefix, key, rk)
+		}
+		slot := Slot(rk)
+		if slot < 0 || slot > 16383 || slot != refSlot([]byte(rk)) {
+			t.Fatalf("Slot(%q) = %d, want %d", rk, slot, refSlot([]byte(rk)))
+		}
+		if key != "" && !strings.ContainsAny(key, "{}") && slot != int(crc16(key)&16383) {
+			t.Fatalf("Slot(%q) = %d: a key without braces is its own hash tag", rk, slot)
+		}
+		if Slot(BansKey(prefix)) != int(crc16("bans")&16383) {
+			t.Fatalf("BansKey(%q) is not in the slot of {bans}", prefix)
+		}
+	})
+}

@@ -1,0 +1,109 @@
+package hybrid_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/internal/redistest"
+)
+
+// limiterACL is the least privilege a limiter needs, for the key prefix "hr" (issue #4 item 16).
+// Keys and Pub/Sub channels: the prefix's only. Commands: the script calls (EVALSHA, and EVAL and
+// SCRIPT LOAD for the NOSCRIPT recovery after a restart or failover), SUBSCRIBE for the ban channel,
+// and go-redis's connection handshake and Pub/Sub health check (HELLO, PING); plus the commands the
+// scripts run (TIME … PUBLISH), because Redis checks each call a script makes against the user
+// running it. Redis 7.2 and later also want +client|setinfo for go-redis's handshake (7.0, used
+// here, has no such command and rejects the rule).
+var limiterACL = []any{
+	"on", ">pw", "resetkeys", "resetchannels", "~hr:*", "&hr:*", "-@all",
+	"+evalsha", "+eval", "+script|load", "+subscribe", "+ping", "+hello",
+	"+time", "+hmget", "+hgetall", "+hset", "+hdel", "+pexpire", "+pttl", "+publish", // run by the scripts
+}
+
+// exerciseLimiter runs a limiter over rdb end to end: decisions (central, then local), a flush, and
+// a ban and an unban that travel through Redis Pub/Sub to a second limiter.
+func exerciseLimiter(t *testing.T, rdb, rdb2 redis.UniversalClient) {
+	t.Helper()
+	ctx := context.Background()
+	lim := newLimiter(t, rdb, hybrid.WithSyncTimeout(time.Second))
+	other := newLimiter(t, rdb2, hybrid.WithSyncTimeout(time.Second))
+	limit := hybrid.Limit{Rate: 100, Burst: 1000}
+	d, err := lim.Allow(ctx, "acl:k", limit)
+	require.NoError(t, err)
+	require.Equal(t, hybrid.SourceCentral, d.Source, "the first decision goes to Redis")
+	require.True(t, d.Allowed)
+	for range 5 {
+		d, err = lim.Allow(ctx, "acl:k", limit)
+		require.NoError(t, err)
+		require.Equal(t, hybrid.SourceLocal, d.Source)
+	}
+	require.NoError(t, lim.Flush(ctx))
+	assert.Zero(t, lim.Stats().Pending)
+	got, err := rdb.HGet(ctx, "hr:v1:{acl:k}", "c").Int64()
+	if err == nil { // the restricted user may read its own keys only through the scripts
+		assert.EqualValues(t, 6, got)
+	}
+
+	require.NoError(t, lim.Ban(ctx, "acl:bad", time.Minute))
+	require.Eventually(t, func() bool {
+		d, err := other.Allow(ctx, "acl:bad", limit)
+		return err == nil && !d.Allowed && d.Source == hybrid.SourceDenyCache
+	}, 5*time.Second, 5*time.Millisecond, "the ban reaches the other limiter")
+	require.NoError(t, lim.Unban(ctx, "acl:bad"))
+	require.Eventually(t, func() bool {
+		d, err := other.Allow(ctx, "acl:bad", limit)
+		return err == nil && d.Allowed
+	}, 5*time.Second, 5*time.Millisecond, "the unban reaches the other limiter")
+	st := lim.Stats()
+	assert.Zero(t, st.RedisErrors, "%+v", st)
+	assert.Zero(t, st.FallbackAllowed+st.FallbackDenied, "%+v", st)
+}
+
+// TestLeastPrivilegeACL is issue #4 item 16 (ACL): a Redis user restricted to the limiter's key
+// prefix and channels, and to the commands in limiterACL, runs a limiter end to end, and can do
+// nothing else.
+func TestLeastPrivilegeACL(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.Do(t, append([]any{"ACL", "SETUSER", "lim"}, limiterACL...)...)
+	user := func(o *redis.Options) { o.Username, o.Password, o.MaxRetries = "lim", "pw", -1 }
+	rdb, rdb2 := srv.Client(t, user), srv.Client(t, user)
+	exerciseLimiter(t, rdb, rdb2)
+
+	ctx := context.Background()
+	for name, err := range map[string]error{
+		"a key outside the prefix":    rdb.Set(ctx, "other:key", "v", 0).Err(),
+		"a read outside the prefix":   rdb.Get(ctx, "other:key").Err(),
+		"a plain write in the prefix": rdb.Set(ctx, "hr:v1:{x}", "v", 0).Err(),
+		"FLUSHALL":                    rdb.FlushAll(ctx).Err(),
+		"CONFIG":                      rdb.ConfigGet(ctx, "*").Err(),
+	} {
+		require.Error(t, err, name)
+		assert.Contains(t, err.Error(), "NOPERM", name)
+	}
+	err := rdb.Eval(ctx, "return redis.call('HSET', 'other:key', 'f', 'v')", nil).Err()
+	require.Error(t, err, "a script touching a key outside the prefix")
+	assert.Contains(t, err.Error(), "can't access at least one of the keys")
+}
+
+// TestTLS is issue #4 item 16 (TLS): a limiter runs end to end over rediss:// (TLS only, the
+// server's plain port disabled), as the least-privilege user of TestLeastPrivilegeACL.
+func TestTLS(t *testing.T) {
+	srv := redistest.StartTLS(t)
+	srv.Do(t, append([]any{"ACL", "SETUSER", "lim"}, limiterACL...)...)
+	client := func() *redis.Client {
+		opt, err := redis.ParseURL("rediss://lim:pw@" + srv.Addr + "/0")
+		require.NoError(t, err)
+		opt.TLSConfig = srv.ClientTLSConfig()
+		opt.MaxRetries = -1
+		rdb := redis.NewClient(opt)
+		t.Cleanup(func() { _ = rdb.Close() })
+		return rdb
+	}
+	exerciseLimiter(t, client(), client())
+}

@@ -1,0 +1,702 @@
+package hybrid_test
+
+// Reliability tests of issue #4 against real redis-server processes: a hung Redis, a restart that
+// loses the script cache, a slow Redis, clock jumps, Close under load and a reconcile whose reply is
+// lost. Cluster and Sentinel failovers are in reliability_failover_test.go, the key-cardinality
+// attack in reliability_cardinality_test.go, ACL and TLS in reliability_security_test.go.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/internal/redistest"
+)
+
+// newLimiter returns a limiter over rdb that is closed (with a final flush) in t.Cleanup. Register
+// rdb's own cleanup first, so that the limiter is closed before its client.
+func newLimiter(t *testing.T, rdb redis.UniversalClient, opts ...hybrid.Option) *hybrid.Limiter {
+	t.Helper()
+	lim, err := hybrid.New(rdb, opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = lim.Close(ctx)
+	})
+	return lim
+}
+
+// flushed flushes lim until nothing is pending (a breaker may need a cooldown after an outage).
+func flushed(t *testing.T, lim *hybrid.Limiter, within time.Duration) {
+	t.Helper()
+	var last error
+	ok := assert.Eventually(t, func() bool {
+		last = lim.Flush(context.Background())
+		return last == nil && lim.Stats().Pending == 0
+	}, within, 20*time.Millisecond)
+	if !ok {
+		t.Fatalf("pending consumption not flushed within %v: last error %v, stats %+v", within, last, lim.Stats())
+	}
+}
+
+// consumed returns the 'c' field (tokens consumed in total) of the bucket of each key, under the
+// default prefix; a missing bucket counts 0. It works on every kind of client (pipelines are split
+// per node by a cluster client).
+func consumed(t *testing.T, rdb redis.UniversalClient, keys []string) []int64 {
+	t.Helper()
+	ctx := context.Background()
+	out := make([]int64, len(keys))
+	for lo := 0; lo < len(keys); lo += 1000 {
+		hi := min(lo+1000, len(keys))
+		pipe := rdb.Pipeline()
+		cmds := make([]*redis.StringCmd, hi-lo)
+		for i := lo; i < hi; i++ {
+			cmds[i-lo] = pipe.HGet(ctx, "hr:v1:{"+keys[i]+"}", "c")
+		}
+		_, _ = pipe.Exec(ctx)
+		for i, c := range cmds {
+			v, err := c.Int64()
+			if err == redis.Nil {
+				continue
+			}
+			require.NoError(t, err, keys[lo+i])
+			out[lo+i] = v
+		}
+	}
+	return out
+}
+
+func sum(xs []int64) int64 {
+	var s int64
+	for _, x := range xs {
+		s += x
+	}
+	return s
+}
+
+// loader drives Allow calls on keys from several goroutines until stop, and counts what it saw.
+type loader struct {
+	lim   *hybrid.Limiter
+	keys  []string
+	limit hybrid.Limit
+	// pace is the pause after each call of one goroutine; zero runs flat out.
+	pace time.Duration
+	// observe, if set, sees every decision (it must be safe for concurrent use).
+	observe func(key int, d hybrid.Decision, err error, latency time.Duration)
+
+	admitted []atomic.Int64 // per key
+	calls    atomic.Int64
+	errs     atomic.Int64
+	sources  [5]atomic.Int64 // by hybrid.Source
+	errMu    sync.Mutex
+	errSeen  []string // distinct error messages (at most 10)
+	stop     chan struct{}
+	wg       sync.WaitGroup
+}
+
+func (l *loader) start(goroutines int) {
+	l.admitted = make([]atomic.Int64, len(l.keys))
+	l.stop = make(chan struct{})
+	for g := range goroutines {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			ctx := context.Background()
+			for i := g; ; i++ {
+				select {
+				case <-l.stop:
+					return
+				default:
+				}
+				k := i % len(l.keys)
+				t0 := time.Now()
+				d, err := l.lim.Allow(ctx, l.keys[k], l.limit)
+				lat := time.Since(t0)
+				l.calls.Add(1)
+				if err != nil {
+					l.errs.Add(1)
+					l.errMu.Lock()
+					if len(l.errSeen) < 10 && !slices.Contains(l.errSeen, err.Error()) {
+						l.errSeen = append(l.errSeen, err.Error())
+					}
+					l.errMu.Unlock()
+				} else {
+					l.sources[d.Source].Add(1)
+					if d.Allowed {
+						l.admitted[k].Add(1)
+					}
+				}
+				if l.observe != nil {
+					l.observe(k, d, err, lat)
+				}
+				if l.pace > 0 {
+					time.Sleep(l.pace)
+				}
+			}
+		}()
+	}
+}
+
+// halt stops the goroutines and waits for them.
+func (l *loader) halt() {
+	close(l.stop)
+	l.wg.Wait()
+}
+
+func (l *loader) total() int64 {
+	var s int64
+	for i := range l.admitted {
+		s += l.admitted[i].Load()
+	}
+	return s
+}
+
+func (l *loader) perKey() []int64 {
+	out := make([]int64, len(l.admitted))
+	for i := range l.admitted {
+		out[i] = l.admitted[i].Load()
+	}
+	return out
+}
+
+func (l *loader) String() string {
+	return fmt.Sprintf("calls=%d errors=%d local=%d central=%d deny-cache=%d fallback=%d admitted=%d",
+		l.calls.Load(), l.errs.Load(), l.sources[hybrid.SourceLocal].Load(), l.sources[hybrid.SourceCentral].Load(),
+		l.sources[hybrid.SourceDenyCache].Load(), l.sources[hybrid.SourceFallback].Load(), l.total())
+}
+
+func (l *loader) errors() []string {
+	l.errMu.Lock()
+	defer l.errMu.Unlock()
+	return slices.Clone(l.errSeen)
+}
+
+func keyNames(prefix string, n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = prefix + strconv.Itoa(i)
+	}
+	return keys
+}
+
+// percentile returns the p-quantile (0 to 1) of ds, which it sorts.
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	slices.Sort(ds)
+	return ds[min(int(p*float64(len(ds))), len(ds)-1)]
+}
+
+// heapInUse returns the live heap after a GC.
+func heapInUse() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapInuse
+}
+
+// warm decides on each key until a decision is local: the first goes to Redis and brings the key a
+// local allowance.
+func warm(t *testing.T, lim *hybrid.Limiter, keys []string, limit hybrid.Limit) {
+	t.Helper()
+	ctx := context.Background()
+	for _, k := range keys {
+		require.Eventually(t, func() bool {
+			d, err := lim.Allow(ctx, k, limit)
+			require.NoError(t, err)
+			return d.Allowed && d.Source == hybrid.SourceLocal
+		}, 5*time.Second, time.Millisecond, "key %s gets a local allowance", k)
+	}
+}
+
+// TestRedisHung is issue #4 item 2: Redis is stopped with SIGSTOP for 3.5s, longer than every
+// timeout (sync check 20ms, flush 100ms, the client's 1s read timeout). Decisions on keys with local
+// allowance keep their microsecond latency; decisions that need Redis return after about the sync
+// timeout (then the failure policy decides); goroutines and the heap stay bounded; pending
+// consumption is held per key (at most one pending record per key used) and reaches Redis after
+// SIGCONT.
+func TestRedisHung(t *testing.T) {
+	if testing.Short() {
+		t.Skip("pauses Redis for 3.5s; run without -short")
+	}
+	srv := redistest.Start(t)
+	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries, o.ReadTimeout = -1, time.Second })
+	lim := newLimiter(t, rdb, hybrid.WithSyncInterval(20*time.Millisecond),
+		hybrid.WithSyncTimeout(20*time.Millisecond), hybrid.WithFlushTimeout(100*time.Millisecond))
+	// Hot keys: a large limit, so the allowance (0.1·(G + rate·interval) ≈ 100k tokens) lasts through
+	// the pause. Cold keys: a small limit, so their decisions need Redis and meet the hung server,
+	// then the failure policy. Both keep their Redis key far longer than the test (the TTL is twice
+	// the time to refill, 200s and 21s), so the consumed counters can be checked afterwards.
+	hot := hybrid.Limit{Rate: 1e4, Burst: 1e6}
+	cold := hybrid.Limit{Rate: 5, Burst: 50}
+	hotKeys, coldKeys := keyNames("hung:hot:", 64), keyNames("hung:cold:", 8)
+	warm(t, lim, hotKeys, hot)
+	flushed(t, lim, 5*time.Second)
+	warmed := sum(consumed(t, rdb, hotKeys))
+
+	// The pause window, as unix nanoseconds; a decision counts as "while hung" if it started inside.
+	var pausedFrom, pausedTo atomic.Int64
+	pausedTo.Store(1 << 62)
+	during := func(lat time.Duration) bool {
+		s := time.Now().Add(-lat).UnixNano()
+		return s >= pausedFrom.Load() && s < pausedTo.Load() && pausedFrom.Load() > 0
+	}
+	var mu sync.Mutex
+	var hotLat, coldLat []time.Duration
+	hl := &loader{lim: lim, keys: hotKeys, limit: hot, pace: 50 * time.Microsecond,
+		observe: func(_ int, d hybrid.Decision, err error, lat time.Duration) {
+			if err == nil && during(lat) {
+				mu.Lock()
+				hotLat = append(hotLat, lat)
+				mu.Unlock()
+			}
+		}}
+	cl := &loader{lim: lim, keys: coldKeys, limit: cold, pace: time.Millisecond,
+		observe: func(_ int, d hybrid.Decision, err error, lat time.Duration) {
+			if err == nil && d.Source != hybrid.SourceLocal && during(lat) {
+				mu.Lock()
+				coldLat = append(coldLat, lat)
+				mu.Unlock()
+			}
+		}}
+	hl.start(4)
+	cl.start(2)
+	time.Sleep(300 * time.Millisecond) // steady state before the fault
+	g0, h0 := runtime.NumGoroutine(), heapInUse()
+
+	srv.Pause(t)
+	pauseStart := time.Now()
+	pausedFrom.Store(pauseStart.UnixNano())
+	var gMax int
+	var hMax uint64
+	var pendingMax int64
+	for time.Since(pauseStart) < 3500*time.Millisecond {
+		gMax = max(gMax, runtime.NumGoroutine())
+		pendingMax = max(pendingMax, lim.Stats().Pending)
+		if time.Since(pauseStart) > 3*time.Second && hMax == 0 {
+			hMax = heapInUse()
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	pausedTo.Store(time.Now().UnixNano())
+	duringStats := lim.Stats()
+	srv.Resume(t)
+	time.Sleep(300 * time.Millisecond)
+	hl.halt()
+	cl.halt()
+	flushed(t, lim, 10*time.Second)
+	g1 := runtime.NumGoroutine()
+
+	mu.Lock()
+	nHot, nCold := len(hotLat), len(coldLat)
+	p50, p99, p999, pmax := percentile(hotLat, 0.5), percentile(hotLat, 0.99), percentile(hotLat, 0.999), percentile(hotLat, 1)
+	c50, c99, cmax := percentile(coldLat, 0.5), percentile(coldLat, 0.99), percentile(coldLat, 1)
+	mu.Unlock()
+	t.Logf("hot path while hung: %d decisions, p50=%v p99=%v p99.9=%v max=%v", nHot, p50, p99, p999, pmax)
+	t.Logf("decisions needing Redis while hung: %d, p50=%v p99=%v max=%v", nCold, c50, c99, cmax)
+	t.Logf("goroutines before=%d max during=%d after=%d; heap in use before=%d KiB during=%d KiB; pending max=%d (keys used %d)",
+		g0, gMax, g1, h0>>10, hMax>>10, pendingMax, len(hotKeys)+len(coldKeys))
+	t.Logf("hot: %v; cold: %v; stats during the pause %+v", hl, cl, duringStats)
+
+	require.Positive(t, nHot)
+	assert.Less(t, p99, time.Millisecond, "hot-path p99 while Redis is hung")
+	// AllowN's contract: a decision that must ask Redis waits at most the sync timeout.
+	assert.Positive(t, nCold, "cold keys were decided while Redis was hung")
+	assert.Less(t, cmax, 20*time.Millisecond+100*time.Millisecond, "a decision needing Redis waits about the sync timeout, not go-redis's read timeout")
+	assert.Zero(t, hl.errs.Load()+cl.errs.Load(), "no decision failed: %v %v", hl.errors(), cl.errors())
+	assert.Zero(t, hl.sources[hybrid.SourceFallback].Load(), "hot keys never needed Redis")
+	assert.Positive(t, cl.sources[hybrid.SourceFallback].Load(), "cold keys were decided by the failure policy")
+	assert.LessOrEqual(t, pendingMax, int64(len(hotKeys)+len(coldKeys)), "one pending record per key at most")
+	assert.LessOrEqual(t, gMax, g0+20, "goroutines stay bounded while Redis is hung")
+	assert.Less(t, hMax, h0+(32<<20), "heap stays bounded while Redis is hung")
+	assert.LessOrEqual(t, g1, g0+5, "goroutines return to their level after the pause")
+
+	// Every token admitted on a hot key reached Redis once it came back, exactly.
+	got := consumed(t, rdb, hotKeys)
+	assert.Equal(t, hl.total()+warmed, sum(got), "hot keys: admitted during the test + the warm-up")
+	// A cold key's synchronous take that timed out may still run when Redis wakes up: Redis then
+	// counts a take the node did not admit (an "orphan"). Such a take is absorbed by the node's later
+	// consumption of that key (the node sends cumulative counts), or else over-counts, never
+	// under-counts: consumed in Redis lies between what was admitted and that plus the denials made
+	// by the failure policy.
+	coldGot, coldAdm := sum(consumed(t, rdb, coldKeys)), cl.total()
+	st := lim.Stats()
+	t.Logf("cold keys: admitted %d, consumed in Redis %d, fallback denials %d", coldAdm, coldGot, st.FallbackDenied)
+	assert.GreaterOrEqual(t, coldGot, coldAdm, "nothing admitted is lost")
+	assert.LessOrEqual(t, coldGot, coldAdm+st.FallbackDenied, "over-count bounded by orphaned takes")
+	assert.Zero(t, st.Unrecorded)
+}
+
+// infoCount returns the count of name in an INFO section of the form "prefix<name>:count=N,..." or
+// "prefix<name>:calls=N,...", or 0.
+func infoCount(t *testing.T, srv *redistest.Server, section, prefix string) int64 {
+	t.Helper()
+	info, _ := srv.Do(t, "INFO", section).(string)
+	for line := range strings.Lines(info) {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), prefix)
+		if !ok {
+			continue
+		}
+		_, fields, _ := strings.Cut(rest, ":")
+		for f := range strings.SplitSeq(fields, ",") {
+			k, v, _ := strings.Cut(f, "=")
+			if k == "count" || k == "calls" {
+				n, err := strconv.ParseInt(v, 10, 64)
+				require.NoError(t, err, line)
+				return n
+			}
+		}
+	}
+	return 0
+}
+
+// TestRestartLosesScriptCacheWhileReconcileIsDue is issue #4 item 3: Redis restarts (data and script
+// cache lost, not just SCRIPT FLUSH) while every key has consumption waiting for its pipelined
+// reconcile. The reconcile meets NOSCRIPT inside the pipeline, reloads the script, retries once, and
+// the restarted Redis ends up with exactly the consumption that had not been applied yet.
+func TestRestartLosesScriptCacheWhileReconcileIsDue(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
+	// A one-minute interval: the background loop never flushes during the test, so the reconcile is
+	// due exactly when the test says and the restart cannot race with it.
+	lim := newLimiter(t, rdb, hybrid.WithSyncInterval(time.Minute))
+	limit := hybrid.Limit{Rate: 1000, Burst: 100_000}
+	keys := keyNames("restart:", 300) // more than one script call (256 keys) in the pipeline
+	warm(t, lim, keys, limit)
+	flushed(t, lim, 5*time.Second)
+	ctx := context.Background()
+	const perKey = 5
+	for _, k := range keys {
+		for range perKey {
+			d, err := lim.Allow(ctx, k, limit)
+			require.NoError(t, err)
+			require.Equal(t, hybrid.SourceLocal, d.Source)
+		}
+	}
+	require.EqualValues(t, len(keys), lim.Stats().Pending, "every key's reconcile is due")
+
+	srv.Restart(t)
+	require.Zero(t, infoCount(t, srv, "commandstats", "cmdstat_script|load"), "a fresh server")
+	flushed(t, lim, 10*time.Second)
+
+	noscript := infoCount(t, srv, "errorstats", "errorstat_NOSCRIPT")
+	loads := infoCount(t, srv, "commandstats", "cmdstat_script|load")
+	evalsha := infoCount(t, srv, "commandstats", "cmdstat_evalsha")
+	t.Logf("after the restart: NOSCRIPT errors %d, SCRIPT LOADs %d, EVALSHA calls %d, stats %+v", noscript, loads, evalsha, lim.Stats())
+	assert.Positive(t, noscript, "the pipeline met NOSCRIPT")
+	assert.Positive(t, loads, "and reloaded the script")
+	got := consumed(t, rdb, keys)
+	for i, k := range keys {
+		// The restart lost the buckets; the node sends its cumulative count and what Redis had
+		// acknowledged, so the new bucket gets exactly the consumption not applied before.
+		assert.EqualValues(t, perKey, got[i], "key %s", k)
+	}
+	// Decisions that need Redis work on the restarted server too.
+	d, err := lim.Allow(ctx, "restart:new", hybrid.Limit{Rate: 1, Burst: 1})
+	require.NoError(t, err)
+	assert.Equal(t, hybrid.SourceCentral, d.Source)
+	assert.True(t, d.Allowed)
+}
+
+// TestSlowRedisCoalescesFlushes is issue #4 item 6: every reply from Redis is delayed by 60ms, three
+// times the 20ms sync interval. Background flushes do not pile up: one runs at a time, so there are
+// about duration/(latency + interval) of them, not duration/interval, and each carries every dirty
+// key. Decisions continue (local ones at full speed, central ones at Redis's pace), goroutines do not
+// grow, and the accounting is exact afterwards.
+func TestSlowRedisCoalescesFlushes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-second latency test; run without -short")
+	}
+	srv := redistest.Start(t)
+	p := redistest.NewProxy(t, srv.Addr)
+	rdb := redis.NewClient(&redis.Options{Addr: p.Addr, MaxRetries: -1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	const interval, latency = 20 * time.Millisecond, 60 * time.Millisecond
+	lim := newLimiter(t, rdb, hybrid.WithSyncInterval(interval),
+		hybrid.WithSyncTimeout(500*time.Millisecond), hybrid.WithFlushTimeout(2*time.Second))
+	hot := hybrid.Limit{Rate: 1e4, Burst: 1e6}
+	cold := hybrid.Limit{Rate: 100, Burst: 500} // runs out of allowance: central decisions
+	hotKeys, coldKeys := keyNames("slow:hot:", 32), keyNames("slow:cold:", 4)
+	warm(t, lim, hotKeys, hot)
+	flushed(t, lim, 5*time.Second)
+	warmed := sum(consumed(t, rdb, hotKeys))
+
+	hl := &loader{lim: lim, keys: hotKeys, limit: hot, pace: 100 * time.Microsecond}
+	cl := &loader{lim: lim, keys: coldKeys, limit: cold, pace: time.Millisecond}
+	hl.start(2)
+	cl.start(2)
+	time.Sleep(200 * time.Millisecond)
+	g0 := runtime.NumGoroutine()
+	p.SetLatency(latency)
+	time.Sleep(2 * latency) // let the flush in flight finish at the old pace
+	s0, start := lim.Stats(), time.Now()
+	central0 := cl.sources[hybrid.SourceCentral].Load()
+	var gMax int
+	var pendingMax int64
+	for time.Since(start) < 1500*time.Millisecond {
+		gMax = max(gMax, runtime.NumGoroutine())
+		pendingMax = max(pendingMax, lim.Stats().Pending)
+		time.Sleep(10 * time.Millisecond)
+	}
+	s1, elapsed := lim.Stats(), time.Since(start)
+	central1 := cl.sources[hybrid.SourceCentral].Load()
+	p.SetLatency(0)
+	hl.halt()
+	cl.halt()
+	flushed(t, lim, 5*time.Second)
+
+	flushes := s1.Flushes - s0.Flushes
+	keysPerFlush := float64(s1.FlushedKeys-s0.FlushedKeys) / float64(max(flushes, 1))
+	t.Logf("%v at +%v latency, %v interval: %d flushes (duration/latency = %.0f, duration/(latency+interval) = %.0f, duration/interval = %.0f), %.1f keys per flush",
+		elapsed.Round(time.Millisecond), latency, interval, flushes, elapsed.Seconds()/latency.Seconds(),
+		elapsed.Seconds()/(latency+interval).Seconds(), elapsed.Seconds()/interval.Seconds(), keysPerFlush)
+	t.Logf("goroutines before=%d max=%d; pending max=%d; central decisions while slow=%d; hot: %v; cold: %v",
+		g0, gMax, pendingMax, central1-central0, hl, cl)
+	assert.LessOrEqual(t, float64(flushes), elapsed.Seconds()/latency.Seconds()+1, "at most one flush per round trip")
+	assert.GreaterOrEqual(t, float64(flushes), 0.5*elapsed.Seconds()/(latency+interval).Seconds(), "flushes keep going")
+	assert.LessOrEqual(t, pendingMax, int64(len(hotKeys)+len(coldKeys)), "one pending record per key at most")
+	assert.LessOrEqual(t, gMax, g0+5, "no goroutine growth")
+	assert.Positive(t, central1-central0, "central decisions continue at Redis's pace")
+	assert.Zero(t, hl.errs.Load()+cl.errs.Load(), "no decision failed: %v %v", hl.errors(), cl.errors())
+	assert.Zero(t, s1.RedisErrors, "nothing timed out")
+	assert.Equal(t, hl.total()+warmed, sum(consumed(t, rdb, hotKeys)), "hot keys: exact accounting")
+	assert.Equal(t, cl.total(), sum(consumed(t, rdb, coldKeys)), "cold keys: exact accounting")
+}
+
+// TestClockJumpsDoNotRefill is issue #4 item 9: the node's clock (WithClock, a wall clock with no
+// monotonic reading) jumps forwards and backwards by hours while a key is driven far over its
+// limit. Global refill follows Redis TIME only, so the tokens admitted over the run stay within
+// Burst + Rate·T + E, with T measured by the real clock; and the buckets' refill timestamps in Redis
+// stay on Redis's clock, not hours away.
+func TestClockJumpsDoNotRefill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-second load test; run without -short")
+	}
+	srv := redistest.Start(t)
+	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
+	var offset atomic.Int64
+	clock := func() time.Time { return time.Now().Round(0).Add(time.Duration(offset.Load())) }
+	const interval, drift = 20 * time.Millisecond, 0.1
+	lim := newLimiter(t, rdb, hybrid.WithClock(clock), hybrid.WithSyncInterval(interval), hybrid.WithDriftThreshold(drift),
+		hybrid.WithSyncTimeout(250*time.Millisecond))
+	limit := hybrid.Limit{Rate: 200, Burst: 50}
+	keys := []string{"clock:a", "clock:b"}
+	l := &loader{lim: lim, keys: keys, limit: limit, pace: 200 * time.Microsecond}
+	start := time.Now()
+	l.start(4)
+	jumps := []time.Duration{3 * time.Hour, -5 * time.Hour, 10 * time.Hour, -24 * time.Hour, 2 * time.Hour, -time.Hour, 0}
+	for i := 0; time.Since(start) < 2*time.Second; i++ {
+		offset.Store(int64(jumps[i%len(jumps)]))
+		time.Sleep(100 * time.Millisecond)
+	}
+	l.halt()
+	elapsed := time.Since(start)
+	flushed(t, lim, 5*time.Second)
+
+	bound := overshootBound(drift, limit, interval, 1)
+	allowed := float64(limit.Burst) + limit.Rate*elapsed.Seconds()
+	t.Logf("T=%v, Burst + Rate·T = %.0f, E = %.1f; %v", elapsed.Round(time.Millisecond), allowed, bound, l)
+	assert.Zero(t, l.errs.Load(), "%v", l.errors())
+	got := consumed(t, rdb, keys)
+	for i, k := range keys {
+		adm := l.admitted[i].Load()
+		t.Logf("%s: admitted %d = %.3f of Burst + Rate·T; consumed in Redis %d", k, adm, float64(adm)/allowed, got[i])
+		assert.LessOrEqual(t, float64(adm), allowed+bound, "%s: no over-refill from the node's clock", k)
+		assert.GreaterOrEqual(t, float64(adm), 0.9*limit.Rate*elapsed.Seconds(), "%s: still gets its rate (a clock that went back does not stretch cached denials)", k)
+		assert.Equal(t, adm, got[i], "%s: Redis accounts for every admitted token", k)
+	}
+	// The refill timestamps are Redis TIME, whatever the node's clock said.
+	now, err := rdb.Time(context.Background()).Result()
+	require.NoError(t, err)
+	for _, k := range keys {
+		ts, err := rdb.HGet(context.Background(), "hr:v1:{"+k+"}", "ts").Int64()
+		require.NoError(t, err)
+		skew := now.Sub(time.UnixMicro(ts))
+		assert.Less(t, skew.Abs(), 10*time.Second, "%s: bucket time %v vs Redis TIME %v", k, time.UnixMicro(ts), now)
+	}
+}
+
+// TestCloseUnderLoad is issue #4 item 11: Close runs while many goroutines call Allow. Close returns,
+// its final flush leaves nothing behind (Redis's consumed counters equal what the callers were
+// admitted), calls after Close get ErrClosed, and no goroutine is left running (goleak).
+func TestCloseUnderLoad(t *testing.T) {
+	srv := redistest.Start(t)
+	ignore := goleak.IgnoreCurrent()
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
+	lim, err := hybrid.New(rdb, hybrid.WithSyncInterval(20*time.Millisecond))
+	require.NoError(t, err)
+	limit := hybrid.Limit{Rate: 1e4, Burst: 1e6}
+	keys := keyNames("close:", 32)
+	warm(t, lim, keys, limit) // decisions under load are local, as in production
+	require.NoError(t, lim.Flush(context.Background()))
+	warmed := consumed(t, rdb, keys)
+	admitted := make([]atomic.Int64, len(keys))
+	var other atomic.Int64
+	var wg sync.WaitGroup
+	const goroutines = 16
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx := context.Background()
+			for i := g; ; i++ {
+				k := i % len(keys)
+				d, err := lim.Allow(ctx, keys[k], limit)
+				if errors.Is(err, hybrid.ErrClosed) {
+					return
+				}
+				if err != nil {
+					other.Add(1)
+					continue
+				}
+				if d.Allowed {
+					admitted[k].Add(1)
+				}
+				if i%64 == 0 {
+					runtime.Gosched()
+				}
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	t0 := time.Now()
+	require.NoError(t, lim.Close(ctx), "Close flushes under load")
+	closeTook := time.Since(t0)
+	wg.Wait()
+	_, err = lim.Allow(context.Background(), keys[0], limit)
+	assert.ErrorIs(t, err, hybrid.ErrClosed)
+
+	var total int64
+	want := make([]int64, len(keys))
+	got := consumed(t, rdb, keys)
+	var over int64
+	for i := range admitted {
+		want[i] = admitted[i].Load()
+		total += want[i]
+		got[i] -= warmed[i]
+		over += got[i] - want[i]
+	}
+	st := lim.Stats()
+	t.Logf("Close took %v under %d goroutines; admitted %d, consumed in Redis %d (over-count %d); stats %+v",
+		closeTook, goroutines, total, sum(got), over, st)
+	assert.Zero(t, other.Load(), "no decision failed before Close")
+	for i, k := range keys {
+		// A call racing with Close either was admitted before Close began (and flushed) or got
+		// ErrClosed; in the second case its token may still have been flushed.
+		assert.GreaterOrEqual(t, got[i], want[i], "key %s: every admitted token reached Redis", k)
+	}
+	assert.LessOrEqual(t, over, int64(goroutines), "over-count: at most the one call of each goroutine that raced with Close")
+	require.NoError(t, rdb.Close())
+	goleak.VerifyNone(t, ignore)
+}
+
+// TestReplayedBatchIsAppliedOnce is issue #4 item 12: a reconcile's request is held in the network
+// (the proxy's blackhole) past the flush timeout, so the node gives up on it and keeps its keys
+// pending (go-redis may also retry it, as the client keeps its default MaxRetries). When the network
+// heals, the held request reaches Redis and runs; the node, which never saw an answer, then sends
+// the same batch again. The script applies each node's cumulative count once, so Redis's consumed
+// counters equal what was admitted, exactly, after both.
+func TestReplayedBatchIsAppliedOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	direct := srv.Client(t) // for the test's own reads, around the proxy
+	p := redistest.NewProxy(t, srv.Addr)
+	rdb := redis.NewClient(&redis.Options{Addr: p.Addr, ReadTimeout: 150 * time.Millisecond}) // default MaxRetries: 3
+	t.Cleanup(func() { _ = rdb.Close() })
+	// A one-minute interval: only the test's Flush calls reconcile.
+	lim := newLimiter(t, rdb, hybrid.WithSyncInterval(time.Minute), hybrid.WithFlushTimeout(150*time.Millisecond))
+	limit := hybrid.Limit{Rate: 1000, Burst: 100_000}
+	keys := keyNames("replay:", 50)
+	warm(t, lim, keys, limit)
+	flushed(t, lim, 5*time.Second)
+	ctx := context.Background()
+	const perKey = 7
+	for _, k := range keys {
+		for range perKey {
+			d, err := lim.Allow(ctx, k, limit)
+			require.NoError(t, err)
+			require.Equal(t, hybrid.SourceLocal, d.Source)
+		}
+	}
+	want := consumed(t, direct, keys)
+	for i := range want {
+		want[i] += perKey
+	}
+	srv.ResetStats(t)
+
+	p.Blackhole(true)
+	err := lim.Flush(ctx)
+	require.Error(t, err, "the reconcile's reply never came")
+	t.Logf("flush with the network held: %v", err)
+	require.EqualValues(t, len(keys), lim.Stats().Pending, "the keys stay pending")
+	require.Zero(t, infoCount(t, srv, "commandstats", "cmdstat_evalsha"), "nothing reached Redis yet")
+	p.Blackhole(false)
+
+	// The held request reaches Redis and runs: the batch is applied now, although the node gave up.
+	require.Eventually(t, func() bool { return slices.Equal(want, consumed(t, direct, keys)) },
+		5*time.Second, 5*time.Millisecond, "the held batch reaches Redis and is applied")
+	// The node did not see the answer, so it sends the same batch again.
+	sent := lim.Stats().FlushedKeys
+	flushed(t, lim, 5*time.Second)
+	calls := infoCount(t, srv, "commandstats", "cmdstat_evalsha")
+	t.Logf("EVALSHA calls that reached Redis after the blackhole: %d; stats %+v", calls, lim.Stats())
+	assert.GreaterOrEqual(t, lim.Stats().FlushedKeys-sent, int64(len(keys)), "the batch was sent again")
+	assert.GreaterOrEqual(t, calls, int64(2), "the batch ran at least twice")
+	assert.Equal(t, want, consumed(t, direct, keys), "applied exactly once")
+}
+
+// TestCloseWaitsOutAnOpenBreaker: Redis hangs for a moment just before shutdown, long enough for
+// decisions that need it to time out and open the breaker. Redis is healthy again when Close runs;
+// Close waits out the breaker's cooldown (within its context) instead of dropping the pending
+// consumption because the breaker was open.
+func TestCloseWaitsOutAnOpenBreaker(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
+	lim, err := hybrid.New(rdb, hybrid.WithSyncInterval(time.Minute), hybrid.WithSyncTimeout(20*time.Millisecond))
+	require.NoError(t, err)
+	ctx := context.Background()
+	hot := hybrid.Limit{Rate: 1000, Burst: 100_000}
+	keys := keyNames("breaker:", 8)
+	admitted := make([]int64, len(keys))
+	for i, k := range keys { // decisions until one is local, so that every key has consumption pending
+		for d := (hybrid.Decision{}); d.Source != hybrid.SourceLocal; {
+			d, err = lim.Allow(ctx, k, hot)
+			require.NoError(t, err)
+			require.True(t, d.Allowed)
+			admitted[i]++
+		}
+	}
+	require.EqualValues(t, len(keys), lim.Stats().Pending)
+
+	srv.Pause(t)
+	for i := 0; !lim.Stats().BreakerOpen; i++ {
+		require.Less(t, i, 100, "the breaker opens after a few timeouts")
+		_, err := lim.Allow(ctx, "breaker:cold:"+strconv.Itoa(i), hybrid.Limit{Rate: 1, Burst: 1})
+		require.NoError(t, err)
+	}
+	srv.Resume(t)
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	t0 := time.Now()
+	require.NoError(t, lim.Close(cctx), "Close flushes once the breaker lets it")
+	t.Logf("Close took %v with the breaker open at the start; stats %+v", time.Since(t0), lim.Stats())
+	assert.Zero(t, lim.Stats().Pending)
+	assert.Equal(t, admitted, consumed(t, rdb, keys), "every admitted token reached Redis")
+}
