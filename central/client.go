@@ -216,13 +216,13 @@ func appendArgs(args []any, u Update) []any {
 func validate(u Update) error {
 	switch {
 	case !u.Limit.Valid():
-		return fmt.Errorf("central: key %q: invalid limit rate=%v burst=%d", u.Key, u.Limit.Rate, u.Limit.Burst)
+		return fmt.Errorf("%w: key %q: invalid limit rate=%v burst=%d", ErrInvalid, u.Key, u.Limit.Rate, u.Limit.Burst)
 	case u.Cum < 0 || u.Acked < 0 || u.Acked > u.Cum || u.Cum > 1<<53:
-		return fmt.Errorf("central: key %q: invalid counters cum=%d acked=%d", u.Key, u.Cum, u.Acked)
+		return fmt.Errorf("%w: key %q: invalid counters cum=%d acked=%d", ErrInvalid, u.Key, u.Cum, u.Acked)
 	case u.N < 0 || u.N > u.Limit.Burst:
-		return fmt.Errorf("central: key %q: n=%d out of range [0, burst=%d]", u.Key, u.N, u.Limit.Burst)
+		return fmt.Errorf("%w: key %q: n=%d out of range [0, burst=%d]", ErrInvalid, u.Key, u.N, u.Limit.Burst)
 	case u.Inc > 1<<53 || u.TakeID > 1<<53:
-		return fmt.Errorf("central: key %q: incarnation or take id too large", u.Key)
+		return fmt.Errorf("%w: key %q: incarnation or take id too large", ErrInvalid, u.Key)
 	}
 	return nil
 }
@@ -237,13 +237,14 @@ func (c *Client) Take(ctx context.Context, u Update) (State, error) {
 		c.stats.Rejected.Add(1)
 		return State{}, ErrUnavailable
 	}
+	caller := ctx
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.SyncTimeout)
 	defer cancel()
 	keys := []string{BucketKey(c.cfg.Prefix, u.Key)}
 	args := appendArgs(append(make([]any, 0, 11), c.keyArgs...), u)
 	c.stats.Takes.Add(1)
 	res, err := c.run(ctx, false, keys, args)
-	c.record(ctx, err)
+	c.record(caller, err)
 	if err != nil {
 		return State{}, fmt.Errorf("central: take %q: %w", u.Key, err)
 	}
@@ -254,12 +255,14 @@ func (c *Client) Take(ctx context.Context, u Update) (State, error) {
 	return out[0], nil
 }
 
-// record feeds the breaker with the outcome of a call.
-func (c *Client) record(ctx context.Context, err error) {
+// record feeds the breaker with the outcome of a call. caller is the caller's context, before our own
+// timeout was added: when it ended (cancelled, or a deadline shorter than ours), the failure says
+// nothing about Redis.
+func (c *Client) record(caller context.Context, err error) {
 	switch {
 	case err == nil:
 		c.breaker.Success()
-	case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
+	case caller.Err() != nil:
 		c.stats.Errors.Add(1)
 		c.breaker.Cancel() // the caller gave up; says nothing about Redis
 	case isServerReply(err):
@@ -272,7 +275,7 @@ func (c *Client) record(ctx context.Context, err error) {
 			// go-redis reloads the slot map on MOVED, but not when a dead master refuses connections;
 			// its periodic reload can take a minute (go-redis #3979). Ask for one now; it is
 			// deduplicated and rate-limited inside go-redis.
-			c.cluster.ReloadState(ctx)
+			c.cluster.ReloadState(caller)
 		}
 	}
 }
@@ -370,6 +373,7 @@ func (c *Client) Reconcile(ctx context.Context, updates []Update, out []State, e
 		}
 		return ErrUnavailable
 	}
+	caller := ctx
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.FlushTimeout)
 	defer cancel()
 	c.stats.Reconciles.Add(1)
@@ -433,11 +437,7 @@ func (c *Client) Reconcile(ctx context.Context, updates []Update, out []State, e
 		}
 		pending = retry
 	}
-	if transport != nil {
-		c.record(ctx, transport)
-	} else {
-		c.record(ctx, nil)
-	}
+	c.record(caller, transport)
 	return first
 }
 
@@ -543,18 +543,22 @@ func lenOf(x any) int {
 	return -1
 }
 
-// IsTransport reports whether err means Redis could not be reached or did not answer in time (as
-// opposed to an answer, or a local validation error).
+// IsTransport reports whether err means Redis could not be reached or did not answer in time, as
+// opposed to an answer (an error reply), a request refused before sending (ErrInvalid), or a caller
+// that cancelled. Errors it does not recognise count as transport errors.
 func IsTransport(err error) bool {
-	if err == nil {
+	switch {
+	case err == nil:
 		return false
-	}
-	if errors.Is(err, ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
+	case errors.Is(err, ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
 		return true
+	case errors.Is(err, ErrInvalid), errors.Is(err, ErrBadPrefix), errors.Is(err, ErrBadReply),
+		errors.Is(err, context.Canceled):
+		return false
 	}
 	var ne net.Error
 	if errors.As(err, &ne) {
 		return true
 	}
-	return !isServerReply(err) && !errors.Is(err, ErrBadReply) && !strings.HasPrefix(err.Error(), "central: key")
+	return !isServerReply(err)
 }

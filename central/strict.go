@@ -18,7 +18,7 @@ import (
 // ErrInvalid is wrapped by every error [Strict] and [Shaper] return for a request they refuse to send:
 // an invalid rule, an empty or oversized subject or tag, a cost n ≤ 0 or above the limit, duplicate
 // checks. Such a request never reaches Redis and never counts against the breaker.
-var ErrInvalid = errors.New("central: invalid strict request")
+var ErrInvalid = errors.New("central: invalid request")
 
 // Bounds of strict rules and requests, checked in Go before anything is sent and again by the scripts.
 const (

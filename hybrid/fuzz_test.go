@@ -16,7 +16,7 @@ import (
 
 // validLimit is Limit.Validate's documented contract, written out independently.
 func validLimit(l hybrid.Limit) bool {
-	return !math.IsNaN(l.Rate) && !math.IsInf(l.Rate, 0) && l.Rate > 0 && l.Rate <= 1e9 && l.Burst >= 1 && l.Burst <= 1e9
+	return !math.IsNaN(l.Rate) && !math.IsInf(l.Rate, 0) && l.Rate >= 1e-9 && l.Rate <= 1e9 && l.Burst >= 1 && l.Burst <= 1e9
 }
 
 // FuzzLimitValidate: Validate accepts exactly the limits its documentation allows, and its error
