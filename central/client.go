@@ -107,20 +107,21 @@ type Stats struct {
 
 // Client talks to Redis for package hybrid. Create it with [New]; it is safe for concurrent use.
 type Client struct {
-	cfg       Config
-	cluster   *redis.ClusterClient  // non-nil when Config.Client is a cluster client
-	syncRDB   redis.UniversalClient // Config.Client, with socket timeouts of SyncTimeout where possible
-	flushRDB  redis.UniversalClient // Config.Client, with socket timeouts of FlushTimeout where possible
-	enforced  bool                  // socket deadlines follow our timeouts
-	breaker   *Breaker
-	reconcile *redis.Script // with the #!lua header
-	legacyRec *redis.Script // without it, for servers that predate script flags
-	ban       *redis.Script
-	legacyBan *redis.Script
-	legacy    atomic.Bool // the server rejected the #!lua header; use the legacy scripts
-	takeSeq   atomic.Uint64
-	stats     Stats
-	keyArgs   []any // the four global ARGV values
+	cfg           Config
+	cluster       *redis.ClusterClient  // non-nil when Config.Client is a cluster client
+	syncRDB       redis.UniversalClient // Config.Client, with socket timeouts of SyncTimeout where possible
+	flushRDB      redis.UniversalClient // Config.Client, with socket timeouts of FlushTimeout where possible
+	enforced      bool                  // socket deadlines follow our timeouts
+	hooksBypassed bool                  // syncRDB/flushRDB are copies without the client's hooks
+	breaker       *Breaker
+	reconcile     *redis.Script // with the #!lua header
+	legacyRec     *redis.Script // without it, for servers that predate script flags
+	ban           *redis.Script
+	legacyBan     *redis.Script
+	legacy        atomic.Bool // the server rejected the #!lua header; use the legacy scripts
+	takeSeq       atomic.Uint64
+	stats         Stats
+	keyArgs       []any // the four global ARGV values
 }
 
 // New validates cfg and returns a client. It does no I/O.
@@ -156,8 +157,13 @@ func New(cfg Config) (*Client, error) {
 	c.syncRDB, c.flushRDB = cfg.Client, cfg.Client
 	switch rc := cfg.Client.(type) {
 	case *redis.Client:
-		c.syncRDB, c.flushRDB = rc.WithTimeout(cfg.SyncTimeout), rc.WithTimeout(cfg.FlushTimeout)
 		c.enforced = true
+		if !rc.Options().ContextTimeoutEnabled {
+			// The copies do not carry hooks added with AddHook (tracing, metrics); a client created
+			// with ContextTimeoutEnabled is used as is and keeps them.
+			c.syncRDB, c.flushRDB = rc.WithTimeout(cfg.SyncTimeout), rc.WithTimeout(cfg.FlushTimeout)
+			c.hooksBypassed = true
+		}
 	case *redis.ClusterClient:
 		c.cluster = rc
 		c.enforced = rc.Options().ContextTimeoutEnabled
@@ -183,6 +189,27 @@ func validNodeID(id string) bool {
 // true for a *redis.Client (including a Sentinel failover client) and for a cluster client created
 // with ContextTimeoutEnabled: true; otherwise calls wait up to the client's own ReadTimeout.
 func (c *Client) TimeoutsEnforced() bool { return c.enforced }
+
+// HooksBypassed reports whether the limiter's calls skip hooks added to the client with AddHook: it
+// uses shallow copies of a *redis.Client created without ContextTimeoutEnabled, to bound its calls by
+// its own timeouts, and go-redis does not copy hooks. Create the client with ContextTimeoutEnabled:
+// true to keep them.
+func (c *Client) HooksBypassed() bool { return c.hooksBypassed }
+
+// Preload loads the scripts into Redis (every master of a Cluster) and so opens a pooled
+// connection, off the request path. Bounded by FlushTimeout.
+func (c *Client) Preload(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.FlushTimeout)
+	defer cancel()
+	if err := c.load(ctx, nil); err != nil {
+		return fmt.Errorf("central: preload: %w", err)
+	}
+	_, ban := c.scripts()
+	if err := ban.Load(ctx, c.flushRDB).Err(); err != nil {
+		return fmt.Errorf("central: preload: %w", err)
+	}
+	return nil
+}
 
 // Stats returns the client's counters.
 func (c *Client) Stats() *Stats { return &c.stats }

@@ -41,11 +41,14 @@ func Example() {
 		}
 		fmt.Printf("allowed=%v remaining=%d retry-after=%v source=%v\n", d.Allowed, d.Remaining, d.RetryAfter, d.Source)
 	}
+	// A small bucket has no local allowance, so the first three go to Redis; Redis's last answer said
+	// the bucket is empty, so the fourth is denied locally, without a Redis command.
+
 	// Output:
 	// allowed=true remaining=2 retry-after=0s source=central
 	// allowed=true remaining=1 retry-after=0s source=central
 	// allowed=true remaining=0 retry-after=0s source=central
-	// allowed=false remaining=0 retry-after=1s source=central
+	// allowed=false remaining=0 retry-after=1s source=local
 }
 
 func ExampleLimiter_AllowN() {

@@ -158,9 +158,9 @@ func harmonic(n int) float64 {
 	return h
 }
 
-// overshootBound is docs/accuracy.md's E = drift · (burst + rate·interval) · H(nodes).
+// overshootBound is docs/accuracy.md's E = (drift·burst + rate·interval) · H(nodes) + nodes.
 func overshootBound(drift float64, l hybrid.Limit, interval time.Duration, nodes int) float64 {
-	return drift * (float64(l.Burst) + l.Rate*interval.Seconds()) * harmonic(nodes)
+	return (drift*float64(l.Burst)+l.Rate*interval.Seconds())*harmonic(nodes) + float64(nodes)
 }
 
 func consumedInRedis(t *testing.T, rdb *redis.Client, key string) int64 {

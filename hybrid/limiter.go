@@ -99,6 +99,8 @@ type Limiter struct {
 	nodeID   string
 	counts   [numStripes]stripe // decisions, striped to keep the hot path uncontended
 	metrics  *metrics
+	started  time.Time    // origin of mono
+	fleet    atomic.Int64 // the most nodes Redis has reported active on any key: the fleet size estimate
 }
 
 // New returns a limiter that keeps its global state in rdb (a *redis.Client, a Sentinel failover
@@ -157,6 +159,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		fallback: fb,
 		nodeID:   o.nodeID,
 		tracer:   o.tracerProvider.Tracer(instrumentationName),
+		started:  time.Now(),
 	}
 	l.syncer, err = ratesync.New(ratesync.Config{
 		Store:    store,
@@ -164,12 +167,25 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		Interval: o.syncInterval,
 		MaxBatch: flushBatch,
 		Drift:    o.drift,
+		Now:      l.mono,
+		OnState: func(_ *local.Entry, st central.State) {
+			for {
+				f := l.fleet.Load()
+				if st.Active <= f || l.fleet.CompareAndSwap(f, st.Active) {
+					break
+				}
+			}
+		},
 		OnError: func(err error) {
 			l.opts.logger.Warn("hybridrate: reconcile failed; consumption stays pending", slog.Any("error", err))
 		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("hybrid: %w", err)
+	}
+	if cc.HooksBypassed() {
+		o.logger.Info("hybridrate: the limiter's Redis calls bypass hooks added to this client (it uses copies with its own timeouts); " +
+			"create the client with ContextTimeoutEnabled: true to keep hooks such as tracing")
 	}
 	if !cc.TimeoutsEnforced() {
 		o.logger.Warn("hybridrate: this Redis client ignores context deadlines; a hung Redis holds calls for the client's ReadTimeout. " +
@@ -187,6 +203,11 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	}()
 	go func() {
 		defer l.wg.Done()
+		// Load the scripts and open a connection off the request path, so that the first decisions
+		// do not spend their short sync timeout on a dial and a NOSCRIPT round trip.
+		if err := l.central.Preload(ctx); err != nil && ctx.Err() == nil {
+			l.opts.logger.Warn("hybridrate: preloading scripts", slog.Any("error", err))
+		}
 		l.central.WatchBans(ctx, banRefresh, l.onBan, l.onBanList, func(err error) {
 			l.opts.logger.Warn("hybridrate: ban list", slog.Any("error", err))
 		})
@@ -270,8 +291,38 @@ func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) 
 			rem := e.Remaining()
 			return Decision{Allowed: true, Limit: limit, Remaining: rem, ResetAfter: time.Duration(e.ResetAfterNanos(limit.Burst, rem)), Source: SourceLocal}, nil
 		}
+		if d, ok := l.starved(e, limit, n); ok {
+			st.localDenied.Add(1)
+			return d, nil
+		}
 	}
 	return l.slow(ctx, key, h, limit, n)
+}
+
+// mono returns the time since the limiter started on the monotonic clock, in ns (always positive).
+func (l *Limiter) mono() int64 { return int64(time.Since(l.started)) + 1 }
+
+// starved denies locally a key whose local allowance is spent while the global bucket, at Redis's
+// last answer for this node (at most two sync intervals ago), held fewer than n tokens beyond those
+// the other nodes' refill shares have already claimed: asking Redis
+// again before the next reconcile would almost surely be denied, and at the limit such questions
+// would cost a Redis command per request. The entry is marked for the next reconcile, which brings
+// a fresh count and this node's share of the refill. Never with a zero drift threshold (strict mode).
+func (l *Limiter) starved(e *local.Entry, limit Limit, n int64) (Decision, bool) {
+	if l.opts.drift == 0 {
+		return Decision{}, false
+	}
+	g, active, _ := e.Global()
+	at := e.GrantedAt()
+	// The other active nodes hold shares of the coming refill (Rate·SyncInterval in all) that Redis's
+	// count does not show yet: those tokens are spoken for.
+	reserved := limit.Rate * l.opts.syncInterval.Seconds() * float64(max(active-1, 0)) / float64(max(active, 1))
+	if at == 0 || float64(g) >= (float64(n)+reserved)*1e6 || l.mono()-at > int64(2*l.opts.syncInterval) {
+		return Decision{}, false
+	}
+	l.store.MarkDirty(e)
+	wait := time.Duration(float64(n*1_000_000-g) / limit.Rate * 1e3) // micro-tokens / (tokens/s) → ns
+	return Decision{Limit: limit, RetryAfter: max(wait, time.Microsecond), ResetAfter: resetAfter(limit, max(g/1_000_000, 0)), Source: SourceLocal}, true
 }
 
 func invalidKey(key string) error {
@@ -331,6 +382,10 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 			rem := e.Remaining()
 			return Decision{Allowed: true, Limit: limit, Remaining: rem, ResetAfter: resetAfter(limit, rem), Source: SourceLocal}, nil
 		}
+		if d, ok := l.starved(e, limit, n); ok {
+			st.localDenied.Add(1)
+			return d, nil
+		}
 		snap := e.Snapshot()
 		u.Inc, u.Cum, u.Acked = snap.Inc, snap.Cum, snap.Acked
 	} else {
@@ -350,7 +405,7 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 			if res.Taken == 1 {
 				e.AddTaken(n)
 			}
-			l.syncer.Apply(e, u.Limit, res)
+			l.syncer.Apply(e, u.Limit, res, false)
 		}
 		rem := max(res.Tokens/1_000_000, 0)
 		if res.Taken == 1 {
@@ -386,9 +441,11 @@ func (l *Limiter) failure(key string, e *local.Entry, limit Limit, n int64) Deci
 	case FailClosed:
 		d.RetryAfter = breakerCooldown
 	default:
-		active := int64(1)
+		// This node's share: 1/active of the limit, with active as Redis last reported it for the
+		// key, or, for a key Redis never answered about, the largest fleet seen on any key.
+		active := max(l.fleet.Load(), 1)
 		if e != nil {
-			if _, a, _ := e.Global(); a > 1 {
+			if _, a, _ := e.Global(); a >= 1 {
 				active = a
 			}
 		}

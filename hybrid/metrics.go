@@ -17,26 +17,26 @@ const numStripes = 16
 // parallel decisions on different keys do not contend on one counter.
 type stripe struct {
 	local           atomic.Int64
+	localDenied     atomic.Int64
 	central         atomic.Int64
 	centralDenied   atomic.Int64
 	deny            atomic.Int64
 	fallbackAllowed atomic.Int64
 	fallbackDenied  atomic.Int64
 	unrecorded      atomic.Int64 // tokens admitted by a failure policy that could not be recorded (no local room)
-	_               [8]byte
 }
 
 // Stats is a snapshot of a limiter's counters, for tests, the load generator and dashboards.
 type Stats struct {
-	Local, Central, CentralDenied, DenyCache, FallbackAllowed, FallbackDenied int64 // decisions by outcome
-	Unrecorded                                                                int64 // tokens admitted by policy without local room to record them
-	Keys                                                                      int   // keys in local memory
-	Pending                                                                   int64 // keys with unreconciled consumption
-	Evictions                                                                 int64 // clean keys evicted
-	Flushes, FlushedKeys, FailedKeys                                          int64 // background reconcile work
-	RedisCommands                                                             int64 // script calls this limiter sent
-	RedisErrors                                                               int64 // failed Redis calls
-	BreakerOpen                                                               bool  // the circuit breaker is not closed
+	Local, LocalDenied, Central, CentralDenied, DenyCache, FallbackAllowed, FallbackDenied int64 // decisions by outcome
+	Unrecorded                                                                             int64 // tokens admitted by policy without local room to record them
+	Keys                                                                                   int   // keys in local memory
+	Pending                                                                                int64 // keys with unreconciled consumption
+	Evictions                                                                              int64 // clean keys evicted
+	Flushes, FlushedKeys, FailedKeys                                                       int64 // background reconcile work
+	RedisCommands                                                                          int64 // script calls this limiter sent
+	RedisErrors                                                                            int64 // failed Redis calls
+	BreakerOpen                                                                            bool  // the circuit breaker is not closed
 }
 
 // Stats returns a snapshot of the limiter's counters.
@@ -45,6 +45,7 @@ func (l *Limiter) Stats() Stats {
 	for i := range l.counts {
 		c := &l.counts[i]
 		s.Local += c.local.Load()
+		s.LocalDenied += c.localDenied.Load()
 		s.Central += c.central.Load()
 		s.CentralDenied += c.centralDenied.Load()
 		s.DenyCache += c.deny.Load()
@@ -91,6 +92,7 @@ func newMetrics(l *Limiter) (*metrics, error) {
 	reg, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		s := l.Stats()
 		o.ObserveInt64(decisions, s.Local, src("local", "allowed"))
+		o.ObserveInt64(decisions, s.LocalDenied, src("local", "denied"))
 		o.ObserveInt64(decisions, s.Central, src("central", "allowed"))
 		o.ObserveInt64(decisions, s.CentralDenied, src("central", "denied"))
 		o.ObserveInt64(decisions, s.DenyCache, src("deny-cache", "denied"))

@@ -33,7 +33,8 @@ type Entry struct {
 
 	mu          sync.Mutex // serialises Grant and Revoke
 	resetMicros atomic.Int64
-	next        *Entry // dirty-list link; written only by the goroutine that set dirty
+	grantedAt   atomic.Int64 // time of the last Grant, caller's monotonic clock
+	next        *Entry       // dirty-list link; written only by the goroutine that set dirty
 }
 
 // Key returns the entry's key.
@@ -163,9 +164,13 @@ func (e *Entry) AddTaken(n int64) { e.total.Add(n) }
 
 // Grant applies Redis's answer for this entry: applied is how much of the incarnation's consumption
 // Redis has applied, allowance the new local allowance in tokens, global the global tokens in
-// micro-tokens, active the nodes active on the key, resetMicros the time to a full bucket. An answer
-// older than the one already applied (smaller applied) only advances acked.
-func (e *Entry) Grant(applied, allowance, global, active, resetMicros int64) {
+// micro-tokens, active the nodes active on the key, resetMicros the time to a full bucket, and at the
+// time of the answer on the caller's monotonic clock (see GrantedAt). An answer older than the one
+// already applied (smaller applied) only advances acked.
+//
+// The mark becomes min(applied, total) + allowance: applied may already include takes of concurrent
+// callers whose AddTaken has not run yet, and counting them as consumed keeps a zero allowance zero.
+func (e *Entry) Grant(applied, allowance, global, active, resetMicros, at int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	total := e.total.Load()
@@ -180,11 +185,15 @@ func (e *Entry) Grant(applied, allowance, global, active, resetMicros int64) {
 		return
 	}
 	e.grantBase.Store(applied)
-	e.mark.Store(applied + allowance)
+	e.mark.Store(min(applied, total) + allowance)
 	e.globalMicro.Store(global)
 	e.active.Store(active)
 	e.resetMicros.Store(resetMicros)
+	e.grantedAt.Store(at)
 }
+
+// GrantedAt returns the time of the last answer applied with Grant, on the caller's clock; 0 if none.
+func (e *Entry) GrantedAt() int64 { return e.grantedAt.Load() }
 
 // Revoke drops the local allowance so that the next take asks Redis (used by the failure policies).
 func (e *Entry) Revoke() {

@@ -56,7 +56,7 @@ func FuzzStore(f *testing.F) {
 					t.Fatalf("Insert(%q) made a second live entry", key)
 				}
 				known[key] = e
-				e.Grant(e.Acked(), 3, 3_000_000, 1, 0)
+				e.Grant(e.Acked(), 3, 3_000_000, 1, 0, 1)
 			case 1: // a local take
 				if e := s.Lookup(key, h); e != nil {
 					e.TryTake(1)
@@ -75,7 +75,7 @@ func FuzzStore(f *testing.F) {
 				for _, e := range s.Collect(nil) {
 					delete(pending, e)
 					snap := e.Snapshot()
-					e.Grant(snap.Cum, 3, 3_000_000, 1, 0)
+					e.Grant(snap.Cum, 3, 3_000_000, 1, 0, 1)
 				}
 				for e := range pending {
 					t.Fatalf("Collect missed %q with %d unacknowledged tokens", e.Key(), e.Total()-e.Acked())

@@ -291,13 +291,26 @@ func (s *Store) Range(fn func(*Entry) bool) {
 }
 
 // Allowance returns the number of tokens a node may consume locally before it asks Redis again:
-// floor(drift · max(0, global + rate·interval) / active). global is in tokens; a zero drift means
-// every decision goes to Redis.
-func Allowance(drift, global, rate, intervalSeconds float64, active int64) int64 {
+//
+//	floor(max(0, drift·max(G, 0) + rate·interval + min(G, 0)) / active + u)
+//
+// where G is the global token count Redis returned (tokens; negative is debt). Each node gets its
+// share of the refill one interval brings plus its share of drift times the tokens in the bucket;
+// debt is repaid before anything is granted. u in [0, 1) rounds the share: a uniformly random u
+// makes the expected allowance exact (a refill share of 2.5 tokens is 2 or 3, not always 2, so at the
+// limit the fleet's shares add up to the refill instead of leaving a fifth of it to synchronous
+// checks); u = 0 rounds down. A zero drift means every decision goes to Redis: the allowance is 0.
+func Allowance(drift, global, rate, intervalSeconds float64, active int64, u float64) int64 {
+	if !(drift > 0) {
+		return 0
+	}
 	if active < 1 {
 		active = 1
 	}
-	a := drift * (global + rate*intervalSeconds) / float64(active)
+	if !(u >= 0 && u < 1) {
+		u = 0
+	}
+	a := max(0, drift*max(global, 0)+rate*intervalSeconds+min(global, 0))/float64(active) + u
 	if !(a >= 1) { // also false for NaN
 		return 0
 	}

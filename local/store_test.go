@@ -56,7 +56,7 @@ func TestTakeWithinMark(t *testing.T) {
 	s := newStore(t, 64)
 	e := insert(t, s, "k")
 	assert.Equal(t, Exhaust, e.TryTake(1), "a new entry has no allowance")
-	e.Grant(0, 5, 50_000_000, 1, 0)
+	e.Grant(0, 5, 50_000_000, 1, 0, 1)
 	steps := []struct {
 		n    int64
 		want TakeResult
@@ -67,11 +67,11 @@ func TestTakeWithinMark(t *testing.T) {
 	assert.Equal(t, int64(5), e.Total())
 	assert.Equal(t, int64(45), e.Remaining(), "50 global less 5 consumed since the answer")
 	// A reconcile answer: Redis applied 5; new allowance 3 on top.
-	e.Grant(5, 3, 45_000_000, 2, 0)
+	e.Grant(5, 3, 45_000_000, 2, 0, 1)
 	assert.Equal(t, int64(5), e.Acked())
 	assert.Equal(t, int64(8), e.Mark())
 	// An older answer (applied 4) arriving late does not move the mark back.
-	e.Grant(4, 100, 0, 1, 0)
+	e.Grant(4, 100, 0, 1, 0, 1)
 	assert.Equal(t, int64(8), e.Mark())
 }
 
@@ -80,7 +80,7 @@ func TestDirtyListCollectsEachEntryOnce(t *testing.T) {
 	var es []*Entry
 	for i := range 100 {
 		e := insert(t, s, "d"+strconv.Itoa(i))
-		e.Grant(0, 10, 0, 1, 0)
+		e.Grant(0, 10, 0, 1, 0, 1)
 		es = append(es, e)
 	}
 	for _, e := range es {
@@ -114,7 +114,7 @@ func TestEvictionSkipsPendingEntries(t *testing.T) {
 		if e == nil {
 			continue // its shard is already taken by a pending key
 		}
-		e.Grant(0, 1, 0, 1, 0)
+		e.Grant(0, 1, 0, 1, 0, 1)
 		require.Equal(t, Taken, e.TryTake(1))
 		pending[k] = e
 	}
@@ -126,7 +126,7 @@ func TestEvictionSkipsPendingEntries(t *testing.T) {
 	assert.Equal(t, full+1, s.Stats().Full.Load())
 	// Once a reconcile applied the consumption, the entries are clean and can be evicted.
 	for _, e := range s.Collect(nil) {
-		e.Grant(e.Total(), 0, 0, 1, 0)
+		e.Grant(e.Total(), 0, 0, 1, 0, 1)
 	}
 	e := insert(t, s, "new")
 	assert.Equal(t, int64(1), s.Stats().Evictions.Load())
@@ -137,7 +137,7 @@ func TestEvictionSkipsPendingEntries(t *testing.T) {
 func TestEvictedEntryRefusesTakes(t *testing.T) {
 	s := newStore(t, 64)
 	e := insert(t, s, "x")
-	e.Grant(0, 10, 0, 1, 0)
+	e.Grant(0, 10, 0, 1, 0, 1)
 	require.True(t, e.tryEvict())
 	assert.Equal(t, Gone, e.TryTake(1))
 	assert.Equal(t, int64(0), e.Total(), "the refused take was undone")
@@ -170,14 +170,14 @@ func TestConcurrentTakesAndEvictionsLoseNothing(t *testing.T) {
 					mu.Lock()
 					all[e] = true
 					mu.Unlock()
-					e.Grant(e.Total(), 4, 0, 1, 0)
+					e.Grant(e.Total(), 4, 0, 1, 0, 1)
 				}
 				if e.TryTake(1) == Taken {
 					granted.Add(1)
 				}
 				if i%3 == 0 { // a reconcile that applies everything, making entries clean again
 					for _, d := range s.Collect(nil) {
-						d.Grant(d.Total(), 4, 0, 1, 0)
+						d.Grant(d.Total(), 4, 0, 1, 0, 1)
 					}
 				}
 			}
@@ -200,7 +200,7 @@ func TestConcurrentTakesAndEvictionsLoseNothing(t *testing.T) {
 func TestHotPathAllocatesNothing(t *testing.T) {
 	s := newStore(t, 1024)
 	e := insert(t, s, "hot")
-	e.Grant(0, math.MaxInt32, 0, 1, 0)
+	e.Grant(0, math.MaxInt32, 0, 1, 0, 1)
 	h := s.Hash("hot")
 	allocs := testing.AllocsPerRun(1000, func() {
 		if s.Lookup("hot", s.Hash("hot")).TryTake(1) != Taken {
@@ -217,15 +217,16 @@ func TestAllowance(t *testing.T) {
 		active                        int64
 		want                          int64
 	}{
-		{0.1, 1000, 100, 0.02, 1, 100}, // 0.1·(1000+2)
+		{0.1, 1000, 100, 0.02, 1, 102}, // 0.1·1000 + 100·0.02
 		{0.1, 1000, 100, 0.02, 8, 12},  // split across 8 nodes
-		{0.1, -5, 100, 0.02, 1, 0},     // debt: no allowance
+		{0.1, 5, 100, 0.02, 1, 2},      // near empty: the refill share remains (0.5 + 2)
+		{0.1, -1, 100, 0.02, 1, 1},     // debt is repaid first: 2 - 1
+		{0.1, -5, 100, 0.02, 1, 0},     // deeper debt: nothing
 		{0, 1000, 100, 0.02, 1, 0},     // drift 0: strict central
 		{1, 3, 0, 0.02, 0, 3},          // active 0 treated as 1
 		{0.1, math.NaN(), 1, 1, 1, 0},  // never trust a NaN
 		{1, 1e300, 1, 1, 1, 1 << 52},   // capped
-		{0.1, 5, 100, 0.02, 1, 0},      // 0.7 rounds down
 	} {
-		assert.Equal(t, tc.want, Allowance(tc.drift, tc.global, tc.rate, tc.interval, tc.active), "%+v", tc)
+		assert.Equal(t, tc.want, Allowance(tc.drift, tc.global, tc.rate, tc.interval, tc.active, 0), "%+v", tc)
 	}
 }

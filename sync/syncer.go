@@ -3,6 +3,7 @@ package sync
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,6 +36,12 @@ type Config struct {
 	OnState func(e *local.Entry, st central.State)
 	// OnError, if not nil, receives flush errors. It must not block.
 	OnError func(error)
+	// Now returns the time on a monotonic clock, in nanoseconds; it stamps each answer applied to an
+	// entry (local.Entry.GrantedAt).
+	Now func() int64
+	// Round returns a number in [0, 1) that rounds allowances (see local.Allowance); nil means
+	// uniformly random (math/rand/v2). Tests pin it.
+	Round func() float64
 }
 
 // Stats counts the syncer's work. All fields only grow, except LastFlushMicros.
@@ -69,8 +76,17 @@ func New(cfg Config) (*Syncer, error) {
 		return nil, errors.New("ratesync: MaxBatch must be at least 1")
 	case !(cfg.Drift >= 0 && cfg.Drift <= 1):
 		return nil, errors.New("ratesync: Drift must be in [0, 1]")
+	case cfg.Now == nil:
+		return nil, errors.New("ratesync: Now is required")
 	}
 	return &Syncer{cfg: cfg}, nil
+}
+
+func (s *Syncer) round() float64 {
+	if s.cfg.Round != nil {
+		return s.cfg.Round()
+	}
+	return rand.Float64()
 }
 
 // Stats returns the syncer's counters.
@@ -148,16 +164,23 @@ func (s *Syncer) flushBatch(ctx context.Context, batch []*local.Entry) error {
 			s.cfg.Store.MarkDirty(e) // keep it pending for the next round
 			continue
 		}
-		s.Apply(e, s.updates[i].Limit, s.states[i])
+		s.Apply(e, s.updates[i].Limit, s.states[i], true)
 	}
 	clear(s.errs)
 	return err
 }
 
-// Apply turns Redis's answer for e into e's new local allowance and reports it to OnState.
-func (s *Syncer) Apply(e *local.Entry, lim central.Limit, st central.State) {
-	a := local.Allowance(s.cfg.Drift, float64(st.Tokens)/1e6, lim.Rate, s.cfg.Interval.Seconds(), st.Active)
-	e.Grant(st.Applied, a, st.Tokens, st.Active, st.ResetAfter.Microseconds())
+// Apply turns Redis's answer for e into e's new local allowance and reports it to OnState. A
+// reconcile's answer (reconcile true) grants this node's share of the next interval's refill; a
+// synchronous take's answer grants only the drift share of the bucket, so that frequent takes near
+// the limit cannot claim the refill share again and again.
+func (s *Syncer) Apply(e *local.Entry, lim central.Limit, st central.State, reconcile bool) {
+	interval := 0.0
+	if reconcile {
+		interval = s.cfg.Interval.Seconds()
+	}
+	a := local.Allowance(s.cfg.Drift, float64(st.Tokens)/1e6, lim.Rate, interval, st.Active, s.round())
+	e.Grant(st.Applied, a, st.Tokens, st.Active, st.ResetAfter.Microseconds(), s.cfg.Now())
 	if s.cfg.OnState != nil {
 		s.cfg.OnState(e, st)
 	}

@@ -72,11 +72,13 @@ func (f *fakeCentral) n() int {
 	return f.calls
 }
 
+func mono() int64 { return time.Now().UnixNano() }
+
 func setup(t *testing.T, f *fakeCentral) (*local.Store, *Syncer) {
 	t.Helper()
 	st, err := local.New(local.Config{MaxKeys: 1024})
 	require.NoError(t, err)
-	s, err := New(Config{Store: st, Central: f, Interval: 20 * time.Millisecond, MaxBatch: 3, Drift: 0.5})
+	s, err := New(Config{Store: st, Central: f, Interval: 20 * time.Millisecond, MaxBatch: 3, Drift: 0.5, Now: mono, Round: func() float64 { return 0 }})
 	require.NoError(t, err)
 	return st, s
 }
@@ -86,7 +88,7 @@ func entry(t *testing.T, st *local.Store, key string) *local.Entry {
 	e := st.Insert(key, st.Hash(key))
 	require.NotNil(t, e)
 	e.SetLimit(50, 100)
-	e.Grant(0, 10, 100_000_000, 1, 0)
+	e.Grant(0, 10, 100_000_000, 1, 0, 1)
 	return e
 }
 
@@ -96,7 +98,8 @@ func TestNewValidates(t *testing.T) {
 		{},
 		{Store: st, Central: newFake(), Interval: 0, MaxBatch: 1},
 		{Store: st, Central: newFake(), Interval: time.Second, MaxBatch: 0},
-		{Store: st, Central: newFake(), Interval: time.Second, MaxBatch: 1, Drift: 1.5},
+		{Store: st, Central: newFake(), Interval: time.Second, MaxBatch: 1, Drift: 1.5, Now: mono},
+		{Store: st, Central: newFake(), Interval: time.Second, MaxBatch: 1, Drift: 0.5},
 	} {
 		_, err := New(cfg)
 		assert.Error(t, err, "%+v", cfg)
@@ -119,8 +122,8 @@ func TestFlushAppliesAndGrants(t *testing.T) {
 	for i, e := range es {
 		used := int64(i + 1)
 		assert.Equal(t, used, e.Acked(), i)
-		// allowance = floor(0.5 · (100 - used + 50·0.02) / 1)
-		want := used + int64(0.5*(float64(100-used)+1))
+		// allowance = floor(0.5·(100 - used) + 50·0.02)
+		want := used + int64(0.5*float64(100-used)+1)
 		assert.Equal(t, want, e.Mark(), i)
 	}
 	assert.Equal(t, int64(0), st.Dirty())
@@ -201,7 +204,7 @@ func TestOnErrorAndOnState(t *testing.T) {
 	f := newFake()
 	st, _ := setup(t, f)
 	var states, errs int
-	s, err := New(Config{Store: st, Central: f, Interval: time.Millisecond, MaxBatch: 10, Drift: 0.1,
+	s, err := New(Config{Store: st, Central: f, Interval: time.Millisecond, MaxBatch: 10, Drift: 0.1, Now: mono,
 		OnState: func(*local.Entry, central.State) { states++ },
 		OnError: func(error) { errs++ }})
 	require.NoError(t, err)
