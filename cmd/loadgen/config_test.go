@@ -1,0 +1,166 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridrate/hybridrate/cmd/loadgen/internal/workload"
+	"github.com/hybridrate/hybridrate/hybrid"
+)
+
+func TestParseConfigDefaults(t *testing.T) {
+	t.Parallel()
+	c, err := parseConfig(nil, nil)
+	require.NoError(t, err)
+	assert.Equal(t, allModes, c.modes)
+	assert.Empty(t, c.redisAddrs)
+	assert.Equal(t, defaultNodes, c.nodes)
+	assert.Equal(t, 2*defaultNodes, c.concurrency)
+	assert.Equal(t, workload.Uniform, c.pattern)
+	assert.Equal(t, defaultDuration, c.duration)
+	assert.Equal(t, float64(defaultLoad), c.load)
+	assert.InDelta(t, defaultLoad*defaultKeys*defaultRate, c.rps, 1e-9, "demand = load × keys × rate / cost")
+	assert.Equal(t, hybrid.LocalFallback, c.policy)
+	assert.Equal(t, hybrid.DefaultSyncInterval, c.syncInterval)
+	assert.Equal(t, hybrid.DefaultDriftThreshold, c.drift)
+	assert.Equal(t, embeddedSyncTimeout, c.syncTimeout, "the embedded miniredis is slow")
+	// The default must finish well under 30s: five modes of defaultDuration.
+	assert.Less(t, time.Duration(len(c.modes))*c.duration, 20*time.Second)
+}
+
+func TestParseConfigFlags(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name  string
+		args  []string
+		check func(t *testing.T, c *config)
+	}{
+		{"modes are a comma-separated list without repeats", []string{"--mode", "central,hybrid,central"}, func(t *testing.T, c *config) {
+			assert.Equal(t, []string{"central", "hybrid"}, c.modes)
+		}},
+		{"one address is standalone", []string{"--redis", "127.0.0.1:16379"}, func(t *testing.T, c *config) {
+			assert.Equal(t, []string{"127.0.0.1:16379"}, c.redisAddrs)
+			assert.Equal(t, hybrid.DefaultSyncTimeout, c.syncTimeout, "a real Redis gets the library's default")
+		}},
+		{"several addresses are listed in order", []string{"--redis", "127.0.0.1:7000, 127.0.0.1:7001"}, func(t *testing.T, c *config) {
+			assert.Equal(t, []string{"127.0.0.1:7000", "127.0.0.1:7001"}, c.redisAddrs)
+		}},
+		{"demand follows load, keys, rate and cost", []string{"--load", "0.9", "--keys", "10", "--rate", "5000", "--burst", "2500", "--cost", "2"}, func(t *testing.T, c *config) {
+			assert.InDelta(t, 0.9*10*5000/2, c.rps, 1e-6)
+		}},
+		{"rps sets the demand directly", []string{"--rps", "1234.5"}, func(t *testing.T, c *config) {
+			assert.InDelta(t, 1234.5, c.rps, 1e-9)
+			assert.Zero(t, c.load)
+		}},
+		{"rps max means no pacing", []string{"--rps", "max"}, func(t *testing.T, c *config) {
+			assert.Zero(t, c.rps)
+		}},
+		{"requests alone lift the time limit", []string{"--requests", "1000"}, func(t *testing.T, c *config) {
+			assert.Equal(t, int64(1000), c.requests)
+			assert.Zero(t, c.duration)
+		}},
+		{"requests and duration both apply", []string{"--requests", "1000", "--duration", "5s"}, func(t *testing.T, c *config) {
+			assert.Equal(t, 5*time.Second, c.duration)
+		}},
+		{"hot uses one key", []string{"--pattern", "hot"}, func(t *testing.T, c *config) {
+			assert.Equal(t, workload.Hot, c.pattern)
+			assert.Equal(t, 1, c.keys)
+		}},
+		{"zipf takes its exponent", []string{"--pattern", "zipf", "--zipf-s", "1.3", "--keys", "100000"}, func(t *testing.T, c *config) {
+			assert.Equal(t, workload.Zipf, c.pattern)
+			assert.Equal(t, 1.3, c.zipfS)
+		}},
+		{"hybrid knobs", []string{"--sync-interval", "50ms", "--drift", "0", "--policy", "fail-closed", "--sync-timeout", "2ms", "--max-keys", "1000"}, func(t *testing.T, c *config) {
+			assert.Equal(t, 50*time.Millisecond, c.syncInterval)
+			assert.Zero(t, c.drift)
+			assert.Equal(t, hybrid.FailClosed, c.policy)
+			assert.Equal(t, 2*time.Millisecond, c.syncTimeout)
+			assert.Equal(t, 1000, c.maxKeys)
+		}},
+		{"double-dash and single-dash flags both work", []string{"-nodes=3", "--concurrency=3"}, func(t *testing.T, c *config) {
+			assert.Equal(t, 3, c.nodes)
+			assert.Equal(t, 3, c.concurrency)
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c, err := parseConfig(tt.args, nil)
+			require.NoError(t, err)
+			tt.check(t, c)
+		})
+	}
+}
+
+func TestParseConfigRejects(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--mode", "fast"}, `unknown mode "fast"`},
+		{[]string{"--mode", ""}, `unknown mode ""`},
+		{[]string{"--redis", "localhost"}, `bad address "localhost"`},
+		{[]string{"--redis", "127.0.0.1:1,"}, `bad address ""`},
+		{[]string{"--sentinel-master", "mymaster"}, "needs --redis"},
+		{[]string{"--nodes", "0"}, "--nodes 0"},
+		{[]string{"--nodes", "5000"}, "--nodes 5000"},
+		{[]string{"--keys", "0"}, "--keys 0"},
+		{[]string{"--pattern", "hot", "--keys", "5"}, "single key"},
+		{[]string{"--pattern", "gauss"}, `unknown pattern "gauss"`},
+		{[]string{"--pattern", "zipf", "--zipf-s", "1"}, "--zipf-s 1"},
+		{[]string{"--rate", "0"}, "--rate 0"},
+		{[]string{"--rate", "NaN"}, "--rate NaN"},
+		{[]string{"--rate", "2e9"}, "--rate 2e+09"},
+		{[]string{"--burst", "0"}, "--burst 0"},
+		{[]string{"--cost", "0"}, "--cost 0"},
+		{[]string{"--cost", "300", "--burst", "200"}, "--cost 300"},
+		{[]string{"--duration", "-1s"}, "--duration -1s"},
+		{[]string{"--duration", "0"}, "needs --requests"},
+		{[]string{"--requests", "-5"}, "--requests -5"},
+		{[]string{"--concurrency", "-1"}, "--concurrency -1"},
+		{[]string{"--nodes", "8", "--concurrency", "4"}, "at least --nodes"},
+		{[]string{"--sync-interval", "0s"}, "--sync-interval 0s"},
+		{[]string{"--drift", "1.5"}, "--drift 1.5"},
+		{[]string{"--drift", "-0.1"}, "--drift -0.1"},
+		{[]string{"--policy", "yolo"}, `--policy "yolo"`},
+		{[]string{"--sync-timeout", "1µs"}, "--sync-timeout 1µs"},
+		{[]string{"--max-keys", "10"}, "--max-keys 10"},
+		{[]string{"--load", "0"}, "--load 0"},
+		{[]string{"--load", "-2"}, "--load -2"},
+		{[]string{"--load", "4", "--rps", "100"}, "give one"},
+		{[]string{"--rps", "fast"}, `--rps "fast"`},
+		{[]string{"--rps", "0"}, `--rps "0"`},
+		{[]string{"--keys", "100000000", "--rate", "1e9", "--load", "1000"}, "would be"},
+		{[]string{"--progress", "sometimes"}, `--progress "sometimes"`},
+		{[]string{"--plot", "out.png"}, "ending in .svg"},
+		{[]string{"--nodes", "two"}, `invalid value "two"`},
+		{[]string{"--no-such-flag"}, "flag provided but not defined"},
+		{[]string{"stray"}, `unexpected argument "stray"`},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			t.Parallel()
+			_, err := parseConfig(tt.args, nil)
+			var ue *usageError
+			require.True(t, errors.As(err, &ue), "want a usage error, got %v", err)
+			assert.Contains(t, err.Error(), tt.want)
+			assert.NotContains(t, err.Error(), "\n", "one line")
+		})
+	}
+}
+
+func TestParseConfigHelp(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	_, err := parseConfig([]string{"--help"}, &out)
+	assert.ErrorIs(t, err, errHelp)
+	assert.Contains(t, out.String(), "Usage: loadgen [flags]")
+	assert.Contains(t, out.String(), "-sync-interval")
+}

@@ -1,0 +1,133 @@
+// Package workload generates the load generator's request stream: which key each request is for
+// (uniform, Zipf or one hot key) and when it is sent (token pacing toward a target rate, or as fast
+// as possible). It reads no clock: callers pass the time since the run started.
+package workload
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// Pattern is a key access pattern.
+type Pattern int
+
+// The access patterns.
+const (
+	// Uniform picks every key with the same probability.
+	Uniform Pattern = iota + 1
+	// Zipf picks key i with probability proportional to 1/(1+i)^s: key 0 is the hottest.
+	Zipf
+	// Hot sends every request to key 0.
+	Hot
+)
+
+// ParsePattern parses "uniform", "zipf" or "hot".
+func ParsePattern(s string) (Pattern, error) {
+	switch s {
+	case "uniform":
+		return Uniform, nil
+	case "zipf":
+		return Zipf, nil
+	case "hot":
+		return Hot, nil
+	}
+	return 0, fmt.Errorf("unknown pattern %q (want uniform, zipf or hot)", s)
+}
+
+// String returns the name ParsePattern accepts.
+func (p Pattern) String() string {
+	switch p {
+	case Uniform:
+		return "uniform"
+	case Zipf:
+		return "zipf"
+	case Hot:
+		return "hot"
+	}
+	return fmt.Sprintf("Pattern(%d)", int(p))
+}
+
+// Picker picks the key of each request. It is not safe for concurrent use: give each worker its own.
+type Picker struct {
+	p    Pattern
+	keys int
+	rng  *rand.Rand
+	zipf *rand.Zipf
+}
+
+// NewPicker returns a picker over keys keys (0 to keys-1). s is the Zipf exponent, above 1 (used
+// only by Zipf). The same seed and stream give the same sequence of keys.
+func NewPicker(p Pattern, keys int, s float64, seed, stream uint64) (*Picker, error) {
+	if keys < 1 {
+		return nil, fmt.Errorf("workload: %d keys: want at least 1", keys)
+	}
+	pk := &Picker{p: p, keys: keys, rng: rand.New(rand.NewPCG(seed, stream))}
+	switch p {
+	case Uniform, Hot:
+	case Zipf:
+		if !(s > 1) {
+			return nil, fmt.Errorf("workload: zipf exponent %v: want above 1", s)
+		}
+		pk.zipf = rand.NewZipf(pk.rng, s, 1, uint64(keys-1))
+	default:
+		return nil, fmt.Errorf("workload: unknown pattern %d", int(p))
+	}
+	return pk, nil
+}
+
+// Next returns the next key number.
+func (pk *Picker) Next() int {
+	switch pk.p {
+	case Zipf:
+		return int(pk.zipf.Uint64())
+	case Hot:
+		return 0
+	}
+	return pk.rng.IntN(pk.keys)
+}
+
+// Pacer spaces one worker's requests at a steady rate (token pacing): a request is due every
+// 1/rate seconds. A worker that falls behind catches up at once, but by at most MaxLag of backlog,
+// so a stall (a GC pause, a slow Redis) does not end in an unbounded burst: the requests beyond
+// that are skipped, which is why the achieved rate is measured, not assumed.
+type Pacer struct {
+	interval float64 // ns between requests; 0 = no pacing
+	next     float64 // ns since start when the next request is due
+	maxLag   float64 // ns
+	skipped  int64
+}
+
+// MaxLag is the most backlog a Pacer lets a worker catch up on.
+const MaxLag = 20 * time.Millisecond
+
+// NewPacer returns a pacer for rate requests per second; rate 0 means as fast as possible.
+func NewPacer(rate float64) *Pacer {
+	p := &Pacer{maxLag: float64(MaxLag)}
+	if rate > 0 {
+		p.interval = 1e9 / rate
+	}
+	return p
+}
+
+// Next reports how long the worker must wait, at now (time since the run started), before its
+// next request. Zero means send now: the request's slot is taken.
+func (p *Pacer) Next(now time.Duration) time.Duration {
+	if p.interval == 0 {
+		return 0
+	}
+	t := float64(now)
+	if p.next > t {
+		return time.Duration(p.next-t) + 1
+	}
+	if lag := t - p.next; lag > p.maxLag {
+		skip := int64((lag - p.maxLag) / p.interval)
+		p.skipped += skip
+		p.next += float64(skip) * p.interval
+	}
+	p.next += p.interval
+	return 0
+}
+
+// Skipped returns the requests skipped because the worker was more than MaxLag behind.
+func (p *Pacer) Skipped() int64 { return p.skipped }

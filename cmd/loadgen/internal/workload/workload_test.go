@@ -1,0 +1,130 @@
+package workload
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestParsePattern(t *testing.T) {
+	t.Parallel()
+	for _, p := range []Pattern{Uniform, Zipf, Hot} {
+		got, err := ParsePattern(p.String())
+		require.NoError(t, err)
+		assert.Equal(t, p, got)
+	}
+	_, err := ParsePattern("gaussian")
+	assert.ErrorContains(t, err, "uniform, zipf or hot")
+}
+
+func TestPickerIsDeterministic(t *testing.T) {
+	t.Parallel()
+	a, err := NewPicker(Zipf, 1000, 1.1, 7, 3)
+	require.NoError(t, err)
+	b, err := NewPicker(Zipf, 1000, 1.1, 7, 3)
+	require.NoError(t, err)
+	c, err := NewPicker(Zipf, 1000, 1.1, 7, 4)
+	require.NoError(t, err)
+	same, diff := true, false
+	for range 1000 {
+		x, y, z := a.Next(), b.Next(), c.Next()
+		same = same && x == y
+		diff = diff || x != z
+	}
+	assert.True(t, same, "same seed and stream, same keys")
+	assert.True(t, diff, "another stream, other keys")
+}
+
+func TestPickerDistributions(t *testing.T) {
+	t.Parallel()
+	const keys, n = 100, 200_000
+	count := func(p Pattern) []int {
+		pk, err := NewPicker(p, keys, 1.2, 1, 0)
+		require.NoError(t, err)
+		c := make([]int, keys)
+		for range n {
+			k := pk.Next()
+			require.True(t, k >= 0 && k < keys, "key %d out of range", k)
+			c[k]++
+		}
+		return c
+	}
+	t.Run("uniform spreads evenly", func(t *testing.T) {
+		t.Parallel()
+		for k, c := range count(Uniform) {
+			assert.InDelta(t, n/keys, c, n/keys*0.15, "key %d", k)
+		}
+	})
+	t.Run("zipf makes key 0 the hottest, by far", func(t *testing.T) {
+		t.Parallel()
+		c := count(Zipf)
+		for k := 1; k < keys; k++ {
+			assert.Greater(t, c[0], c[k])
+		}
+		assert.Greater(t, c[0], 10*c[keys-1])
+	})
+	t.Run("hot always picks key 0", func(t *testing.T) {
+		t.Parallel()
+		assert.Equal(t, n, count(Hot)[0])
+	})
+}
+
+func TestNewPickerRejects(t *testing.T) {
+	t.Parallel()
+	_, err := NewPicker(Uniform, 0, 0, 1, 0)
+	assert.Error(t, err)
+	_, err = NewPicker(Zipf, 10, 1, 1, 0)
+	assert.Error(t, err, "s must be above 1")
+	_, err = NewPicker(Pattern(9), 10, 0, 1, 0)
+	assert.Error(t, err)
+}
+
+func TestPacer(t *testing.T) {
+	t.Parallel()
+	ms := time.Millisecond
+	t.Run("spaces requests at the rate", func(t *testing.T) {
+		t.Parallel()
+		p := NewPacer(1000) // one per ms
+		steps := []struct {
+			now  time.Duration
+			wait time.Duration
+		}{
+			{0, 0},                // slot 0
+			{0, ms + 1},           // slot 1 is due at 1ms
+			{ms, 0},               // slot 1
+			{ms + ms/2, ms/2 + 1}, // slot 2 at 2ms
+			{5 * ms, 0},           // behind: slots 2, 3, 4, 5 go at once
+			{5 * ms, 0},
+			{5 * ms, 0},
+			{5 * ms, 0},
+			{5 * ms, ms + 1},
+		}
+		for i, s := range steps {
+			if got := p.Next(s.now); got != s.wait {
+				t.Errorf("step %d: Next(%v) = %v, want %v", i, s.now, got, s.wait)
+			}
+		}
+		assert.Zero(t, p.Skipped())
+	})
+	t.Run("skips backlog beyond MaxLag", func(t *testing.T) {
+		t.Parallel()
+		p := NewPacer(1000)
+		require.Zero(t, p.Next(0))
+		// 100ms late: 20ms of backlog is kept (about 21 requests), the rest skipped.
+		sent := 0
+		for p.Next(100*ms) == 0 {
+			sent++
+		}
+		assert.InDelta(t, 21, sent, 1)
+		assert.InDelta(t, 79, p.Skipped(), 1)
+	})
+	t.Run("rate 0 never waits", func(t *testing.T) {
+		t.Parallel()
+		p := NewPacer(0)
+		for i := range 100 {
+			require.Zero(t, p.Next(time.Duration(i)))
+		}
+	})
+}

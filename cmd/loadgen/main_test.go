@@ -1,0 +1,201 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridrate/hybridrate/cmd/loadgen/internal/report"
+	"github.com/hybridrate/hybridrate/internal/redistest"
+)
+
+// short is a small, fast scenario: every mode for 300ms, 2 nodes.
+var short = []string{"--duration", "300ms", "--nodes", "2", "--keys", "2", "--rate", "200", "--burst", "100", "--progress", "never"}
+
+func TestRunEmbedded(t *testing.T) {
+	dir := t.TempDir()
+	jsonPath, csvPath, svgPath := filepath.Join(dir, "r.json"), filepath.Join(dir, "r.csv"), filepath.Join(dir, "r.svg")
+	var stdout, stderr bytes.Buffer
+	args := append([]string{"--json", jsonPath, "--csv", csvPath, "--plot", svgPath}, short...)
+	code := run(context.Background(), args, &stdout, &stderr, false)
+	require.Equal(t, 0, code, "stderr: %s", stderr.String())
+
+	assert.Contains(t, stderr.String(), "embedded Redis-compatible server (miniredis)")
+	out := stdout.String()
+	for _, m := range allModes {
+		assert.Regexp(t, `(?m)^\s+`+m+`\s+[0-9,]+\s`, out, "a row for %s", m)
+	}
+
+	b, err := os.ReadFile(jsonPath)
+	require.NoError(t, err)
+	var rep report.Report
+	require.NoError(t, json.Unmarshal(b, &rep))
+	require.Len(t, rep.Results, len(allModes))
+	for _, r := range rep.Results {
+		assert.Positive(t, r.Decisions, r.Mode)
+		assert.Zero(t, r.Errors, r.Mode)
+		assert.False(t, r.Partial, r.Mode)
+		assert.Equal(t, 2, r.Accuracy.ActiveKeys, r.Mode)
+		assert.Equal(t, r.Allowed, r.Accuracy.AdmittedTokens, "%s: cost 1, so tokens = requests", r.Mode)
+		assert.True(t, r.Accuracy.Oracle, "%s: every request replayed through an exact bucket", r.Mode)
+		assert.Positive(t, r.Latency.P50, r.Mode)
+		if redisModes[r.Mode] {
+			require.NotNil(t, r.Redis, r.Mode)
+			assert.Equal(t, report.CountedByMiniredis, r.Redis.CountedBy, "miniredis has no INFO commandstats")
+			assert.Positive(t, r.Redis.ClientIssued, r.Mode)
+			assert.Positive(t, r.Redis.InScript, r.Mode)
+		} else {
+			assert.Nil(t, r.Redis, r.Mode)
+		}
+	}
+	assert.NotNil(t, rep.Results[0].Sources, "hybrid reports its decision sources")
+	csvData, err := os.ReadFile(csvPath)
+	require.NoError(t, err)
+	assert.Equal(t, len(allModes)+1, strings.Count(string(csvData), "\n"))
+	svg, err := os.ReadFile(svgPath)
+	require.NoError(t, err)
+	assert.Contains(t, string(svg), "<svg")
+}
+
+func TestRunRealRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	var stdout, stderr bytes.Buffer
+	jsonPath := filepath.Join(t.TempDir(), "r.json")
+	args := append([]string{"--redis", srv.Addr, "--mode", "hybrid,central,redisrate", "--json", jsonPath}, short...)
+	code := run(context.Background(), args, &stdout, &stderr, false)
+	require.Equal(t, 0, code, "stderr: %s", stderr.String())
+	assert.Regexp(t, `\(Redis [0-9]+\.[0-9]+`, stdout.String(), "the version, from INFO server")
+	b, err := os.ReadFile(jsonPath)
+	require.NoError(t, err)
+	var rep report.Report
+	require.NoError(t, json.Unmarshal(b, &rep))
+	require.Len(t, rep.Results, 3)
+	for _, r := range rep.Results {
+		require.NotNil(t, r.Redis, r.Mode)
+		assert.Equal(t, report.CountedByServer, r.Redis.CountedBy, r.Mode)
+		assert.Positive(t, r.Redis.InScript, "%s: its script's commands are counted apart", r.Mode)
+	}
+	// A strict central limiter sends one script call per decision, and Redis counts exactly that.
+	central := rep.Results[1]
+	assert.InDelta(t, 1000, central.Redis.PerThousand, 5)
+}
+
+func TestRunBadFlagsExit2(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"--nodes", "-3"}, &stdout, &stderr, false)
+	assert.Equal(t, 2, code)
+	assert.Equal(t, "loadgen: --nodes -3: want 1 to 1024\n", stderr.String())
+	assert.Empty(t, stdout.String())
+}
+
+func TestRunHelpExit0(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	assert.Equal(t, 0, run(context.Background(), []string{"-h"}, &stdout, &stderr, false))
+	assert.Contains(t, stderr.String(), "Usage: loadgen")
+}
+
+func TestRunUnreachableRedisExit1(t *testing.T) {
+	t.Parallel()
+	// A port nobody listens on: listen, note it, close.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"--redis", addr, "--mode", "central"}, &stdout, &stderr, false)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr.String(), "loadgen: cannot reach Redis (redis standalone "+addr+")")
+	assert.NotContains(t, stderr.String(), "goroutine", "no stack trace")
+	assert.Empty(t, stdout.String())
+}
+
+func TestRunInProcessModesNeedNoRedis(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), append([]string{"--mode", "local,xrate", "--redis", "127.0.0.1:1"}, short...), &stdout, &stderr, false)
+	assert.Equal(t, 0, code, "stderr: %s", stderr.String())
+	assert.NotContains(t, stderr.String(), "miniredis")
+}
+
+func TestRunInterruptedPrintsPartialReport(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(300*time.Millisecond, cancel) // Ctrl-C during the first mode
+	var stdout, stderr bytes.Buffer
+	code := run(ctx, []string{"--mode", "local,xrate", "--duration", "20s", "--progress", "never"}, &stdout, &stderr, false)
+	assert.Equal(t, 130, code)
+	assert.Contains(t, stderr.String(), "interrupted")
+	assert.Contains(t, stdout.String(), "local*")
+	assert.NotContains(t, stdout.String(), "xrate ", "no mode after the interrupted one")
+}
+
+func TestRunRequestCount(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	jsonPath := filepath.Join(t.TempDir(), "r.json")
+	code := run(context.Background(), []string{"--mode", "xrate", "--requests", "1001", "--rps", "max", "--nodes", "3", "--json", jsonPath, "--progress", "never"}, &stdout, &stderr, false)
+	require.Equal(t, 0, code, "stderr: %s", stderr.String())
+	b, err := os.ReadFile(jsonPath)
+	require.NoError(t, err)
+	var rep report.Report
+	require.NoError(t, json.Unmarshal(b, &rep))
+	assert.Equal(t, int64(1001), rep.Results[0].Decisions, "exactly the requests asked for, split over the workers")
+}
+
+func TestParseCommandStats(t *testing.T) {
+	t.Parallel()
+	info := "# Commandstats\r\n" +
+		"cmdstat_evalsha:calls=120,usec=900,usec_per_call=7.50,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_script|load:calls=2,usec=40,usec_per_call=20.00,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_HSET:calls=7,usec=7\r\n"
+	got, err := parseCommandStats(info)
+	require.NoError(t, err)
+	assert.Equal(t, map[string]int64{"evalsha": 120, "script|load": 2, "hset": 7}, got)
+
+	_, err = parseCommandStats("cmdstat_get:calls=x,usec=1\r\n")
+	assert.Error(t, err)
+	_, err = parseCommandStats("cmdstat_get:usec=1\r\n")
+	assert.Error(t, err)
+}
+
+func TestStatName(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tests := []struct {
+		cmd  redis.Cmder
+		want string
+	}{
+		{redis.NewCmd(ctx, "EVALSHA", "abc", 0), "evalsha"},
+		{redis.NewCmd(ctx, "script", "LOAD", "return 1"), "script|load"},
+		{redis.NewCmd(ctx, "client", "setinfo", "lib-name", "x"), "client|setinfo"},
+		{redis.NewCmd(ctx, "cluster", "slots"), "cluster|slots"},
+		{redis.NewCmd(ctx, "hgetall", "k"), "hgetall"},
+		{redis.NewCmd(ctx, "script"), "script"},
+	}
+	for _, tt := range tests {
+		assert.Equal(t, tt.want, statName(tt.cmd))
+	}
+}
+
+func TestRedisRateLimit(t *testing.T) {
+	t.Parallel()
+	l := redisRateLimit(1000, 200)
+	assert.Equal(t, 1000, l.Rate)
+	assert.Equal(t, 200, l.Burst)
+	assert.Equal(t, "1s", l.Period.String())
+	f := redisRateLimit(0.5, 3)
+	// The emission interval (period / rate) is what matters: 2s per token.
+	assert.InDelta(t, 2.0, f.Period.Seconds()/float64(f.Rate), 1e-9)
+}
