@@ -2,6 +2,7 @@ package local
 
 import (
 	"math"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 )
@@ -218,11 +219,11 @@ func (e *Entry) ResetAfterNanos(burst, rem int64) int64 {
 	if missing <= 0 {
 		return 0
 	}
-	ns := e.nsPerToken.Load()                             // at most maxNsPerToken = 2^40
-	if missing >= 1<<22 && missing > (1<<62)/max(ns, 1) { // the division only for huge buckets
+	hi, lo := bits.Mul64(uint64(missing), uint64(e.nsPerToken.Load()))
+	if hi != 0 || lo > 1<<62 {
 		return 1 << 62
 	}
-	return missing * ns
+	return int64(lo)
 }
 
 // Global returns the global tokens (micro-tokens), active nodes and time to full (µs) of the last answer.
