@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync/atomic"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -29,14 +30,18 @@ type stripe struct {
 // Stats is a snapshot of a limiter's counters, for tests, the load generator and dashboards.
 type Stats struct {
 	Local, LocalDenied, Central, CentralDenied, DenyCache, FallbackAllowed, FallbackDenied int64 // decisions by outcome
-	Unrecorded                                                                             int64 // tokens admitted by policy without local room to record them
-	Keys                                                                                   int   // keys in local memory
-	Pending                                                                                int64 // keys with unreconciled consumption
-	Evictions                                                                              int64 // clean keys evicted
-	Flushes, FlushedKeys, FailedKeys                                                       int64 // background reconcile work
-	RedisCommands                                                                          int64 // script calls this limiter sent
-	RedisErrors                                                                            int64 // failed Redis calls
-	BreakerOpen                                                                            bool  // the circuit breaker is not closed
+
+	Unrecorded int64 // tokens admitted by policy without local room to record them
+	Keys       int   // keys in local memory
+	Pending    int64 // keys with unreconciled consumption
+	Evictions  int64 // clean keys evicted
+
+	Flushes, FlushedKeys, FailedKeys int64         // background reconcile work
+	FlushTime, LastFlushTime         time.Duration // total and last reconcile round time
+
+	RedisCommands int64 // script calls this limiter sent
+	RedisErrors   int64 // failed Redis calls
+	BreakerOpen   bool  // the circuit breaker is not closed
 }
 
 // Stats returns a snapshot of the limiter's counters.
@@ -58,6 +63,8 @@ func (l *Limiter) Stats() Stats {
 	s.Evictions = l.store.Stats().Evictions.Load()
 	ss := l.syncer.Stats()
 	s.Flushes, s.FlushedKeys, s.FailedKeys = ss.Flushes.Load(), ss.Keys.Load(), ss.FailedKeys.Load()
+	s.FlushTime = time.Duration(ss.FlushMicros.Load()) * time.Microsecond
+	s.LastFlushTime = time.Duration(ss.LastFlushMicros.Load()) * time.Microsecond
 	cs := l.central.Stats()
 	s.RedisCommands, s.RedisErrors = cs.Commands.Load(), cs.Errors.Load()
 	s.BreakerOpen = l.central.Breaker().State().String() != "closed"
