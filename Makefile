@@ -2,7 +2,7 @@
 GO ?= go
 MOD := github.com/hybridrate/hybridrate
 
-.PHONY: test test-short race bench lint deps loadgen
+.PHONY: test test-short race bench lint deps fuzz loadgen
 
 test: ## all tests, real Redis included, with the race detector (the README's test command)
 	$(GO) test -race -count=1 ./...
@@ -12,8 +12,15 @@ race: test
 test-short: ## fast tests only (skips the multi-second load and fault-injection tests)
 	$(GO) test -short -count=1 ./...
 
-bench: ## benchmarks in benchstat-ready form; compare runs with benchstat old.txt new.txt
-	$(GO) test -run '^$$' -bench . -benchmem -count 6 -benchtime 500ms ./bench/ | tee bench.txt
+bench: ## benchmarks against the peers on a real redis-server, benchstat-ready: benchstat bench.txt
+	$(GO) test ./bench -run '^$$' -bench . -benchmem -count 6 -timeout 60m | tee bench.txt
+
+FUZZTIME ?= 3s
+fuzz: ## run every fuzz target for FUZZTIME (seed corpora under testdata/fuzz run in `make test` too)
+	@set -e; for pkg in ./central ./hybrid ./local; do \
+	  for t in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+	    echo "fuzz $$pkg $$t"; $(GO) test $$pkg -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME); \
+	  done; done
 
 lint: ## gofmt, go vet, staticcheck
 	@test -z "$$(gofmt -l .)" || { echo "gofmt needed on:"; gofmt -l .; exit 1; }
