@@ -11,6 +11,11 @@ type BreakerConfig struct {
 	Threshold int
 	// Cooldown is how long the breaker stays open before it lets one probe through; positive.
 	Cooldown time.Duration
+	// MinSpan is how long a run of consecutive failures must last, from its first failure, before it
+	// can open the breaker; 0 opens at the Threshold-th failure. A momentary stall (a GC pause, a
+	// starved CPU) makes many concurrent calls time out at once; a span keeps that from switching
+	// every key to the failure policy for a whole Cooldown, while an outage still opens it quickly.
+	MinSpan time.Duration
 }
 
 // BreakerState is the state of a [Breaker].
@@ -36,7 +41,8 @@ func (s BreakerState) String() string {
 	return "unknown"
 }
 
-// Breaker is a consecutive-failure circuit breaker: Threshold failures in a row open it; after Cooldown
+// Breaker is a consecutive-failure circuit breaker: Threshold failures in a row, spanning at least
+// MinSpan, open it; after Cooldown
 // one probe is allowed; the probe's success closes it and its failure opens it again. Safe for
 // concurrent use.
 type Breaker struct {
@@ -46,6 +52,7 @@ type Breaker struct {
 	mu       sync.Mutex   // guards the fields below
 	state    BreakerState //
 	failures int          // consecutive failures while closed
+	firstAt  time.Time    // when the current run of failures began
 	openedAt time.Time    // when the breaker last opened
 	probing  bool         // a half-open probe is in flight
 }
@@ -98,10 +105,14 @@ func (b *Breaker) Failure() {
 	b.probing = false
 	switch b.state {
 	case BreakerClosed:
+		now := b.now()
+		if b.failures == 0 {
+			b.firstAt = now
+		}
 		b.failures++
-		if b.failures >= b.cfg.Threshold {
+		if b.failures >= b.cfg.Threshold && now.Sub(b.firstAt) >= b.cfg.MinSpan {
 			b.state = BreakerOpen
-			b.openedAt = b.now()
+			b.openedAt = now
 		}
 	default:
 		b.state = BreakerOpen

@@ -139,8 +139,8 @@ func New(cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("central: MaxBatch %d out of range [1, 1000]", cfg.MaxBatch)
 	case cfg.ActiveWindow < time.Millisecond || cfg.PruneAge < cfg.ActiveWindow:
 		return nil, errors.New("central: ActiveWindow must be at least 1ms and PruneAge at least ActiveWindow")
-	case cfg.Breaker.Threshold < 1 || cfg.Breaker.Cooldown <= 0:
-		return nil, errors.New("central: breaker needs Threshold ≥ 1 and a positive Cooldown")
+	case cfg.Breaker.Threshold < 1 || cfg.Breaker.Cooldown <= 0 || cfg.Breaker.MinSpan < 0:
+		return nil, errors.New("central: breaker needs Threshold ≥ 1, a positive Cooldown and a MinSpan ≥ 0")
 	}
 	c := &Client{
 		cfg:       cfg,

@@ -133,7 +133,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		MaxBatch:     scriptBatch,
 		ActiveWindow: max(activeWindow, 10*o.syncInterval),
 		PruneAge:     pruneAge,
-		Breaker:      central.BreakerConfig{Threshold: breakerThreshold, Cooldown: breakerCooldown},
+		Breaker:      central.BreakerConfig{Threshold: breakerThreshold, Cooldown: breakerCooldown, MinSpan: breakerMinSpan},
 		Now:          nil, // the breaker measures its cooldown on the monotonic clock, never WithClock's
 	})
 	if err != nil {
@@ -302,27 +302,33 @@ func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) 
 // mono returns the time since the limiter started on the monotonic clock, in ns (always positive).
 func (l *Limiter) mono() int64 { return int64(time.Since(l.started)) + 1 }
 
-// starved denies locally a key whose local allowance is spent while the global bucket, at Redis's
-// last answer for this node (at most two sync intervals ago), held fewer than n tokens beyond those
-// the other nodes' refill shares have already claimed: asking Redis
-// again before the next reconcile would almost surely be denied, and at the limit such questions
-// would cost a Redis command per request. The entry is marked for the next reconcile, which brings
-// a fresh count and this node's share of the refill. Never with a zero drift threshold (strict mode).
+// starved denies locally a key whose local allowance is spent while, by Redis's last answer for this
+// node (at most two sync intervals ago), the global bucket has fewer than n tokens left that nobody
+// has claimed: its count then, less what this node consumed since, less the allowances the other
+// active nodes were granted from counts like it (drift·G + Rate·SyncInterval, their share of it).
+// Asking Redis again before the next reconcile would be denied, or would admit tokens the other
+// nodes are about to consume; at the limit such questions would cost a Redis command per request.
+// The entry is marked for the next reconcile, which brings a fresh count and this node's share of
+// the refill. Never with a zero drift threshold (strict mode).
 func (l *Limiter) starved(e *local.Entry, limit Limit, n int64) (Decision, bool) {
 	if l.opts.drift == 0 {
 		return Decision{}, false
 	}
-	g, active, _ := e.Global()
 	at := e.GrantedAt()
-	// The other active nodes hold shares of the coming refill (Rate·SyncInterval in all) that Redis's
-	// count does not show yet: those tokens are spoken for.
-	reserved := limit.Rate * l.opts.syncInterval.Seconds() * float64(max(active-1, 0)) / float64(max(active, 1))
-	if at == 0 || float64(g) >= (float64(n)+reserved)*1e6 || l.mono()-at > int64(2*l.opts.syncInterval) {
+	if at == 0 || l.mono()-at > int64(2*l.opts.syncInterval) {
+		return Decision{}, false
+	}
+	g, active, _ := e.Global()
+	gt := float64(g) / 1e6
+	others := (l.opts.drift*max(gt, 0) + limit.Rate*l.opts.syncInterval.Seconds()) *
+		float64(max(active-1, 0)) / float64(max(active, 1))
+	free := float64(e.Remaining()) - others
+	if free >= float64(n) {
 		return Decision{}, false
 	}
 	l.store.MarkDirty(e)
-	wait := time.Duration(float64(n*1_000_000-g) / limit.Rate * 1e3) // micro-tokens / (tokens/s) → ns
-	return Decision{Limit: limit, RetryAfter: max(wait, time.Microsecond), ResetAfter: resetAfter(limit, max(g/1_000_000, 0)), Source: SourceLocal}, true
+	wait := time.Duration((float64(n) - free) / limit.Rate * float64(time.Second))
+	return Decision{Limit: limit, RetryAfter: max(wait, time.Microsecond), ResetAfter: resetAfter(limit, max(int64(free), 0)), Source: SourceLocal}, true
 }
 
 func invalidKey(key string) error {

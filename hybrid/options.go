@@ -31,6 +31,7 @@ const (
 const (
 	breakerThreshold = 5                      // consecutive failed calls that open the breaker
 	breakerCooldown  = 500 * time.Millisecond // open time before a probe
+	breakerMinSpan   = 50 * time.Millisecond  // a run of failures must last this long to open the breaker
 	scriptBatch      = 256                    // keys per reconcile script call
 	flushBatch       = 4096                   // keys per pipelined reconcile
 	activeWindow     = 2 * time.Second        // a node counts as active on a key this long

@@ -175,11 +175,11 @@ func (s *Syncer) flushBatch(ctx context.Context, batch []*local.Entry) error {
 // synchronous take's answer grants only the drift share of the bucket, so that frequent takes near
 // the limit cannot claim the refill share again and again.
 func (s *Syncer) Apply(e *local.Entry, lim central.Limit, st central.State, reconcile bool) {
-	interval := 0.0
+	interval, u := 0.0, 0.0 // a take's answer rounds down: no share, no chance
 	if reconcile {
-		interval = s.cfg.Interval.Seconds()
+		interval, u = s.cfg.Interval.Seconds(), s.round()
 	}
-	a := local.Allowance(s.cfg.Drift, float64(st.Tokens)/1e6, lim.Rate, interval, st.Active, s.round())
+	a := local.Allowance(s.cfg.Drift, float64(st.Tokens)/1e6, lim.Rate, interval, st.Active, u)
 	e.Grant(st.Applied, a, st.Tokens, st.Active, st.ResetAfter.Microseconds(), s.cfg.Now())
 	if s.cfg.OnState != nil {
 		s.cfg.OnState(e, st)
