@@ -327,7 +327,7 @@ func (l *Limiter) starved(e *local.Entry, limit Limit, n int64) (Decision, bool)
 		return Decision{}, false
 	}
 	l.store.MarkDirty(e)
-	wait := time.Duration((float64(n) - free) / limit.Rate * float64(time.Second))
+	wait := time.Duration(min((float64(n)-free)/limit.Rate*float64(time.Second), 1<<62))
 	return Decision{Limit: limit, RetryAfter: max(wait, time.Microsecond), ResetAfter: resetAfter(limit, max(int64(free), 0)), Source: SourceLocal}, true
 }
 
@@ -338,13 +338,18 @@ func invalidKey(key string) error {
 	return fmt.Errorf("%w: %d bytes, longer than %d", ErrInvalidKey, len(key), MaxKeyLen)
 }
 
-// resetAfter estimates the time until a bucket with rem tokens is full.
+// resetAfter estimates the time until a bucket with rem tokens is full, capped at about 146 years so
+// that a tiny rate cannot overflow the duration (found by FuzzAllowN).
 func resetAfter(limit Limit, rem int64) time.Duration {
 	missing := limit.Burst - rem
 	if missing <= 0 {
 		return 0
 	}
-	return time.Duration(float64(missing) / limit.Rate * float64(time.Second))
+	ns := float64(missing) / limit.Rate * float64(time.Second)
+	if !(ns < 1<<62) {
+		return 1 << 62
+	}
+	return time.Duration(ns)
 }
 
 // denied answers from the deny cache.
@@ -470,7 +475,7 @@ func (l *Limiter) failure(key string, e *local.Entry, limit Limit, n int64) Deci
 		if fl.AllowN(now, int(n)) {
 			d.Allowed = true
 		} else {
-			d.RetryAfter = time.Duration(float64(n) / float64(r) * float64(time.Second))
+			d.RetryAfter = time.Duration(min(float64(n)/float64(r)*float64(time.Second), 1<<62))
 		}
 	}
 	if d.Allowed {
