@@ -1,0 +1,186 @@
+package middleware
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/hybridrate/hybridrate/policy"
+)
+
+// Canonical header keys, set directly in the header map.
+const (
+	hdrLimit       = "X-Ratelimit-Limit"
+	hdrRemaining   = "X-Ratelimit-Remaining"
+	hdrReset       = "X-Ratelimit-Reset"
+	hdrPolicy      = "Ratelimit-Policy"
+	hdrRateLimit   = "Ratelimit"
+	hdrRetryAfter  = "Retry-After"
+	hdrContentType = "Content-Type"
+)
+
+// primary returns the decision the X-RateLimit headers describe: the denying one with the longest
+// retry-after when the request was denied, else the enforced one with the fewest units left. It
+// returns nil when no enforced counter was consulted.
+func primary(res *policy.Result) *policy.Decision {
+	var best *policy.Decision
+	for i := range res.Decisions {
+		d := &res.Decisions[i]
+		if d.Shadow {
+			continue
+		}
+		switch {
+		case best == nil:
+			best = d
+		case !d.Allowed && best.Allowed:
+			best = d
+		case !d.Allowed && !best.Allowed:
+			if d.RetryAfter > best.RetryAfter {
+				best = d
+			}
+		case d.Allowed && best.Allowed:
+			if d.Remaining < best.Remaining {
+				best = d
+			}
+		}
+	}
+	return best
+}
+
+// writeHeaders sets the selected rate-limit headers of res on h, building every value in one string.
+func writeHeaders(h http.Header, set HeaderSet, res *policy.Result) {
+	p := primary(res)
+	if p == nil {
+		return
+	}
+	var buf [256]byte
+	b := buf[:0]
+	var ends [5]int // ends of the values in b: limit, remaining, reset, policy, ratelimit
+	if set&XRateLimitHeaders != 0 {
+		b = strconv.AppendInt(b, p.Limit, 10)
+		ends[0] = len(b)
+		b = strconv.AppendInt(b, max(p.Remaining, 0), 10)
+		ends[1] = len(b)
+		b = strconv.AppendInt(b, ceilSeconds(max(p.ResetAfter, p.RetryAfter)), 10)
+		ends[2] = len(b)
+	}
+	if set&DraftHeaders != 0 {
+		first := true
+		for i := range res.Decisions {
+			d := &res.Decisions[i]
+			if d.Shadow {
+				continue
+			}
+			if !first {
+				b = append(b, ", "...)
+			}
+			first = false
+			b = appendSFString(b, d.Unit)
+			b = append(b, ";q="...)
+			b = strconv.AppendInt(b, d.Limit, 10)
+			b = append(b, ";w="...)
+			b = strconv.AppendInt(b, max(ceilSeconds(d.Window), 1), 10)
+		}
+		ends[3] = len(b)
+		first = true
+		for i := range res.Decisions {
+			d := &res.Decisions[i]
+			if d.Shadow {
+				continue
+			}
+			if !first {
+				b = append(b, ", "...)
+			}
+			first = false
+			b = appendSFString(b, d.Unit)
+			b = append(b, ";r="...)
+			b = strconv.AppendInt(b, max(d.Remaining, 0), 10)
+			b = append(b, ";t="...)
+			b = strconv.AppendInt(b, ceilSeconds(max(d.ResetAfter, d.RetryAfter)), 10)
+		}
+		ends[4] = len(b)
+	}
+	s := string(b)
+	vals := make([]string, 5)
+	start := 0
+	if set&XRateLimitHeaders != 0 {
+		vals[0], vals[1], vals[2] = s[:ends[0]], s[ends[0]:ends[1]], s[ends[1]:ends[2]]
+		h[hdrLimit], h[hdrRemaining], h[hdrReset] = vals[0:1:1], vals[1:2:2], vals[2:3:3]
+		start = ends[2]
+	}
+	if set&DraftHeaders != 0 {
+		vals[3], vals[4] = s[start:ends[3]], s[ends[3]:ends[4]]
+		h[hdrPolicy], h[hdrRateLimit] = vals[3:4:4], vals[4:5:5]
+	}
+}
+
+// retryAfterSeconds is the Retry-After of a refusal: d rounded up to whole seconds, at least 1.
+func retryAfterSeconds(d time.Duration) int64 { return max(ceilSeconds(d), 1) }
+
+// writeDenied answers 429 with Retry-After and the stable JSON body
+// {"error":"rate_limit_exceeded","rule":"<id>","retry_after_seconds":N}.
+func writeDenied(w http.ResponseWriter, res *policy.Result) {
+	secs := retryAfterSeconds(res.RetryAfter)
+	w.Header()[hdrRetryAfter] = []string{strconv.FormatInt(secs, 10)}
+	b := make([]byte, 0, 96)
+	b = append(b, `{"error":"rate_limit_exceeded","rule":`...)
+	b = appendJSONString(b, res.Rule)
+	b = append(b, `,"retry_after_seconds":`...)
+	b = strconv.AppendInt(b, secs, 10)
+	b = append(b, "}\n"...)
+	writeJSON(w, http.StatusTooManyRequests, b)
+}
+
+// writeMissing answers a request that lacks a key a rule needs.
+func writeMissing(w http.ResponseWriter, status int, rule string) {
+	b := append([]byte(`{"error":"missing_rate_limit_key","rule":`), appendJSONString(nil, rule)...)
+	b = append(b, "}\n"...)
+	writeJSON(w, status, b)
+}
+
+// writeShed answers a shed request: 503 with Retry-After.
+func writeShed(w http.ResponseWriter, p Priority, retry time.Duration) {
+	secs := retryAfterSeconds(retry)
+	w.Header()[hdrRetryAfter] = []string{strconv.FormatInt(secs, 10)}
+	b := append([]byte(`{"error":"load_shed","priority":`), appendJSONString(nil, p.String())...)
+	b = append(b, `,"retry_after_seconds":`...)
+	b = strconv.AppendInt(b, secs, 10)
+	b = append(b, "}\n"...)
+	writeJSON(w, http.StatusServiceUnavailable, b)
+}
+
+func writeJSON(w http.ResponseWriter, status int, body []byte) {
+	h := w.Header()
+	h[hdrContentType] = []string{"application/json"}
+	h["X-Content-Type-Options"] = []string{"nosniff"}
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// appendJSONString appends s as a JSON string.
+func appendJSONString(b []byte, s string) []byte {
+	q, err := json.Marshal(s)
+	if err != nil { // cannot happen for a string
+		return append(b, `""`...)
+	}
+	return append(b, q...)
+}
+
+// appendSFString appends s as a structured-field string (RFC 9651): in double quotes, with '"' and
+// '\\' escaped. Rule names are plain ASCII; any other byte is replaced by '?', which the format
+// cannot carry.
+func appendSFString(b []byte, s string) []byte {
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c < 0x20 || c > 0x7e:
+			b = append(b, '?')
+		default:
+			b = append(b, c)
+		}
+	}
+	return append(b, '"')
+}

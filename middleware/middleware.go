@@ -1,0 +1,130 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"net/http"
+
+	"github.com/hybridrate/hybridrate/policy"
+)
+
+// Checker decides on requests; *policy.Enforcer is the one most callers want.
+type Checker interface {
+	Check(ctx context.Context, req *policy.Request) (policy.Result, error)
+}
+
+var _ Checker = (*policy.Enforcer)(nil)
+
+// Middleware rate-limits HTTP requests with a policy: for each request it extracts the dimensions
+// (API key, user, client address, tenant, route, method, and your own), asks its [Checker], and
+// either answers 429 itself or passes the request on with the decision in its context
+// ([FromContext]). Create it with [New]; its [Middleware.Handler] method is a
+// func(http.Handler) http.Handler for any net/http router. It is safe for concurrent use.
+type Middleware struct {
+	c Checker
+	o options
+}
+
+// New returns a middleware that asks c about every request. Options are applied in order; New
+// returns the first option error.
+func New(c Checker, opts ...Option) (*Middleware, error) {
+	if c == nil {
+		return nil, errors.New("middleware: nil Checker")
+	}
+	o := defaultOptions()
+	for _, opt := range opts {
+		if opt == nil {
+			return nil, badOption("nil option")
+		}
+		if err := opt.apply(&o); err != nil {
+			return nil, err
+		}
+	}
+	return &Middleware{c: c, o: o}, nil
+}
+
+type ctxKey struct{}
+
+// FromContext returns the policy's result for the request whose context ctx is: present in every
+// request the middleware passed on. Its Decisions tell, per counter, the limit, what remains and who
+// decided.
+func FromContext(ctx context.Context) (policy.Result, bool) {
+	st, ok := ctx.Value(ctxKey{}).(*state)
+	if !ok {
+		return policy.Result{}, false
+	}
+	return st.res, true
+}
+
+// state is everything the middleware keeps per request, in one allocation. It is also the context
+// the next handler sees: the request's context plus the result, without a separate context.WithValue.
+type state struct {
+	context.Context // the request's context
+	req             policy.Request
+	dims            dims
+	res             policy.Result
+	decs            [3]policy.Decision // storage for res.Decisions
+}
+
+// Value returns the state for ctxKey{} and defers to the request's context for other keys.
+func (st *state) Value(key any) any {
+	if _, ok := key.(ctxKey); ok {
+		return st
+	}
+	return st.Context.Value(key)
+}
+
+// Handler wraps next: a denied request gets 429 and never reaches next; an admitted one reaches next
+// with the decision in its context and the rate-limit headers already set on w. A nil next answers
+// admitted requests with 404, as an empty ServeMux would.
+func (m *Middleware) Handler(next http.Handler) http.Handler {
+	if next == nil {
+		next = http.NotFoundHandler()
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if sh := m.o.shed; sh != nil {
+			p, ok := sh.enter(r)
+			if !ok {
+				writeShed(w, p, sh.retryAfter)
+				return
+			}
+			if sh.counting {
+				defer sh.inflight.Add(-1)
+			}
+		}
+		st := &state{}
+		st.dims = dims{m: m, r: r}
+		st.req = policy.Request{Method: r.Method, Dims: &st.dims, HTTP: r, Decisions: st.decs[:0]}
+		if m.o.tier != nil {
+			st.req.Tier = m.o.tier(r)
+		}
+		res, err := m.c.Check(r.Context(), &st.req)
+		if err != nil {
+			m.o.onError(w, r, err)
+			return
+		}
+		if !res.Allowed && res.MissingKey {
+			writeMissing(w, m.o.missingStatus, res.Rule)
+			return
+		}
+		if m.o.headers != NoHeaders {
+			writeHeaders(w.Header(), m.o.headers, &res)
+		}
+		if !res.Allowed {
+			writeDenied(w, &res)
+			return
+		}
+		st.res = res
+		st.Context = r.Context()
+		next.ServeHTTP(w, r.WithContext(st))
+	})
+}
+
+// defaultErrorHandler answers 500 for an invalid cost and 503 otherwise.
+func defaultErrorHandler(w http.ResponseWriter, _ *http.Request, err error) {
+	if errors.Is(err, policy.ErrInvalidCost) {
+		writeJSON(w, http.StatusInternalServerError, []byte(`{"error":"rate_limiter_error"}`))
+		return
+	}
+	writeJSON(w, http.StatusServiceUnavailable, []byte(`{"error":"rate_limiter_unavailable"}`))
+}
