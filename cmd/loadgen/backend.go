@@ -79,6 +79,9 @@ func openBackend(ctx context.Context, c *config) (*backend, error) {
 		b.desc = "redis standalone " + c.redisAddrs[0]
 	}
 	b.opts.DialTimeout = 2 * time.Second
+	// With context deadlines honoured by the client itself, hybrid uses it as is (not copies with
+	// its own timeouts), so the load generator's hooks see every reconcile round and can time it.
+	b.opts.ContextTimeoutEnabled = true
 	admin := b.opts
 	admin.PoolSize = 2
 	b.admin = redis.NewUniversalClient(&admin)
