@@ -79,9 +79,6 @@ func openBackend(ctx context.Context, c *config) (*backend, error) {
 		b.desc = "redis standalone " + c.redisAddrs[0]
 	}
 	b.opts.DialTimeout = 2 * time.Second
-	// With context deadlines honoured by the client itself, hybrid uses it as is (not copies with
-	// its own timeouts), so the load generator's hooks see every reconcile round and can time it.
-	b.opts.ContextTimeoutEnabled = true
 	admin := b.opts
 	admin.PoolSize = 2
 	b.admin = redis.NewUniversalClient(&admin)
@@ -102,9 +99,12 @@ func openBackend(ctx context.Context, c *config) (*backend, error) {
 	return b, nil
 }
 
-// newClient returns a new client for one node, with hook added.
-func (b *backend) newClient(hook redis.Hook) redis.UniversalClient {
+// newClient returns a new client for one node, with hook added. ctxDeadlines makes the client honour
+// context deadlines (ContextTimeoutEnabled): hybrid then uses it as is, not copies with its own
+// timeouts, so the hook sees, and times, every reconcile round. The peers keep go-redis's defaults.
+func (b *backend) newClient(hook redis.Hook, ctxDeadlines bool) redis.UniversalClient {
 	o := b.opts
+	o.ContextTimeoutEnabled = ctxDeadlines
 	c := redis.NewUniversalClient(&o)
 	c.AddHook(hook)
 	return c

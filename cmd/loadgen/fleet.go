@@ -38,7 +38,7 @@ func newFleet(mode string, c *config, be *backend, names []string, runID string)
 		var rdb redis.UniversalClient
 		if redisModes[mode] {
 			h := newCmdHook()
-			rdb = be.newClient(h)
+			rdb = be.newClient(h, mode == "hybrid")
 			f.clients = append(f.clients, rdb)
 			f.hooks = append(f.hooks, h)
 		}
