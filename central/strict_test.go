@@ -77,8 +77,8 @@ type strictStep struct {
 
 // Short names for the tables.
 const (
-	strictUS = time.Microsecond
-	strictMS = time.Millisecond
+	us = time.Microsecond
+	ms = time.Millisecond
 )
 
 func runStrictSteps(t *testing.T, s *Strict, rule Rule, subject string, steps []strictStep) {
@@ -107,9 +107,9 @@ var strictBucketSteps = []strictStep{ // limit 10 per 10s: one token per second
 	{at: 0, n: 1, allowed: true, remaining: 9, reset: time.Second},                                         // first request
 	{at: 0, n: 9, allowed: true, remaining: 0, reset: 10 * time.Second},                                    // at the limit (weighted)
 	{at: 0, n: 1, allowed: false, remaining: 0, retry: time.Second, reset: 10 * time.Second},               // over it
-	{at: 999_999, n: 1, allowed: false, remaining: 0, retry: strictUS, reset: 9_000_001 * strictUS},        // 1µs short
+	{at: 999_999, n: 1, allowed: false, remaining: 0, retry: us, reset: 9_000_001 * us},                    // 1µs short
 	{at: 1_000_000, n: 1, allowed: true, remaining: 0, reset: 10 * time.Second},                            // exactly at retry-after
-	{at: 3_500_000, n: 3, allowed: false, remaining: 2, retry: 500 * strictMS, reset: 7500 * strictMS},     // 2.5 tokens
+	{at: 3_500_000, n: 3, allowed: false, remaining: 2, retry: 500 * ms, reset: 7500 * ms},                 // 2.5 tokens
 	{at: 4_000_000, n: 3, allowed: true, remaining: 0, reset: 10 * time.Second},                            // weighted, at retry-after
 	{at: 50_000_000, n: 10, allowed: true, remaining: 0, reset: 10 * time.Second},                          // refilled, capped at 10
 	{at: 40_000_000, n: 1, allowed: false, remaining: 0, retry: 11 * time.Second, reset: 20 * time.Second}, // clock went back 10s
@@ -126,7 +126,7 @@ func TestStrictTokenBucket(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, map[string]string{"tk": "0", "ts": strconv.FormatInt(strictT0+51_000_000, 10)}, h,
 			"ts keeps all 16 digits")
-		assertStrictPTTL(t, rdb, key, 10_001*strictMS) // time to full refill, rounded up, +1strictMS
+		assertStrictPTTL(t, rdb, key, 10_001*ms) // time to full refill, rounded up, +1strictMS
 	})
 }
 
@@ -139,7 +139,7 @@ func TestStrictGCRA(t *testing.T) {
 		v, err := rdb.Get(context.Background(), key).Result()
 		require.NoError(t, err)
 		assert.Equal(t, strconv.FormatInt(strictT0+51_000_000, 10)+" 10000000", v, "one string: ts and TAT−ts")
-		assertStrictPTTL(t, rdb, key, 10_001*strictMS)
+		assertStrictPTTL(t, rdb, key, 10_001*ms)
 	})
 }
 
@@ -159,11 +159,11 @@ func TestStrictGCRAFractionalInterval(t *testing.T) {
 			}
 			r, err := s.Allow(ctx, rule, "u")
 			require.NoError(t, err)
-			assert.Equal(t, 333_334*strictUS, r.RetryAfter, "%v", a)
+			assert.Equal(t, 333_334*us, r.RetryAfter, "%v", a)
 			// Ask again exactly at each retry-after, 60 times: the admissions land on the schedule.
 			at, admitted := int64(0), 0
 			for admitted < 60 {
-				at += int64(r.RetryAfter / strictUS)
+				at += int64(r.RetryAfter / us)
 				s.at(at)
 				r, err = s.Allow(ctx, rule, "u")
 				require.NoError(t, err)
@@ -186,7 +186,7 @@ func TestStrictFixedWindow(t *testing.T) {
 			{at: 0, n: 1, allowed: true, remaining: 9, reset: 10 * sec},
 			{at: 5_000_000, n: 9, allowed: true, remaining: 0, reset: 5 * sec},
 			{at: 5_000_000, n: 1, allowed: false, remaining: 0, retry: 5 * sec, reset: 5 * sec},
-			{at: 9_999_999, n: 1, allowed: false, remaining: 0, retry: strictUS, reset: strictUS},
+			{at: 9_999_999, n: 1, allowed: false, remaining: 0, retry: us, reset: us},
 			{at: 10_000_000, n: 10, allowed: true, remaining: 0, reset: 10 * sec}, // the next window
 			{at: 12_000_000, n: 1, allowed: false, remaining: 0, retry: 8 * sec, reset: 8 * sec},
 			{at: 25_000_000, n: 4, allowed: true, remaining: 6, reset: 5 * sec},
@@ -198,7 +198,7 @@ func TestStrictFixedWindow(t *testing.T) {
 		h, err := rdb.HGetAll(context.Background(), key).Result()
 		require.NoError(t, err)
 		assert.Equal(t, map[string]string{"w": strconv.FormatInt(strictT0+20_000_000, 10), "c": "10"}, h)
-		assertStrictPTTL(t, rdb, key, 5001*strictMS) // set when the window's count started, at +25s: until its end
+		assertStrictPTTL(t, rdb, key, 5001*ms) // set when the window's count started, at +25s: until its end
 	})
 }
 
@@ -213,17 +213,17 @@ func TestStrictSlidingWindow(t *testing.T) {
 			{at: 5_000_000, n: 1, allowed: false, remaining: 0, retry: 6 * sec, reset: 15 * sec},
 			{at: 11_000_000, n: 1, allowed: true, remaining: 0, reset: 19 * sec}, // 9 + 1
 			{at: 11_000_000, n: 1, allowed: false, remaining: 0, retry: sec, reset: 19 * sec},
-			{at: 11_999_999, n: 1, allowed: false, remaining: 0, retry: strictUS, reset: 18_000_001 * strictUS},
-			{at: 12_000_000, n: 1, allowed: true, remaining: 0, reset: 18 * sec},                                  // 8 + 1 + 1
-			{at: 14_500_000, n: 3, allowed: false, remaining: 2, retry: 500 * strictMS, reset: 15_500 * strictMS}, // 5.5 + 2 + 3
-			{at: 15_000_000, n: 3, allowed: true, remaining: 0, reset: 15 * sec},                                  // 5 + 2 + 3
-			{at: 35_000_000, n: 10, allowed: true, remaining: 0, reset: 15 * sec},                                 // two windows on: nothing weighs
+			{at: 11_999_999, n: 1, allowed: false, remaining: 0, retry: us, reset: 18_000_001 * us},
+			{at: 12_000_000, n: 1, allowed: true, remaining: 0, reset: 18 * sec},                      // 8 + 1 + 1
+			{at: 14_500_000, n: 3, allowed: false, remaining: 2, retry: 500 * ms, reset: 15_500 * ms}, // 5.5 + 2 + 3
+			{at: 15_000_000, n: 3, allowed: true, remaining: 0, reset: 15 * sec},                      // 5 + 2 + 3
+			{at: 35_000_000, n: 10, allowed: true, remaining: 0, reset: 15 * sec},                     // two windows on: nothing weighs
 		})
 		key := "t:v1:{alice}:api:sw"
 		h, err := rdb.HGetAll(context.Background(), key).Result()
 		require.NoError(t, err)
 		assert.Equal(t, map[string]string{"w": strconv.FormatInt(strictT0+30_000_000, 10), "c": "10", "p": "0"}, h)
-		assertStrictPTTL(t, rdb, key, 15_001*strictMS) // until the end of the next window
+		assertStrictPTTL(t, rdb, key, 15_001*ms) // until the end of the next window
 	})
 }
 
@@ -238,7 +238,7 @@ func TestStrictSlidingLog(t *testing.T) {
 			{at: 2_000_000, n: 5, allowed: true, remaining: 1, reset: 10 * sec},
 			// 9 + 2 > 10: the 4 at +0 must leave first, at +10s.
 			{at: 3_000_000, n: 2, allowed: false, remaining: 1, retry: 7 * sec, reset: 9 * sec},
-			{at: 9_999_999, n: 2, allowed: false, remaining: 1, retry: strictUS, reset: 2_000_001 * strictUS},
+			{at: 9_999_999, n: 2, allowed: false, remaining: 1, retry: us, reset: 2_000_001 * us},
 			{at: 10_000_000, n: 2, allowed: true, remaining: 3, reset: 10 * sec},
 			{at: 11_000_000, n: 4, allowed: false, remaining: 3, retry: sec, reset: 9 * sec},
 			{at: 12_000_000, n: 4, allowed: true, remaining: 4, reset: 10 * sec},
@@ -254,8 +254,8 @@ func TestStrictSlidingLog(t *testing.T) {
 		hash, err := rdb.HGetAll(ctx, h).Result()
 		require.NoError(t, err)
 		assert.Equal(t, map[string]string{"s": "6", "q": "4"}, hash)
-		assertStrictPTTL(t, rdb, z, 10_001*strictMS)
-		assertStrictPTTL(t, rdb, h, 10_001*strictMS)
+		assertStrictPTTL(t, rdb, z, 10_001*ms)
+		assertStrictPTTL(t, rdb, h, 10_001*ms)
 	})
 }
 
@@ -307,7 +307,7 @@ func TestStrictShaper(t *testing.T) {
 			require.NoError(t, err, "step %d", i)
 			assert.Equal(t, st.want, got, "step %d", i)
 		}
-		assertStrictPTTL(t, rdb, "t:v1:{q}:jobs:lb", 17_001*strictMS) // until the queue's TAT
+		assertStrictPTTL(t, rdb, "t:v1:{q}:jobs:lb", 17_001*ms) // until the queue's TAT
 
 		// WaitN sleeps for the delay; it books nothing when the deadline is too near.
 		var slept []time.Duration
@@ -315,7 +315,7 @@ func TestStrictShaper(t *testing.T) {
 		s.at(10_000_000)
 		require.NoError(t, sh.WaitN(ctx, "q", 1))
 		assert.Equal(t, []time.Duration{3 * sec}, slept)
-		dctx, cancel := context.WithTimeout(ctx, 2500*strictMS)
+		dctx, cancel := context.WithTimeout(ctx, 2500*ms)
 		defer cancel()
 		err = sh.WaitN(dctx, "q", 1)
 		assert.ErrorIs(t, err, ErrWaitTooLong)
@@ -392,13 +392,13 @@ func TestStrictMultiAllOrNothing(t *testing.T) {
 		m, err := s.AllowMulti(ctx, "acme", checks("u1"))
 		require.NoError(t, err)
 		assert.False(t, m.Allowed)
-		left := time.Minute - 10*strictMS // the tenant's window started at strictT0
+		left := time.Minute - 10*ms // the tenant's window started at strictT0
 		assert.Equal(t, left, m.RetryAfter, "the tenant's window")
 		for i, r := range m.Results[:4] {
 			assert.True(t, r.Allowed, "rule %d had room", i)
 			assert.Zero(t, r.RetryAfter, "rule %d", i)
 		}
-		assert.Equal(t, Result{Allowed: true, Limit: 5, Remaining: 4, ResetAfter: 11_990 * strictMS}, m.Results[0],
+		assert.Equal(t, Result{Allowed: true, Limit: 5, Remaining: 4, ResetAfter: 11_990 * ms}, m.Results[0],
 			"u1's bucket had room and is shown as it stands, not charged")
 		assert.Equal(t, Result{Limit: 3, Remaining: 0, RetryAfter: left, ResetAfter: left}, m.Results[4])
 		assert.Equal(t, before, strictSnapshot(t, rdb), "a denied call writes nothing")

@@ -166,14 +166,6 @@ func (l *loader) total() int64 {
 	return s
 }
 
-func (l *loader) perKey() []int64 {
-	out := make([]int64, len(l.admitted))
-	for i := range l.admitted {
-		out[i] = l.admitted[i].Load()
-	}
-	return out
-}
-
 func (l *loader) String() string {
 	return fmt.Sprintf("calls=%d errors=%d local=%d central=%d deny-cache=%d fallback=%d admitted=%d",
 		l.calls.Load(), l.errs.Load(), l.sources[hybrid.SourceLocal].Load(), l.sources[hybrid.SourceCentral].Load(),
