@@ -31,7 +31,8 @@ deps: ## check the package graph of DESIGN.md: imports flow downward only
 	@$(GO) list -f '{{.ImportPath}} {{join .Imports " "}}' ./... | awk -v mod="$(MOD)" ' \
 	function short(p) { sub(mod "/", "", p); return p } \
 	BEGIN { allow["local"]=""; allow["denycache"]=""; allow["lua"]=""; allow["central"]="lua"; \
-	        allow["sync"]="local central"; allow["hybrid"]="local sync denycache central"; } \
+	        allow["sync"]="local central"; allow["hybrid"]="local sync denycache central"; \
+	        allow["policy"]="hybrid central"; allow["middleware"]="policy"; } \
 	{ pkg = short($$1); if (!(pkg in allow)) next; \
 	  for (i = 2; i <= NF; i++) { if (index($$i, mod "/") != 1) continue; dep = short($$i); \
 	    if (dep ~ /^internal\//) continue; \
