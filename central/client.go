@@ -201,7 +201,7 @@ func (c *Client) HooksBypassed() bool { return c.hooksBypassed }
 func (c *Client) Preload(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.FlushTimeout)
 	defer cancel()
-	if err := c.load(ctx, nil); err != nil {
+	if err := c.load(ctx); err != nil {
 		return fmt.Errorf("central: preload: %w", err)
 	}
 	_, ban := c.scripts()
@@ -447,7 +447,7 @@ func (c *Client) Reconcile(ctx context.Context, updates []Update, out []State, e
 			}
 		}
 		if noscript {
-			if lerr := c.load(ctx, retry); lerr != nil {
+			if lerr := c.load(ctx); lerr != nil {
 				for _, g := range retry {
 					for _, i := range g {
 						errs[i] = lerr
@@ -517,8 +517,8 @@ func (c *Client) pipeline(ctx context.Context, updates []Update, groups [][]int)
 	return cmds, err
 }
 
-// load loads the reconcile script on the servers that serve the given groups (every master in a cluster).
-func (c *Client) load(ctx context.Context, groups [][]int) error {
+// load loads the reconcile script (on every master of a cluster).
+func (c *Client) load(ctx context.Context) error {
 	c.stats.ScriptLoads.Add(1)
 	if c.legacy.Load() {
 		return c.legacyRec.Load(ctx, c.flushRDB).Err()

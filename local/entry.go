@@ -32,7 +32,7 @@ type Entry struct {
 	inc         uint64
 	active      atomic.Int64
 
-	mu          sync.Mutex // serialises Grant and Revoke
+	mu          sync.Mutex // serialises Grant
 	resetMicros atomic.Int64
 	grantedAt   atomic.Int64 // time of the last Grant, caller's monotonic clock
 	next        *Entry       // dirty-list link; written only by the goroutine that set dirty
@@ -195,13 +195,6 @@ func (e *Entry) Grant(applied, allowance, global, active, resetMicros, at int64)
 
 // GrantedAt returns the time of the last answer applied with Grant, on the caller's clock; 0 if none.
 func (e *Entry) GrantedAt() int64 { return e.grantedAt.Load() }
-
-// Revoke drops the local allowance so that the next take asks Redis (used by the failure policies).
-func (e *Entry) Revoke() {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.mark.Store(e.total.Load())
-}
 
 // Remaining estimates the global tokens left, in tokens: the global count at the last answer less what
 // this node consumed since. Lock-free; the estimate may mix two answers.

@@ -273,23 +273,6 @@ func (s *Store) Collect(buf []*Entry) []*Entry {
 	return buf
 }
 
-// Range calls fn for every tracked entry until fn returns false. It holds one shard lock at a time;
-// fn must not call back into the store's write methods.
-func (s *Store) Range(fn func(*Entry) bool) {
-	for i := range s.shards {
-		t := s.shards[i].tab.Load()
-		for j := range t.slots {
-			e := t.slots[j].Load()
-			if e == nil || e == tomb {
-				continue
-			}
-			if !fn(e) {
-				return
-			}
-		}
-	}
-}
-
 // Allowance returns the number of tokens a node may consume locally before it asks Redis again:
 //
 //	floor(max(0, drift·max(G, 0) + rate·interval + min(G, 0)) / active + u)
