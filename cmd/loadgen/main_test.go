@@ -54,6 +54,7 @@ func TestRunEmbedded(t *testing.T) {
 			assert.Equal(t, report.CountedByMiniredis, r.Redis.CountedBy, "miniredis has no INFO commandstats")
 			assert.Positive(t, r.Redis.ClientIssued, r.Mode)
 			assert.Positive(t, r.Redis.InScript, r.Mode)
+			assert.Nil(t, r.RedisCPU, "%s: miniredis has no INFO cpu", r.Mode)
 		} else {
 			assert.Nil(t, r.Redis, r.Mode)
 		}
@@ -84,6 +85,11 @@ func TestRunRealRedis(t *testing.T) {
 		require.NotNil(t, r.Redis, r.Mode)
 		assert.Equal(t, report.CountedByServer, r.Redis.CountedBy, r.Mode)
 		assert.Positive(t, r.Redis.InScript, "%s: its script's commands are counted apart", r.Mode)
+		require.NotNil(t, r.RedisCPU, "%s: INFO cpu", r.Mode)
+		assert.Positive(t, r.RedisCPU.Seconds, r.Mode)
+		require.NotEmpty(t, r.Scripts, r.Mode)
+		assert.Equal(t, "evalsha", r.Scripts[0].Name, r.Mode)
+		assert.Positive(t, r.Scripts[0].UsecPerCall, r.Mode)
 	}
 	// A strict central limiter sends one script call per decision, and Redis counts exactly that.
 	central := rep.Results[1]
@@ -162,12 +168,51 @@ func TestParseCommandStats(t *testing.T) {
 		"cmdstat_HSET:calls=7,usec=7\r\n"
 	got, err := parseCommandStats(info)
 	require.NoError(t, err)
-	assert.Equal(t, map[string]int64{"evalsha": 120, "script|load": 2, "hset": 7}, got)
+	assert.Equal(t, map[string]cmdStat{"evalsha": {120, 900}, "script|load": {2, 40}, "hset": {7, 7}}, got)
 
 	_, err = parseCommandStats("cmdstat_get:calls=x,usec=1\r\n")
 	assert.Error(t, err)
 	_, err = parseCommandStats("cmdstat_get:usec=1\r\n")
 	assert.Error(t, err)
+}
+
+func TestParseCPU(t *testing.T) {
+	t.Parallel()
+	// INFO cpu of Redis 7.0.
+	info := "# CPU\r\n" +
+		"used_cpu_sys:1.250000\r\n" +
+		"used_cpu_user:2.500000\r\n" +
+		"used_cpu_sys_children:0.000000\r\n" +
+		"used_cpu_user_children:0.000000\r\n" +
+		"used_cpu_sys_main_thread:1.000000\r\n" +
+		"used_cpu_user_main_thread:2.000000\r\n"
+	got, err := parseCPU(info)
+	require.NoError(t, err)
+	assert.Equal(t, report.CPUTimes{Sys: 1.25, User: 2.5, MainSys: 1, MainUser: 2, HasMain: true}, got)
+
+	t.Run("before Redis 7 there is no main-thread figure", func(t *testing.T) {
+		t.Parallel()
+		got, err := parseCPU("used_cpu_sys:0.5\r\nused_cpu_user:0.25\r\n")
+		require.NoError(t, err)
+		assert.Equal(t, report.CPUTimes{Sys: 0.5, User: 0.25}, got)
+	})
+	t.Run("the delta of two readings is per 1,000 decisions", func(t *testing.T) {
+		t.Parallel()
+		before, err := parseCPU(info)
+		require.NoError(t, err)
+		after, err := parseCPU("used_cpu_sys:1.750000\nused_cpu_user:3.500000\nused_cpu_sys_main_thread:1.200000\nused_cpu_user_main_thread:2.800000\n")
+		require.NoError(t, err)
+		// 0.5 + 1.0 = 1.5 s = 1,500 ms over 300,000 decisions: 5 ms per 1,000.
+		c := report.CPUDelta(before, after, 300_000)
+		assert.InDelta(t, 1.5, c.Seconds, 1e-9)
+		assert.InDelta(t, 5, c.MsPerThousand, 1e-9)
+		assert.InDelta(t, 1.0, c.MainThreadSeconds, 1e-9)
+		assert.InDelta(t, 1000.0/300, c.MainThreadMsPerThousand, 1e-9)
+	})
+	for _, bad := range []string{"", "used_cpu_sys:1\r\n", "used_cpu_sys:x\r\nused_cpu_user:1\r\n", "used_cpu_sys:-1\r\nused_cpu_user:1\r\n"} {
+		_, err := parseCPU(bad)
+		assert.Error(t, err, "%q", bad)
+	}
 }
 
 func TestStatName(t *testing.T) {

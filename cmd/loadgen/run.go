@@ -152,10 +152,10 @@ type runOptions struct {
 // result partial, when ctx is cancelled.
 func runMode(ctx context.Context, c *config, mode string, o runOptions) (report.Result, error) {
 	res := report.Result{Mode: mode, TargetRPS: c.rps}
-	var before map[string]int64
+	var before serverStats
 	var statsErr error
 	if redisModes[mode] {
-		before, statsErr = o.be.commandStats(ctx)
+		before, statsErr = o.be.serverStats(ctx)
 	}
 	f, err := newFleet(mode, c, o.be, o.names, o.runID)
 	if err != nil {
@@ -293,15 +293,22 @@ wait:
 
 	if redisModes[mode] {
 		counts, pipes, phist, pmax := mergeHooks(f.hooks)
-		var after map[string]int64
+		var after serverStats
 		if statsErr == nil {
-			after, statsErr = o.be.commandStats(context.WithoutCancel(ctx))
+			after, statsErr = o.be.serverStats(context.WithoutCancel(ctx))
 		}
-		server := report.DiffCounts(before, after)
+		server := report.DiffCounts(before.calls(), after.calls())
+		if statsErr == nil {
+			res.Scripts = report.ScriptStats(server, report.DiffCounts(before.usecs(), after.usecs()))
+			if before.cpu != nil && after.cpu != nil {
+				cpu := report.CPUDelta(*before.cpu, *after.cpu, res.Decisions)
+				res.RedisCPU = &cpu
+			}
+		}
 		countedBy := report.CountedByServer
 		switch {
 		case statsErr != nil:
-			res.Notes = append(res.Notes, fmt.Sprintf("INFO commandstats failed (%v): Redis commands counted by a go-redis hook instead, which misses what the library sends through WithTimeout clones", oneLine(statsErr.Error())))
+			res.Notes = append(res.Notes, fmt.Sprintf("INFO commandstats or cpu failed (%v): Redis commands counted by a go-redis hook instead, which misses what the library sends through WithTimeout clones", oneLine(statsErr.Error())))
 			server, countedBy = nil, report.CountedByHook
 		case o.be.embedded != nil:
 			countedBy = report.CountedByMiniredis

@@ -23,7 +23,7 @@ func WriteTable(w io.Writer, r Report) error {
 	ew.printf("\n")
 
 	tw := tabwriter.NewWriter(ew, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\tdecisions/s\tadmitted/exact\tover exact\tfalse denials\tmax key\tp50\tp99\tp99.9\tmax\tredis cmds/1k\tin-script/1k\t")
+	fmt.Fprintln(tw, "mode\tdecisions/s\tadmitted/exact\tover exact\tfalse denials\tmax key\tp50\tp99\tp99.9\tmax\tredis cmds/1k\tin-script/1k\tredis cpu ms/1k\t")
 	partial, approx := false, false
 	for _, res := range r.Results {
 		name := res.Mode
@@ -46,8 +46,12 @@ func WriteTable(w io.Writer, r Report) error {
 				fd = fmt.Sprintf("~%.2f%%", 100*a.FalseDenialRate)
 			}
 		}
-		cmds, script := "-", "-"
+		cmds, script, cpu := "-", "-", "-"
 		if res.Redis != nil {
+			cpu = "n/a"
+			if res.RedisCPU != nil {
+				cpu = fmt.Sprintf("%.3f", res.RedisCPU.MsPerThousand)
+			}
 			cmds = fmt.Sprintf("%.2f", res.Redis.PerThousand)
 			if res.Redis.ServerSide() {
 				script = fmt.Sprintf("%.2f", res.Redis.InScriptPerThousand)
@@ -56,10 +60,10 @@ func WriteTable(w io.Writer, r Report) error {
 			}
 		}
 		l := res.Latency
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.3f\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.3f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
 			name, fmtInt(int64(math.Round(res.DecisionsPerSec))), exact, over, fd, a.MaxKeyRatio,
 			FmtDur(time.Duration(l.P50)), FmtDur(time.Duration(l.P99)), FmtDur(time.Duration(l.P999)), FmtDur(time.Duration(l.Max)),
-			cmds, script)
+			cmds, script, cpu)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -69,7 +73,8 @@ func WriteTable(w io.Writer, r Report) error {
 	ew.printf("  together (1 = exact). over exact: tokens admitted beyond it; false denials: tokens it admitted that this mode denied (both ÷ its total).\n")
 	ew.printf("max key: the largest admitted ÷ (Burst + Rate·T) of any key: above 1, a key got more than any exact limiter can give in T.\n")
 	ew.printf("latency: one decision as the caller sees it (includes ~30ns of clock reads). redis cmds/1k: commands the clients sent per 1,000\n")
-	ew.printf("  decisions, counted by the server; in-script/1k: commands Redis ran inside those scripts.\n")
+	ew.printf("  decisions, counted by the server; in-script/1k: commands Redis ran inside those scripts. redis cpu ms/1k: CPU time\n")
+	ew.printf("  of the whole Redis server (INFO cpu, sys + user, any client's work) during the mode, per 1,000 decisions; n/a: no INFO cpu.\n")
 	if approx {
 		ew.printf("~: too many requests to replay exactly; compared with Σ per key min(demand, Burst + Rate·T) instead.\n")
 	}
@@ -129,6 +134,23 @@ func details(ew *errWriter, s Scenario, res Result) {
 		}
 		fmt.Fprintf(&b, " [%s]", strings.Join(parts, ", "))
 		lines = append(lines, b.String())
+	}
+	if c := res.RedisCPU; c != nil {
+		line := fmt.Sprintf("redis cpu (INFO cpu, whole server): %.1f ms", 1000*c.Seconds)
+		if c.MainThreadSeconds > 0 {
+			line += fmt.Sprintf(", main thread %.1f ms (%.3f ms/1k)", 1000*c.MainThreadSeconds, c.MainThreadMsPerThousand)
+		}
+		if c.Servers > 1 {
+			line += fmt.Sprintf(", %d servers", c.Servers)
+		}
+		lines = append(lines, line)
+	}
+	if len(res.Scripts) > 0 {
+		var parts []string
+		for _, sc := range res.Scripts {
+			parts = append(parts, fmt.Sprintf("%s %s calls, %.1f µs/call", sc.Name, fmtInt(sc.Calls), sc.UsecPerCall))
+		}
+		lines = append(lines, "scripts (INFO commandstats): "+strings.Join(parts, "; "))
 	}
 	if res.Errors > 0 {
 		lines = append(lines, fmt.Sprintf("errors: %s requests got an error instead of a decision", fmtInt(res.Errors)))
@@ -247,6 +269,8 @@ var CSVHeader = []string{
 	"latency_p50_ns", "latency_p99_ns", "latency_p999_ns", "latency_max_ns",
 	"redis_counted_by", "redis_client_issued", "redis_per_1000", "redis_in_script", "redis_in_script_per_1000",
 	"sync_flushes", "sync_flushed_keys", "sync_pipelines", "sync_pipeline_p50_ns", "sync_pipeline_p99_ns",
+	"redis_cpu_s", "redis_cpu_ms_per_1000", "redis_cpu_main_thread_s", "redis_cpu_main_thread_ms_per_1000",
+	"script_calls", "script_usec_per_call",
 }
 
 // WriteCSV writes one row per result under CSVHeader. Fields that do not apply to a mode are empty.
@@ -277,6 +301,21 @@ func WriteCSV(w io.Writer, r Report) error {
 			row = append(row, i(sy.Flushes), i(sy.FlushedKeys), i(sy.Pipelines), i(int64(sy.PipelineLatency.P50)), i(int64(sy.PipelineLatency.P99)))
 		} else {
 			row = append(row, "", "", "", "", "")
+		}
+		if c := res.RedisCPU; c != nil {
+			row = append(row, f(c.Seconds), f(c.MsPerThousand), f(c.MainThreadSeconds), f(c.MainThreadMsPerThousand))
+		} else {
+			row = append(row, "", "", "", "")
+		}
+		if len(res.Scripts) > 0 {
+			var calls, usec int64
+			for _, sc := range res.Scripts {
+				calls += sc.Calls
+				usec += sc.Usec
+			}
+			row = append(row, i(calls), f(ratio(float64(usec), float64(calls))))
+		} else {
+			row = append(row, "", "")
 		}
 		if err := cw.Write(row); err != nil {
 			return err

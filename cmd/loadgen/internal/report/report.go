@@ -307,10 +307,14 @@ type Result struct {
 	Accuracy Accuracy  `json:"accuracy"`
 	Latency  Latency   `json:"latency"`
 	Redis    *Commands `json:"redis,omitempty"` // nil for modes that use no Redis
-	Sources  *Sources  `json:"sources,omitempty"`
-	Sync     *Sync     `json:"sync,omitempty"`
-	Timeline Timeline  `json:"timeline"`
-	Notes    []string  `json:"notes,omitempty"`
+	// RedisCPU is the CPU time the whole Redis server used during the run (INFO cpu), whoever asked
+	// for it; nil for modes that use no Redis and on the embedded miniredis, which keeps none.
+	RedisCPU *RedisCPU    `json:"redis_cpu,omitempty"`
+	Scripts  []ScriptStat `json:"scripts,omitempty"` // script commands' time, from INFO commandstats
+	Sources  *Sources     `json:"sources,omitempty"`
+	Sync     *Sync        `json:"sync,omitempty"`
+	Timeline Timeline     `json:"timeline"`
+	Notes    []string     `json:"notes,omitempty"`
 }
 
 // Report is everything one run produced; it is what --json writes.

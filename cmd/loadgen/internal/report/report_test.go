@@ -237,6 +237,52 @@ func TestSplitCommands(t *testing.T) {
 	})
 }
 
+func TestCPUDelta(t *testing.T) {
+	t.Parallel()
+	before := CPUTimes{Sys: 10, User: 20, MainSys: 8, MainUser: 16, HasMain: true, Servers: 1}
+	after := CPUTimes{Sys: 10.25, User: 20.5, MainSys: 8.2, MainUser: 16.4, HasMain: true, Servers: 1}
+	c := CPUDelta(before, after, 50_000)
+	assert.InDelta(t, 0.75, c.Seconds, 1e-9)
+	assert.InDelta(t, 15, c.MsPerThousand, 1e-9, "750 ms over 50 thousand decisions")
+	assert.InDelta(t, 0.6, c.MainThreadSeconds, 1e-9)
+	assert.InDelta(t, 12, c.MainThreadMsPerThousand, 1e-9)
+	assert.Equal(t, 1, c.Servers)
+
+	t.Run("no main-thread figure unless both readings have it", func(t *testing.T) {
+		t.Parallel()
+		after := after
+		after.HasMain = false
+		assert.Zero(t, CPUDelta(before, after, 50_000).MainThreadSeconds)
+	})
+	t.Run("a counter that went back counts zero", func(t *testing.T) {
+		t.Parallel()
+		assert.Zero(t, CPUDelta(after, before, 50_000).Seconds)
+	})
+	t.Run("no decisions, no ratio", func(t *testing.T) {
+		t.Parallel()
+		assert.Zero(t, CPUDelta(before, after, 0).MsPerThousand)
+	})
+	t.Run("servers add up", func(t *testing.T) {
+		t.Parallel()
+		var sum CPUTimes
+		sum.Add(CPUTimes{Sys: 1, User: 2, MainSys: 1, MainUser: 1, HasMain: true})
+		sum.Add(CPUTimes{Sys: 3, User: 4})
+		assert.Equal(t, CPUTimes{Sys: 4, User: 6, MainSys: 1, MainUser: 1, HasMain: false, Servers: 2}, sum)
+	})
+}
+
+func TestScriptStats(t *testing.T) {
+	t.Parallel()
+	got := ScriptStats(
+		map[string]int64{"evalsha": 100, "eval": 2, "hset": 300, "fcall": 0},
+		map[string]int64{"evalsha": 750, "eval": 1000, "hset": 300})
+	assert.Equal(t, []ScriptStat{
+		{Name: "eval", Calls: 2, Usec: 1000, UsecPerCall: 500},
+		{Name: "evalsha", Calls: 100, Usec: 750, UsecPerCall: 7.5},
+	}, got, "scripts only, most time first")
+	assert.Nil(t, ScriptStats(nil, nil))
+}
+
 func TestDiffCounts(t *testing.T) {
 	t.Parallel()
 	d := DiffCounts(map[string]int64{"evalsha": 10, "info": 3, "get": 5}, map[string]int64{"evalsha": 25, "info": 4, "get": 5, "hset": 7})
@@ -296,6 +342,8 @@ func sampleReport() Report {
 				Latency:  Latency{Count: 8000, P50: 200, P99: 900, P999: Duration(40 * time.Microsecond), Max: Duration(3 * time.Millisecond)},
 				Redis:    &Commands{CountedBy: CountedByServer, ClientIssued: 80, PerThousand: 10, ByName: []NameCount{{Name: "evalsha", Server: 80, Client: 80}}},
 				Sources:  &Sources{Local: 7000, Central: 1000},
+				RedisCPU: &RedisCPU{Seconds: 0.004, MsPerThousand: 0.5, MainThreadSeconds: 0.003, MainThreadMsPerThousand: 0.375, Servers: 1},
+				Scripts:  []ScriptStat{{Name: "evalsha", Calls: 80, Usec: 1000, UsecPerCall: 12.5}},
 				Sync:     &Sync{Flushes: 100, FlushedKeys: 100, Pipelines: 100},
 				Timeline: tl,
 			},
@@ -323,6 +371,9 @@ func TestWriteTable(t *testing.T) {
 		"evalsha 80",  // by name
 		"local 87.5%", // hybrid's sources
 		"achieved 2,000 req/s of the 4,000 targeted",
+		"redis cpu ms/1k", "0.500", // hybrid's Redis CPU per 1,000 decisions
+		"redis cpu (INFO cpu, whole server): 4.0 ms, main thread 3.0 ms (0.375 ms/1k)",
+		"scripts (INFO commandstats): evalsha 80 calls, 12.5 µs/call",
 	} {
 		assert.Contains(t, out, want)
 	}
@@ -383,6 +434,9 @@ func TestWriteCSV(t *testing.T) {
 		return -1
 	}
 	assert.Equal(t, "10", rows[1][col("redis_per_1000")])
+	assert.Equal(t, "0.5", rows[1][col("redis_cpu_ms_per_1000")])
+	assert.Equal(t, "12.5", rows[1][col("script_usec_per_call")])
+	assert.Equal(t, "", rows[2][col("redis_cpu_ms_per_1000")], "local has no Redis")
 	assert.Equal(t, "", rows[2][col("redis_per_1000")], "local has no Redis")
 	assert.Equal(t, "true", rows[2][col("partial")])
 }
