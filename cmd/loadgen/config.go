@@ -49,6 +49,8 @@ type config struct {
 	keys        int
 	pattern     workload.Pattern
 	zipfS       float64
+	affinity    float64 // share of each key's requests sent to its home node, when routed
+	routed      bool    // --affinity given: requests go to nodes by key, not by worker
 	rate        float64 // tokens per second per key
 	burst       int64
 	cost        int64
@@ -104,6 +106,7 @@ func parseConfig(args []string, out io.Writer) (*config, error) {
 		keys       = fs.Int("keys", defaultKeys, "distinct `keys` (rate-limited clients)")
 		pattern    = fs.String("pattern", "uniform", "key access `pattern`: uniform, zipf or hot (every request to one key)")
 		zipfS      = fs.Float64("zipf-s", defaultZipfS, "Zipf `exponent` (above 1) for --pattern zipf")
+		affinity   = fs.Float64("affinity", 0, "`share` (0 to 1) of each key's requests sent to its home node (a hash of the key mod --nodes), the rest spread evenly over the other nodes; unset: each worker sticks to one node and picks keys at random (no affinity)")
 		rateF      = fs.Float64("rate", defaultRate, "limit `rate` per key, tokens per second")
 		burst      = fs.Int64("burst", defaultBurst, "limit `burst` per key, tokens")
 		cost       = fs.Int64("cost", 1, "`tokens` each request takes")
@@ -139,7 +142,7 @@ func parseConfig(args []string, out io.Writer) (*config, error) {
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 
 	c := &config{
-		nodes: *nodes, keys: *keys, zipfS: *zipfS, rate: *rateF, burst: *burst, cost: *cost,
+		nodes: *nodes, keys: *keys, zipfS: *zipfS, affinity: *affinity, routed: set["affinity"], rate: *rateF, burst: *burst, cost: *cost,
 		duration: *duration, requests: *requests, concurrency: *conc, seed: *seed,
 		syncInterval: *syncInt, drift: *drift, syncTimeout: *syncTO, maxKeys: *maxKeys,
 		sentinelMaster: *sentinel, jsonPath: *jsonPath, csvPath: *csvPath, plotPath: *plotPath,
@@ -171,6 +174,8 @@ func parseConfig(args []string, out io.Writer) (*config, error) {
 		return nil, usagef("--keys %d: want 1 to 100000000", c.keys)
 	case c.pattern == workload.Hot && set["keys"] && c.keys != 1:
 		return nil, usagef("--pattern hot drives a single key; drop --keys %d", c.keys)
+	case c.routed && !(c.affinity >= 0 && c.affinity <= 1):
+		return nil, usagef("--affinity %v: want a share from 0 to 1", c.affinity)
 	case c.pattern == workload.Zipf && !(c.zipfS > 1 && c.zipfS < 100):
 		return nil, usagef("--zipf-s %v: want above 1 (and below 100)", c.zipfS)
 	case !(c.rate > 0 && c.rate <= 1e9):

@@ -83,6 +83,17 @@ func TestParseConfigFlags(t *testing.T) {
 			assert.Equal(t, 2*time.Millisecond, c.syncTimeout)
 			assert.Equal(t, 1000, c.maxKeys)
 		}},
+		{"no affinity by default: each worker keeps its node", nil, func(t *testing.T, c *config) {
+			assert.False(t, c.routed)
+		}},
+		{"affinity routes requests by key", []string{"--affinity", "0.9"}, func(t *testing.T, c *config) {
+			assert.True(t, c.routed)
+			assert.Equal(t, 0.9, c.affinity)
+		}},
+		{"affinity 0 is a share like any other", []string{"--affinity", "0"}, func(t *testing.T, c *config) {
+			assert.True(t, c.routed)
+			assert.Zero(t, c.affinity)
+		}},
 		{"double-dash and single-dash flags both work", []string{"-nodes=3", "--concurrency=3"}, func(t *testing.T, c *config) {
 			assert.Equal(t, 3, c.nodes)
 			assert.Equal(t, 3, c.concurrency)
@@ -115,6 +126,9 @@ func TestParseConfigRejects(t *testing.T) {
 		{[]string{"--pattern", "hot", "--keys", "5"}, "single key"},
 		{[]string{"--pattern", "gauss"}, `unknown pattern "gauss"`},
 		{[]string{"--pattern", "zipf", "--zipf-s", "1"}, "--zipf-s 1"},
+		{[]string{"--affinity", "-0.1"}, "--affinity -0.1"},
+		{[]string{"--affinity", "1.5"}, "--affinity 1.5"},
+		{[]string{"--affinity", "NaN"}, "--affinity NaN"},
 		{[]string{"--rate", "0"}, "--rate 0"},
 		{[]string{"--rate", "NaN"}, "--rate NaN"},
 		{[]string{"--rate", "2e9"}, "--rate 2e+09"},

@@ -169,6 +169,9 @@ func scenario(c *config, be *backend) report.Scenario {
 	if c.pattern.String() == "zipf" {
 		s.ZipfS = c.zipfS
 	}
+	if c.routed {
+		s.Affinity = &c.affinity
+	}
 	if be != nil {
 		s.Backend, s.RedisVersion = be.desc, be.version
 	}

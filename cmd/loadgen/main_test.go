@@ -160,6 +160,26 @@ func TestRunRequestCount(t *testing.T) {
 	assert.Equal(t, int64(1001), rep.Results[0].Decisions, "exactly the requests asked for, split over the workers")
 }
 
+func TestRunAffinityRoutesKeysHome(t *testing.T) {
+	t.Parallel()
+	// Independent buckets per node over-admit by up to the node count when a key's requests are
+	// spread; with every request at its key's home node, each key has one bucket and is exact.
+	exactness := func(extra ...string) float64 {
+		var stdout, stderr bytes.Buffer
+		jsonPath := filepath.Join(t.TempDir(), "r.json")
+		args := append([]string{"--mode", "local", "--nodes", "4", "--keys", "8", "--rate", "200", "--burst", "20",
+			"--load", "8", "--duration", "400ms", "--progress", "never", "--json", jsonPath}, extra...)
+		require.Equal(t, 0, run(context.Background(), args, &stdout, &stderr, false), "stderr: %s", stderr.String())
+		b, err := os.ReadFile(jsonPath)
+		require.NoError(t, err)
+		var rep report.Report
+		require.NoError(t, json.Unmarshal(b, &rep))
+		return rep.Results[0].Accuracy.AdmittedPerExact
+	}
+	assert.InDelta(t, 1, exactness("--affinity", "1"), 0.02, "affinity 1: one bucket per key")
+	assert.Greater(t, exactness(), 2.5, "no affinity: a bucket per key per node")
+}
+
 func TestParseCommandStats(t *testing.T) {
 	t.Parallel()
 	info := "# Commandstats\r\n" +

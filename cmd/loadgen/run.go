@@ -35,7 +35,9 @@ type request struct {
 
 // worker drives one node with its share of the demand.
 type worker struct {
-	node   node
+	node   node             // this worker's node, when router is nil
+	nodes  []node           // the fleet, for router
+	router *workload.Router // nil: every request goes to node
 	picker *workload.Picker
 	pacer  *workload.Pacer
 	cost   int64
@@ -78,7 +80,11 @@ func (w *worker) run(ctx context.Context, start time.Time, stop *atomic.Bool) {
 			continue
 		}
 		k := w.picker.Next()
-		ok, err := w.node.allow(ctx, k, now)
+		n := w.node
+		if w.router != nil {
+			n = w.nodes[w.router.Node(k)]
+		}
+		ok, err := n.allow(ctx, k, now)
 		lat := time.Since(start) - now
 		if w.budget > 0 {
 			w.budget--
@@ -179,6 +185,7 @@ func runMode(ctx context.Context, c *config, mode string, o runOptions) (report.
 		}
 		w := &worker{
 			node:   f.nodes[i%len(f.nodes)],
+			nodes:  f.nodes,
 			picker: pk,
 			pacer:  workload.NewPacer(c.rps / float64(c.concurrency)),
 			cost:   c.cost,
@@ -187,6 +194,12 @@ func runMode(ctx context.Context, c *config, mode string, o runOptions) (report.
 			hist:   report.NewHistogram(),
 			bin:    bin,
 			recCap: maxRecords / c.concurrency,
+		}
+		if c.routed {
+			if w.router, err = workload.NewRouter(len(f.nodes), c.affinity, c.seed, uint64(i)); err != nil {
+				_ = f.close(context.Background())
+				return res, err
+			}
 		}
 		if c.requests > 0 {
 			w.budget = c.requests / int64(c.concurrency)

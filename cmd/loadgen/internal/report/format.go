@@ -178,11 +178,18 @@ func demandMultiple(a Accuracy, s Scenario, elapsed time.Duration) float64 {
 func keysDesc(s Scenario) string {
 	switch s.Pattern {
 	case "zipf":
-		return fmt.Sprintf("%s keys (zipf s=%g)", fmtInt(int64(s.Keys)), s.ZipfS)
+		return fmt.Sprintf("%s keys (zipf s=%g)", fmtInt(int64(s.Keys)), s.ZipfS) + affinityDesc(s)
 	case "hot":
-		return "1 hot key"
+		return "1 hot key" + affinityDesc(s)
 	}
-	return fmt.Sprintf("%s keys (%s)", fmtInt(int64(s.Keys)), s.Pattern)
+	return fmt.Sprintf("%s keys (%s)", fmtInt(int64(s.Keys)), s.Pattern) + affinityDesc(s)
+}
+
+func affinityDesc(s Scenario) string {
+	if s.Affinity == nil {
+		return ""
+	}
+	return fmt.Sprintf(", affinity %g", *s.Affinity)
 }
 
 func demandDesc(s Scenario) string {

@@ -15,12 +15,15 @@ import (
 
 // Scenario describes the workload every mode of one run was given.
 type Scenario struct {
-	Modes        []string `json:"modes"`
-	Backend      string   `json:"backend"` // e.g. "redis standalone 127.0.0.1:16379" or "embedded miniredis"
-	Nodes        int      `json:"nodes"`
-	Keys         int      `json:"keys"`
-	Pattern      string   `json:"pattern"`
-	ZipfS        float64  `json:"zipf_s,omitempty"`
+	Modes   []string `json:"modes"`
+	Backend string   `json:"backend"` // e.g. "redis standalone 127.0.0.1:16379" or "embedded miniredis"
+	Nodes   int      `json:"nodes"`
+	Keys    int      `json:"keys"`
+	Pattern string   `json:"pattern"`
+	ZipfS   float64  `json:"zipf_s,omitempty"`
+	// Affinity is the share of each key's requests sent to its home node; nil when requests were not
+	// routed by key (each worker kept one node).
+	Affinity     *float64 `json:"affinity,omitempty"`
 	Rate         float64  `json:"rate"`  // tokens per second per key
 	Burst        int64    `json:"burst"` // bucket capacity per key
 	Cost         int64    `json:"cost"`  // tokens per request

@@ -392,6 +392,16 @@ func TestWriteTable(t *testing.T) {
 	assert.Contains(t, hyb, "1.00%", "21 tokens over exact")
 }
 
+func TestWriteTableShowsAffinity(t *testing.T) {
+	t.Parallel()
+	r := sampleReport()
+	f := 0.9
+	r.Scenario.Affinity = &f
+	var b bytes.Buffer
+	require.NoError(t, WriteTable(&b, r))
+	assert.Contains(t, b.String(), "1 keys (uniform), affinity 0.9, limit")
+}
+
 func TestWriteTableReportsWriteErrors(t *testing.T) {
 	t.Parallel()
 	assert.Error(t, WriteTable(failWriter{}, sampleReport()))

@@ -1,6 +1,7 @@
 // Package workload generates the load generator's request stream: which key each request is for
-// (uniform, Zipf or one hot key) and when it is sent (token pacing toward a target rate, or as fast
-// as possible). It reads no clock: callers pass the time since the run started.
+// (uniform, Zipf or one hot key), which node it goes to (key affinity) and when it is sent (token
+// pacing toward a target rate, or as fast as possible). It reads no clock: callers pass the time
+// since the run started.
 package workload
 
 import (
@@ -131,3 +132,48 @@ func (p *Pacer) Next(now time.Duration) time.Duration {
 
 // Skipped returns the requests skipped because the worker was more than MaxLag behind.
 func (p *Pacer) Skipped() int64 { return p.skipped }
+
+// Router picks the node each request goes to under key affinity: a share of each key's requests
+// goes to the key's home node ([Home]), the rest uniformly to the other nodes. It is not safe for
+// concurrent use: give each worker its own.
+type Router struct {
+	nodes    int
+	affinity float64
+	rng      *rand.Rand
+}
+
+// NewRouter returns a router over nodes nodes that sends the fraction affinity (0 to 1) of each
+// key's requests to its home node. The same seed and stream give the same sequence of nodes.
+func NewRouter(nodes int, affinity float64, seed, stream uint64) (*Router, error) {
+	if nodes < 1 {
+		return nil, fmt.Errorf("workload: %d nodes: want at least 1", nodes)
+	}
+	if !(affinity >= 0 && affinity <= 1) {
+		return nil, fmt.Errorf("workload: affinity %v: want 0 to 1", affinity)
+	}
+	// A stream of its own, apart from the Picker's, so that routing does not change the keys.
+	return &Router{nodes: nodes, affinity: affinity, rng: rand.New(rand.NewPCG(seed^0x9e3779b97f4a7c15, stream))}, nil
+}
+
+// Node returns the node of the next request for key k. With one node it is always 0.
+func (r *Router) Node(k int) int {
+	home := Home(k, r.nodes)
+	if r.nodes == 1 || r.rng.Float64() < r.affinity {
+		return home
+	}
+	n := r.rng.IntN(r.nodes - 1) // one of the others
+	if n >= home {
+		n++
+	}
+	return n
+}
+
+// Home returns the home node of key k among nodes nodes: a hash of the key number (splitmix64's
+// finaliser), modulo nodes.
+func Home(k, nodes int) int {
+	z := uint64(k) + 0x9e3779b97f4a7c15
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	z ^= z >> 31
+	return int(z % uint64(nodes))
+}
