@@ -104,7 +104,7 @@ func parseConfig(args []string, out io.Writer) (*config, error) {
 		sentinel   = fs.String("sentinel-master", "", "Sentinel master `name`; --redis then lists the Sentinels")
 		nodes      = fs.Int("nodes", defaultNodes, "limiter `nodes` in the simulated fleet, each with its own Redis client")
 		keys       = fs.Int("keys", defaultKeys, "distinct `keys` (rate-limited clients)")
-		pattern    = fs.String("pattern", "uniform", "key access `pattern`: uniform, zipf or hot (every request to one key)")
+		pattern    = fs.String("pattern", "uniform", "key access `pattern`: uniform, zipf, hot (every request to one key) or churn (new keys, each seen once or twice, and 4 hot keys taking 10% of the requests; needs --rps)")
 		zipfS      = fs.Float64("zipf-s", defaultZipfS, "Zipf `exponent` (above 1) for --pattern zipf")
 		affinity   = fs.Float64("affinity", 0, "`share` (0 to 1) of each key's requests sent to its home node (a hash of the key mod --nodes), the rest spread evenly over the other nodes; unset: each worker sticks to one node and picks keys at random (no affinity)")
 		rateF      = fs.Float64("rate", defaultRate, "limit `rate` per key, tokens per second")
@@ -176,6 +176,10 @@ func parseConfig(args []string, out io.Writer) (*config, error) {
 		return nil, usagef("--pattern hot drives a single key; drop --keys %d", c.keys)
 	case c.routed && !(c.affinity >= 0 && c.affinity <= 1):
 		return nil, usagef("--affinity %v: want a share from 0 to 1", c.affinity)
+	case c.pattern == workload.Churn && c.keys <= workload.ChurnHotKeys:
+		return nil, usagef("--pattern churn: want --keys above %d (the hot keys), e.g. --scenario churn", workload.ChurnHotKeys)
+	case c.pattern == workload.Churn && *rps == "":
+		return nil, usagef("--pattern churn needs --rps: --load would count every key of its key space as busy")
 	case c.pattern == workload.Zipf && !(c.zipfS > 1 && c.zipfS < 100):
 		return nil, usagef("--zipf-s %v: want above 1 (and below 100)", c.zipfS)
 	case !(c.rate > 0 && c.rate <= 1e9):

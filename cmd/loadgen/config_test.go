@@ -83,6 +83,10 @@ func TestParseConfigFlags(t *testing.T) {
 			assert.Equal(t, 2*time.Millisecond, c.syncTimeout)
 			assert.Equal(t, 1000, c.maxKeys)
 		}},
+		{"churn takes its demand in requests per second", []string{"--pattern", "churn", "--keys", "1000", "--rps", "500"}, func(t *testing.T, c *config) {
+			assert.Equal(t, workload.Churn, c.pattern)
+			assert.InDelta(t, 500, c.rps, 1e-9)
+		}},
 		{"no affinity by default: each worker keeps its node", nil, func(t *testing.T, c *config) {
 			assert.False(t, c.routed)
 		}},
@@ -129,6 +133,8 @@ func TestParseConfigRejects(t *testing.T) {
 		{[]string{"--affinity", "-0.1"}, "--affinity -0.1"},
 		{[]string{"--affinity", "1.5"}, "--affinity 1.5"},
 		{[]string{"--affinity", "NaN"}, "--affinity NaN"},
+		{[]string{"--pattern", "churn", "--rps", "100"}, "want --keys above 4"},
+		{[]string{"--pattern", "churn", "--keys", "1000"}, "needs --rps"},
 		{[]string{"--rate", "0"}, "--rate 0"},
 		{[]string{"--rate", "NaN"}, "--rate NaN"},
 		{[]string{"--rate", "2e9"}, "--rate 2e+09"},

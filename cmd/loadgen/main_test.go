@@ -180,6 +180,31 @@ func TestRunAffinityRoutesKeysHome(t *testing.T) {
 	assert.Greater(t, exactness(), 2.5, "no affinity: a bucket per key per node")
 }
 
+func TestRunChurnCountsFirstDecisions(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	jsonPath := filepath.Join(t.TempDir(), "r.json")
+	args := []string{"--mode", "hybrid,local", "--pattern", "churn", "--keys", "100000", "--rps", "2000", "--rate", "10", "--burst", "20",
+		"--nodes", "2", "--duration", "400ms", "--progress", "never", "--json", jsonPath}
+	require.Equal(t, 0, run(context.Background(), args, &stdout, &stderr, false), "stderr: %s", stderr.String())
+	assert.Contains(t, stdout.String(), "first local")
+	b, err := os.ReadFile(jsonPath)
+	require.NoError(t, err)
+	var rep report.Report
+	require.NoError(t, json.Unmarshal(b, &rep))
+	for _, r := range rep.Results {
+		f := r.First
+		// About 1.5 requests per cold key, plus 4 hot keys.
+		assert.InDelta(t, float64(r.Decisions)*0.9/1.5, float64(f.Keys), float64(r.Decisions)*0.1, r.Mode)
+		assert.Equal(t, int64(r.Accuracy.ActiveKeys), f.Keys, "%s: every key with demand had a first decision", r.Mode)
+		assert.Equal(t, f.Keys, f.Allowed, "%s: a new key's first request is within its burst", r.Mode)
+		assert.InDelta(t, float64(f.Local)/float64(f.Keys), f.LocalShare, 1e-12, r.Mode)
+		assert.InDelta(t, float64(r.Local)/float64(r.Decisions), r.LocalShare, 1e-12, r.Mode)
+	}
+	assert.Equal(t, rep.Results[1].First.Keys, rep.Results[1].First.Local, "local decides everything locally")
+	assert.Positive(t, rep.Results[0].First.RedisCmdsPerThousand, "hybrid's Redis commands per 1,000 new keys")
+}
+
 func TestParseCommandStats(t *testing.T) {
 	t.Parallel()
 	info := "# Commandstats\r\n" +

@@ -53,7 +53,11 @@ type worker struct {
 	binAdm, binDem []int64
 
 	decisions, allowed, errs int64
+	local                    int64 // decisions made without a Redis round trip
 	pub                      published
+
+	seen                         *keySet // keys some worker has had a decision on
+	firsts, firstLocal, firstAdm int64   // the first decisions on a key that this worker recorded
 
 	rec     []request // every request, in time order, up to recCap
 	recCap  int
@@ -84,7 +88,7 @@ func (w *worker) run(ctx context.Context, start time.Time, stop *atomic.Bool) {
 		if w.router != nil {
 			n = w.nodes[w.router.Node(k)]
 		}
-		ok, err := n.allow(ctx, k, now)
+		ok, local, err := n.allow(ctx, k, now)
 		lat := time.Since(start) - now
 		if w.budget > 0 {
 			w.budget--
@@ -110,6 +114,18 @@ func (w *worker) run(ctx context.Context, start time.Time, stop *atomic.Bool) {
 			w.errs++
 		} else {
 			w.decisions++
+			if local {
+				w.local++
+			}
+			if w.seen.add(k) {
+				w.firsts++
+				if local {
+					w.firstLocal++
+				}
+				if ok {
+					w.firstAdm++
+				}
+			}
 			report.Record(w.hist, lat)
 			w.maxLat = max(w.maxLat, lat)
 			if ok {
@@ -128,6 +144,21 @@ func (w *worker) run(ctx context.Context, start time.Time, stop *atomic.Bool) {
 		}
 	}
 	w.publish(admitted, demand)
+}
+
+// keySet is a set of key numbers, safe for concurrent use.
+type keySet struct{ words []atomic.Uint64 }
+
+func newKeySet(keys int) *keySet { return &keySet{words: make([]atomic.Uint64, (keys+63)/64)} }
+
+// add adds k and reports whether it was new.
+func (s *keySet) add(k int) bool {
+	bit := uint64(1) << (k % 64)
+	w := &s.words[k/64]
+	if w.Load()&bit != 0 {
+		return false
+	}
+	return w.Or(bit)&bit == 0
 }
 
 func (w *worker) publish(admitted, demand int64) {
@@ -173,12 +204,19 @@ func runMode(ctx context.Context, c *config, mode string, o runOptions) (report.
 	if c.keys*c.concurrency > sharedTallyLimit {
 		shared = &sharedTally{adm: make([]atomic.Int64, c.keys), dem: make([]atomic.Int64, c.keys)}
 	}
+	seen := newKeySet(c.keys)
 	bin := 100 * time.Millisecond
 	if c.duration > 0 {
 		bin = max(10*time.Millisecond, (c.duration / 100).Round(time.Millisecond))
 	}
 	for i := range workers {
-		pk, err := workload.NewPicker(c.pattern, c.keys, c.zipfS, c.seed, uint64(i))
+		var pk *workload.Picker
+		var err error
+		if c.pattern == workload.Churn {
+			pk, err = workload.NewChurnPicker(c.keys, c.seed, uint64(i), c.concurrency)
+		} else {
+			pk, err = workload.NewPicker(c.pattern, c.keys, c.zipfS, c.seed, uint64(i))
+		}
 		if err != nil {
 			_ = f.close(context.Background())
 			return res, err
@@ -191,6 +229,7 @@ func runMode(ctx context.Context, c *config, mode string, o runOptions) (report.
 			cost:   c.cost,
 			budget: -1,
 			shared: shared,
+			seen:   seen,
 			hist:   report.NewHistogram(),
 			bin:    bin,
 			recCap: maxRecords / c.concurrency,
@@ -273,6 +312,10 @@ wait:
 		res.Decisions += w.decisions
 		res.Allowed += w.allowed
 		res.Errors += w.errs
+		res.Local += w.local
+		res.First.Keys += w.firsts
+		res.First.Local += w.firstLocal
+		res.First.Allowed += w.firstAdm
 		hist.Merge(w.hist)
 		maxLat = max(maxLat, w.maxLat)
 		skipped += w.pacer.Skipped()
@@ -296,6 +339,8 @@ wait:
 			keys[k] = report.KeyTally{Admitted: shared.adm[k].Load(), Demand: shared.dem[k].Load()}
 		}
 	}
+	res.LocalShare = ratioOf(res.Local, res.Decisions)
+	res.First.LocalShare = ratioOf(res.First.Local, res.First.Keys)
 	res.DecisionsPerSec = float64(res.Decisions) / elapsed.Seconds()
 	res.AchievedRPS = float64(res.Decisions+res.Errors) / elapsed.Seconds()
 	res.Accuracy = report.ComputeAccuracy(keys, c.rate, c.burst, elapsed)
@@ -328,6 +373,10 @@ wait:
 		}
 		cmds := report.SplitCommands(server, counts, res.Decisions, countedBy)
 		res.Redis = &cmds
+		res.First.RedisCmdsPerThousand = report.PerThousand(cmds.ClientIssued, res.First.Keys)
+		if res.RedisCPU != nil && res.First.Keys > 0 {
+			res.First.RedisCPUMsPerThousand = 1e6 * res.RedisCPU.Seconds / float64(res.First.Keys)
+		}
 		if mode == "hybrid" {
 			src, sy := f.hybridStats()
 			sy.Pipelines = pipes
@@ -407,7 +456,7 @@ func printProgress(w io.Writer, label string, c *config, workers []*worker, star
 		total = c.duration.String()
 	}
 	line := fmt.Sprintf("[%s] %.1fs/%s  %s decisions/s  admitted/demand %.3f", label, now.Seconds(), total, fmtCount(int64(rate)), ratioOf(adm, dem))
-	if c.pattern != workload.Zipf {
+	if c.pattern != workload.Zipf && c.pattern != workload.Churn {
 		exact := min(float64(dem), float64(c.keys)*report.Allowance(c.rate, c.burst, now))
 		if exact > 0 {
 			line += fmt.Sprintf("  admitted/exact %.3f", float64(adm)/exact)

@@ -23,7 +23,12 @@ func WriteTable(w io.Writer, r Report) error {
 	ew.printf("\n")
 
 	tw := tabwriter.NewWriter(ew, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\tdecisions/s\tadmitted/exact\tover exact\tfalse denials\tmax key\tp50\tp99\tp99.9\tmax\tredis cmds/1k\tin-script/1k\tredis cpu ms/1k\t")
+	churn := s.Pattern == "churn"
+	hdr := "mode\tdecisions/s\tlocal\tadmitted/exact\tover exact\tfalse denials\tmax key\tp50\tp99\tp99.9\tmax\tredis cmds/1k\tin-script/1k\tredis cpu ms/1k\t"
+	if churn {
+		hdr += "new keys\tfirst local\tcpu ms/1k new\t"
+	}
+	fmt.Fprintln(tw, hdr)
 	partial, approx := false, false
 	for _, res := range r.Results {
 		name := res.Mode
@@ -60,21 +65,37 @@ func WriteTable(w io.Writer, r Report) error {
 			}
 		}
 		l := res.Latency
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.3f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
-			name, fmtInt(int64(math.Round(res.DecisionsPerSec))), exact, over, fd, a.MaxKeyRatio,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.3f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t",
+			name, fmtInt(int64(math.Round(res.DecisionsPerSec))), fmtPct(res.LocalShare, res.Decisions), exact, over, fd, a.MaxKeyRatio,
 			FmtDur(time.Duration(l.P50)), FmtDur(time.Duration(l.P99)), FmtDur(time.Duration(l.P999)), FmtDur(time.Duration(l.Max)),
 			cmds, script, cpu)
+		if churn {
+			newCPU := "-"
+			if res.Redis != nil {
+				newCPU = "n/a"
+				if res.RedisCPU != nil {
+					newCPU = fmt.Sprintf("%.3f", res.First.RedisCPUMsPerThousand)
+				}
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t", fmtInt(res.First.Keys), fmtPct(res.First.LocalShare, res.First.Keys), newCPU)
+		}
+		fmt.Fprintln(tw)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	ew.printf("\n")
+	ew.printf("local: decisions made without a Redis round trip on the caller's path (hybrid: local allowance, local denial or deny cache).\n")
 	ew.printf("admitted/exact: tokens admitted ÷ tokens an exact token bucket per key admits for the same requests at the same times, all nodes\n")
 	ew.printf("  together (1 = exact). over exact: tokens admitted beyond it; false denials: tokens it admitted that this mode denied (both ÷ its total).\n")
 	ew.printf("max key: the largest admitted ÷ (Burst + Rate·T) of any key: above 1, a key got more than any exact limiter can give in T.\n")
 	ew.printf("latency: one decision as the caller sees it (includes ~30ns of clock reads). redis cmds/1k: commands the clients sent per 1,000\n")
 	ew.printf("  decisions, counted by the server; in-script/1k: commands Redis ran inside those scripts. redis cpu ms/1k: CPU time\n")
 	ew.printf("  of the whole Redis server (INFO cpu, sys + user, any client's work) during the mode, per 1,000 decisions; n/a: no INFO cpu.\n")
+	if churn {
+		ew.printf("new keys: distinct keys decided; first local: their first decisions made without a Redis round trip; cpu ms/1k new:\n")
+		ew.printf("  the mode's whole Redis CPU per 1,000 new keys (repeat and hot keys' work included: an upper bound per new key).\n")
+	}
 	if approx {
 		ew.printf("~: too many requests to replay exactly; compared with Σ per key min(demand, Burst + Rate·T) instead.\n")
 	}
@@ -92,8 +113,8 @@ func details(ew *errWriter, s Scenario, res Result) {
 	if src := res.Sources; src != nil && src.Total() > 0 {
 		t := float64(src.Total())
 		pct := func(n int64) string { return fmt.Sprintf("%.1f%%", 100*float64(n)/t) }
-		lines = append(lines, fmt.Sprintf("decisions: local %s, central %s allowed + %s denied, deny-cache %s, fallback %s allowed + %s denied",
-			pct(src.Local), pct(src.Central), pct(src.CentralDenied), pct(src.DenyCache), pct(src.FallbackAllowed), pct(src.FallbackDenied)))
+		lines = append(lines, fmt.Sprintf("decisions: local %s allowed + %s denied, central %s allowed + %s denied, deny-cache %s, fallback %s allowed + %s denied",
+			pct(src.Local), pct(src.LocalDenied), pct(src.Central), pct(src.CentralDenied), pct(src.DenyCache), pct(src.FallbackAllowed), pct(src.FallbackDenied)))
 	}
 	if sy := res.Sync; sy != nil {
 		per := 0.0
@@ -212,6 +233,14 @@ func runDesc(s Scenario) string {
 	return time.Duration(s.Duration).String()
 }
 
+// fmtPct formats a share as a percentage, or "-" when there was nothing to share (n == 0).
+func fmtPct(share float64, n int64) string {
+	if n == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f%%", 100*share)
+}
+
 // FmtDur formats a latency compactly: 85ns, 1.2µs, 340µs, 2.1ms, 1.20s.
 func FmtDur(d time.Duration) string {
 	switch {
@@ -278,6 +307,8 @@ var CSVHeader = []string{
 	"sync_flushes", "sync_flushed_keys", "sync_pipelines", "sync_pipeline_p50_ns", "sync_pipeline_p99_ns",
 	"redis_cpu_s", "redis_cpu_ms_per_1000", "redis_cpu_main_thread_s", "redis_cpu_main_thread_ms_per_1000",
 	"script_calls", "script_usec_per_call",
+	"local_decisions", "local_share", "first_keys", "first_local", "first_local_share",
+	"first_redis_cpu_ms_per_1000_keys", "first_redis_cmds_per_1000_keys",
 }
 
 // WriteCSV writes one row per result under CSVHeader. Fields that do not apply to a mode are empty.
@@ -324,6 +355,9 @@ func WriteCSV(w io.Writer, r Report) error {
 		} else {
 			row = append(row, "", "")
 		}
+		fd := res.First
+		row = append(row, i(res.Local), f(res.LocalShare), i(fd.Keys), i(fd.Local), f(fd.LocalShare),
+			f(fd.RedisCPUMsPerThousand), f(fd.RedisCmdsPerThousand))
 		if err := cw.Write(row); err != nil {
 			return err
 		}

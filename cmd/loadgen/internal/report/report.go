@@ -266,6 +266,7 @@ func (t Timeline) Rates(elapsed time.Duration) []float64 {
 // Sources counts hybrid decisions by who made them (hybrid.Stats).
 type Sources struct {
 	Local           int64 `json:"local"`
+	LocalDenied     int64 `json:"local_denied"`
 	Central         int64 `json:"central"`
 	CentralDenied   int64 `json:"central_denied"`
 	DenyCache       int64 `json:"deny_cache"`
@@ -275,7 +276,7 @@ type Sources struct {
 
 // Total returns the number of decisions counted.
 func (s Sources) Total() int64 {
-	return s.Local + s.Central + s.CentralDenied + s.DenyCache + s.FallbackAllowed + s.FallbackDenied
+	return s.Local + s.LocalDenied + s.Central + s.CentralDenied + s.DenyCache + s.FallbackAllowed + s.FallbackDenied
 }
 
 // Sync describes the background reconcile work of a hybrid fleet.
@@ -306,6 +307,12 @@ type Result struct {
 	DecisionsPerSec float64 `json:"decisions_per_sec"`
 	TargetRPS       float64 `json:"target_rps"` // 0 = as fast as possible
 	AchievedRPS     float64 `json:"achieved_rps"`
+	// Local is the decisions made without a Redis round trip on the caller's path (for hybrid: its
+	// local allowance, a local denial or its deny cache), and LocalShare that ÷ Decisions.
+	Local      int64   `json:"local_decisions"`
+	LocalShare float64 `json:"local_share"`
+	// First is the first decision the fleet made on each key: a key new to the limiters.
+	First FirstDecisions `json:"first_decisions"`
 
 	Accuracy Accuracy  `json:"accuracy"`
 	Latency  Latency   `json:"latency"`
@@ -318,6 +325,20 @@ type Result struct {
 	Sync     *Sync        `json:"sync,omitempty"`
 	Timeline Timeline     `json:"timeline"`
 	Notes    []string     `json:"notes,omitempty"`
+}
+
+// FirstDecisions describes the first decision the fleet made on each key of a run, a key the
+// limiters had never seen: what the churn scenario measures. When two nodes decide a new key at
+// once, the one that records it first counts.
+type FirstDecisions struct {
+	Keys       int64   `json:"keys"`    // distinct keys decided
+	Local      int64   `json:"local"`   // their first decisions made without a Redis round trip
+	Allowed    int64   `json:"allowed"` // their first decisions that allowed
+	LocalShare float64 `json:"local_share"`
+	// What the whole mode cost Redis per 1,000 new keys: every decision's share, the repeat and hot
+	// keys' included, so an upper bound on the cost of a new key. 0 when not measured.
+	RedisCPUMsPerThousand float64 `json:"redis_cpu_ms_per_1000_keys,omitempty"`
+	RedisCmdsPerThousand  float64 `json:"redis_cmds_per_1000_keys,omitempty"`
 }
 
 // Report is everything one run produced; it is what --json writes.

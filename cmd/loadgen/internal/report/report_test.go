@@ -332,7 +332,8 @@ func sampleReport() Report {
 		Results: []Result{
 			{
 				Mode: "hybrid", Elapsed: Duration(2 * time.Second), Decisions: 8000, Allowed: 2121, DecisionsPerSec: 4000,
-				TargetRPS: 4000, AchievedRPS: 4000,
+				TargetRPS: 4000, AchievedRPS: 4000, Local: 7000, LocalShare: 0.875,
+				First: FirstDecisions{Keys: 1, Local: 1, Allowed: 1, LocalShare: 1, RedisCPUMsPerThousand: 4000, RedisCmdsPerThousand: 80_000},
 				Accuracy: func() Accuracy {
 					keys := []KeyTally{{Admitted: 2121, Demand: 8000}}
 					a := ComputeAccuracy(keys, 1000, 100, 2*time.Second)
@@ -367,9 +368,9 @@ func TestWriteTable(t *testing.T) {
 		"demand 4× the limit = 4,000 req/s",
 		"admitted/exact", "redis cmds/1k", "~: too many requests to replay",
 		"hybrid", "local*", "* interrupted",
-		"10.00",       // hybrid's Redis commands per 1,000
-		"evalsha 80",  // by name
-		"local 87.5%", // hybrid's sources
+		"10.00",                             // hybrid's Redis commands per 1,000
+		"evalsha 80",                        // by name
+		"local 87.5% allowed + 0.0% denied", // hybrid's sources
 		"achieved 2,000 req/s of the 4,000 targeted",
 		"redis cpu ms/1k", "0.500", // hybrid's Redis CPU per 1,000 decisions
 		"redis cpu (INFO cpu, whole server): 4.0 ms, main thread 3.0 ms (0.375 ms/1k)",
@@ -389,7 +390,22 @@ func TestWriteTable(t *testing.T) {
 	}
 	require.NotEmpty(t, header)
 	assert.Contains(t, hyb, "1.010", "hybrid admitted 2,121 where the exact bucket admitted 2,100")
+	assert.Contains(t, hyb, " 87.5% ", "local share")
+	assert.NotContains(t, header, "first local", "churn columns only for churn")
 	assert.Contains(t, hyb, "1.00%", "21 tokens over exact")
+}
+
+func TestWriteTableChurnColumns(t *testing.T) {
+	t.Parallel()
+	r := sampleReport()
+	r.Scenario.Pattern = "churn"
+	var b bytes.Buffer
+	require.NoError(t, WriteTable(&b, r))
+	out := b.String()
+	assert.Contains(t, out, "new keys")
+	assert.Contains(t, out, "first local")
+	assert.Regexp(t, `(?m)^\s+hybrid\s.*\s1\s+100\.0%\s+4000\.000\s*$`, out, "new keys, first local, cpu per 1,000 new keys")
+	assert.Regexp(t, `(?m)^\s+local\*\s.*\s0\s+-\s+-\s*$`, out, "no first decisions, no Redis")
 }
 
 func TestWriteTableShowsAffinity(t *testing.T) {
@@ -447,6 +463,8 @@ func TestWriteCSV(t *testing.T) {
 	assert.Equal(t, "0.5", rows[1][col("redis_cpu_ms_per_1000")])
 	assert.Equal(t, "12.5", rows[1][col("script_usec_per_call")])
 	assert.Equal(t, "", rows[2][col("redis_cpu_ms_per_1000")], "local has no Redis")
+	assert.Equal(t, "0.875", rows[1][col("local_share")])
+	assert.Equal(t, "4000", rows[1][col("first_redis_cpu_ms_per_1000_keys")])
 	assert.Equal(t, "", rows[2][col("redis_per_1000")], "local has no Redis")
 	assert.Equal(t, "true", rows[2][col("partial")])
 }

@@ -21,9 +21,20 @@ const (
 	Zipf
 	// Hot sends every request to key 0.
 	Hot
+	// Churn is a stream of new keys: ChurnHotShare of the requests go to the ChurnHotKeys first
+	// keys, the rest to cold keys each requested once or twice (twice with probability 1/2, the
+	// second time right after the first), every worker walking its own part of the key space. A
+	// worker that has walked all of it starts over. Use [NewChurnPicker].
+	Churn
 )
 
-// ParsePattern parses "uniform", "zipf" or "hot".
+// The shape of the Churn pattern.
+const (
+	ChurnHotKeys  = 4
+	ChurnHotShare = 0.1
+)
+
+// ParsePattern parses "uniform", "zipf", "hot" or "churn".
 func ParsePattern(s string) (Pattern, error) {
 	switch s {
 	case "uniform":
@@ -32,8 +43,10 @@ func ParsePattern(s string) (Pattern, error) {
 		return Zipf, nil
 	case "hot":
 		return Hot, nil
+	case "churn":
+		return Churn, nil
 	}
-	return 0, fmt.Errorf("unknown pattern %q (want uniform, zipf or hot)", s)
+	return 0, fmt.Errorf("unknown pattern %q (want uniform, zipf, hot or churn)", s)
 }
 
 // String returns the name ParsePattern accepts.
@@ -45,6 +58,8 @@ func (p Pattern) String() string {
 		return "zipf"
 	case Hot:
 		return "hot"
+	case Churn:
+		return "churn"
 	}
 	return fmt.Sprintf("Pattern(%d)", int(p))
 }
@@ -55,6 +70,11 @@ type Picker struct {
 	keys int
 	rng  *rand.Rand
 	zipf *rand.Zipf
+
+	// Churn: this worker's walk over the cold keys ChurnHotKeys to keys-1.
+	stride, next int  // the walk visits next, next+stride, … (mod the cold keys)
+	last         int  // the last cold key
+	again        bool // request last once more
 }
 
 // NewPicker returns a picker over keys keys (0 to keys-1). s is the Zipf exponent, above 1 (used
@@ -66,6 +86,8 @@ func NewPicker(p Pattern, keys int, s float64, seed, stream uint64) (*Picker, er
 	pk := &Picker{p: p, keys: keys, rng: rand.New(rand.NewPCG(seed, stream))}
 	switch p {
 	case Uniform, Hot:
+	case Churn:
+		return nil, fmt.Errorf("workload: churn: use NewChurnPicker")
 	case Zipf:
 		if !(s > 1) {
 			return nil, fmt.Errorf("workload: zipf exponent %v: want above 1", s)
@@ -77,9 +99,34 @@ func NewPicker(p Pattern, keys int, s float64, seed, stream uint64) (*Picker, er
 	return pk, nil
 }
 
+// NewChurnPicker returns a picker of the Churn pattern over keys keys for worker stream of
+// streams: the workers' walks over the cold keys do not overlap until they start over.
+func NewChurnPicker(keys int, seed, stream uint64, streams int) (*Picker, error) {
+	if keys <= ChurnHotKeys {
+		return nil, fmt.Errorf("workload: churn over %d keys: want more than %d", keys, ChurnHotKeys)
+	}
+	if streams < 1 || stream >= uint64(streams) {
+		return nil, fmt.Errorf("workload: churn stream %d of %d", stream, streams)
+	}
+	return &Picker{p: Churn, keys: keys, rng: rand.New(rand.NewPCG(seed, stream)), stride: streams, next: int(stream)}, nil
+}
+
 // Next returns the next key number.
 func (pk *Picker) Next() int {
 	switch pk.p {
+	case Churn:
+		if pk.rng.Float64() < ChurnHotShare {
+			return pk.rng.IntN(ChurnHotKeys)
+		}
+		if pk.again {
+			pk.again = false
+			return pk.last
+		}
+		cold := pk.keys - ChurnHotKeys
+		pk.last = ChurnHotKeys + pk.next%cold
+		pk.next += pk.stride
+		pk.again = pk.rng.IntN(2) == 0
+		return pk.last
 	case Zipf:
 		return int(pk.zipf.Uint64())
 	case Hot:

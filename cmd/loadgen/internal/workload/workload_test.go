@@ -11,13 +11,13 @@ import (
 
 func TestParsePattern(t *testing.T) {
 	t.Parallel()
-	for _, p := range []Pattern{Uniform, Zipf, Hot} {
+	for _, p := range []Pattern{Uniform, Zipf, Hot, Churn} {
 		got, err := ParsePattern(p.String())
 		require.NoError(t, err)
 		assert.Equal(t, p, got)
 	}
 	_, err := ParsePattern("gaussian")
-	assert.ErrorContains(t, err, "uniform, zipf or hot")
+	assert.ErrorContains(t, err, "uniform, zipf, hot or churn")
 }
 
 func TestPickerIsDeterministic(t *testing.T) {
@@ -198,5 +198,55 @@ func TestRouter(t *testing.T) {
 		}
 		_, err := NewRouter(0, 0.5, 1, 0)
 		assert.Error(t, err)
+	})
+}
+
+func TestChurnPicker(t *testing.T) {
+	t.Parallel()
+	const keys, workers, perWorker = 1_000_000, 4, 30_000
+	seen := map[int]int{}
+	hot := 0
+	for w := range workers {
+		pk, err := NewChurnPicker(keys, 1, uint64(w), workers)
+		require.NoError(t, err)
+		for range perWorker {
+			k := pk.Next()
+			require.True(t, k >= 0 && k < keys, "key %d out of range", k)
+			if k < ChurnHotKeys {
+				hot++
+				continue
+			}
+			seen[k]++
+		}
+	}
+	total := workers * perWorker
+	assert.InDelta(t, ChurnHotShare, float64(hot)/float64(total), 0.01, "hot share")
+	once := 0
+	for k, n := range seen {
+		require.True(t, n == 1 || n == 2, "cold key %d seen %d times", k, n)
+		if n == 1 {
+			once++
+		}
+	}
+	assert.InDelta(t, 0.5, float64(once)/float64(len(seen)), 0.02, "half the cold keys seen once, half twice")
+	assert.InDelta(t, float64(total-hot)/1.5, float64(len(seen)), float64(total)/100, "1.5 requests per new key")
+
+	t.Run("starts over when the key space is walked", func(t *testing.T) {
+		t.Parallel()
+		pk, err := NewChurnPicker(ChurnHotKeys+10, 1, 0, 1)
+		require.NoError(t, err)
+		for range 1000 {
+			k := pk.Next()
+			require.True(t, k >= 0 && k < ChurnHotKeys+10)
+		}
+	})
+	t.Run("bad arguments", func(t *testing.T) {
+		t.Parallel()
+		_, err := NewChurnPicker(ChurnHotKeys, 1, 0, 1)
+		assert.Error(t, err, "no cold keys")
+		_, err = NewChurnPicker(100, 1, 2, 2)
+		assert.Error(t, err, "stream out of range")
+		_, err = NewPicker(Churn, 100, 0, 1, 0)
+		assert.Error(t, err, "churn needs the stream count")
 	})
 }
