@@ -159,7 +159,7 @@ func newRunID() string {
 
 func scenario(c *config, be *backend) report.Scenario {
 	s := report.Scenario{
-		Modes: c.modes, Backend: "none (in-process modes only)",
+		Name: c.scenario, Modes: c.modes, Backend: "none (in-process modes only)",
 		Nodes: c.nodes, Keys: c.keys, Pattern: c.pattern.String(), Rate: c.rate, Burst: c.burst, Cost: c.cost,
 		Load: c.load, TargetRPS: c.rps, Duration: report.Duration(c.duration), Requests: c.requests,
 		Concurrency: c.concurrency, Seed: c.seed, SyncInterval: report.Duration(c.syncInterval), Drift: c.drift,

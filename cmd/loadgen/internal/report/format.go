@@ -16,8 +16,12 @@ import (
 func WriteTable(w io.Writer, r Report) error {
 	ew := &errWriter{w: w}
 	s := r.Scenario
-	ew.printf("hybridrate loadgen: %d nodes, %s, limit %s/s burst %s per key, cost %d, %s, %s per mode\n",
-		s.Nodes, keysDesc(s), fmtNum(s.Rate), fmtInt(s.Burst), s.Cost, demandDesc(s), runDesc(s))
+	name := ""
+	if s.Name != "" {
+		name = " scenario " + s.Name + ":"
+	}
+	ew.printf("hybridrate loadgen:%s %d nodes, %s, limit %s/s burst %s per key, cost %d, %s, %s per mode\n",
+		name, s.Nodes, keysDesc(s), fmtNum(s.Rate), fmtInt(s.Burst), s.Cost, demandDesc(s), runDesc(s))
 	ew.printf("backend: %s; hybrid: sync interval %s, drift %g, policy %s; concurrency %d, seed %d; %s, GOMAXPROCS %d\n",
 		s.Backend, time.Duration(s.SyncInterval), s.Drift, s.Policy, s.Concurrency, s.Seed, s.GoVersion, s.GOMAXPROCS)
 	ew.printf("\n")

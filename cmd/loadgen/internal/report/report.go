@@ -15,6 +15,7 @@ import (
 
 // Scenario describes the workload every mode of one run was given.
 type Scenario struct {
+	Name    string   `json:"name,omitempty"` // the --scenario preset; "" when none
 	Modes   []string `json:"modes"`
 	Backend string   `json:"backend"` // e.g. "redis standalone 127.0.0.1:16379" or "embedded miniredis"
 	Nodes   int      `json:"nodes"`
