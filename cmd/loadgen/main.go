@@ -104,6 +104,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, tty bool)
 		}
 	}
 	rep.Interrupted = ctx.Err() != nil
+	v := report.Judge(rep)
+	rep.Verdict = &v
 
 	status := 0
 	if err := report.WriteTable(stdout, rep); err != nil {

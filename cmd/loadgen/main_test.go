@@ -60,6 +60,9 @@ func TestRunEmbedded(t *testing.T) {
 		}
 	}
 	assert.NotNil(t, rep.Results[0].Sources, "hybrid reports its decision sources")
+	require.NotNil(t, rep.Verdict)
+	assert.Equal(t, "custom, overload targets", rep.Verdict.Scenario, "4× the limit by default")
+	assert.Contains(t, out, report.Judge(rep).String())
 	csvData, err := os.ReadFile(csvPath)
 	require.NoError(t, err)
 	assert.Equal(t, len(allModes)+1, strings.Count(string(csvData), "\n"))

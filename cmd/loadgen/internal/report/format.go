@@ -88,6 +88,7 @@ func WriteTable(w io.Writer, r Report) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	ew.printf("%s\n", Judge(r))
 	ew.printf("\n")
 	ew.printf("local: decisions made without a Redis round trip on the caller's path (hybrid: local allowance, local denial or deny cache).\n")
 	ew.printf("admitted/exact: tokens admitted ÷ tokens an exact token bucket per key admits for the same requests at the same times, all nodes\n")

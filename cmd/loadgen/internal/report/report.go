@@ -348,4 +348,6 @@ type Report struct {
 	Started     time.Time `json:"started"`
 	Interrupted bool      `json:"interrupted,omitempty"`
 	Results     []Result  `json:"results"`
+	// Verdict is Judge of the rest of the report, filled in before it is written.
+	Verdict *Verdict `json:"verdict,omitempty"`
 }
