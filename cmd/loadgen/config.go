@@ -112,8 +112,8 @@ func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(f
 var errHelp = errors.New("help requested")
 
 const usageHeader = `loadgen drives a simulated fleet of rate-limiter nodes and compares hybridrate with the
-limiters it replaces, on the same workload: accuracy against an exact token bucket, decision
-latency and Redis commands per decision.
+limiters it replaces, on the same workload: accuracy against an exact token bucket, the share of
+decisions made locally, decision latency, and Redis commands and CPU time per decision.
 
 Usage: loadgen [flags]
 
@@ -130,6 +130,7 @@ Scenarios (--scenario NAME): hybrid and central, 8 nodes, 10s per mode, library 
   overload  200 keys, rate 100/s, burst 100, load 4
   churn     a stream of new keys (--pattern churn): 4,000 req/s over a 100,000-key space, rate
             10/s, burst 20: about 2,400 new keys/s, each seen once or twice, and 4 hot keys
+            taking 10% of the requests
 Flags given with --scenario override its values. A verdict line under the table checks hybrid
 against central in the same run on the scenario's targets (issue 10); a run without --scenario
 is checked on the honest-load, overload or churn targets it resembles, without a Redis CPU one.
