@@ -51,7 +51,7 @@ type config struct {
 	pattern     workload.Pattern
 	zipfS       float64
 	affinity    float64 // share of each key's requests sent to its home node, when routed
-	routed      bool    // --affinity given: requests go to nodes by key, not by worker
+	routed      bool    // --affinity given or set by --scenario: requests go to nodes by key, not by worker
 	rate        float64 // tokens per second per key
 	burst       int64
 	cost        int64
@@ -208,7 +208,8 @@ func parseConfig(args []string, out io.Writer) (*config, error) {
 	fs.Visit(func(f *flag.Flag) { routed = routed || f.Name == "affinity" })
 
 	c := &config{
-		scenario: *scenarioName, nodes: *nodes, keys: *keys, zipfS: *zipfS, affinity: *affinity, routed: routed, rate: *rateF, burst: *burst, cost: *cost,
+		scenario: *scenarioName, nodes: *nodes, keys: *keys, zipfS: *zipfS, affinity: *affinity, routed: routed,
+		rate: *rateF, burst: *burst, cost: *cost,
 		duration: *duration, requests: *requests, concurrency: *conc, seed: *seed,
 		syncInterval: *syncInt, drift: *drift, syncTimeout: *syncTO, maxKeys: *maxKeys,
 		sentinelMaster: *sentinel, jsonPath: *jsonPath, csvPath: *csvPath, plotPath: *plotPath,

@@ -33,7 +33,8 @@ type request struct {
 	k int32
 }
 
-// worker drives one node with its share of the demand.
+// worker makes its share of the demand: on one node, or with --affinity on the node its router picks
+// for each request's key.
 type worker struct {
 	node   node             // this worker's node, when router is nil
 	nodes  []node           // the fleet, for router
