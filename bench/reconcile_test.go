@@ -26,7 +26,7 @@ func BenchmarkReconcile(b *testing.B) {
 			c, err := central.New(central.Config{
 				Client: rdb, Prefix: "benchrec" + strconv.Itoa(perCall), NodeID: "bench",
 				SyncTimeout: time.Second, FlushTimeout: 10 * time.Second, MaxBatch: perCall,
-				ActiveWindow: 10 * time.Second, PruneAge: 10 * time.Minute, LeaseLife: 10 * time.Second, Recount: 5 * time.Second,
+				PruneAge: 10 * time.Minute, Recount: time.Minute, ActiveWindow: 16 * time.Second,
 				Breaker: central.BreakerConfig{Threshold: 5, Cooldown: 500 * time.Millisecond},
 			})
 			if err != nil {
@@ -45,7 +45,6 @@ func BenchmarkReconcile(b *testing.B) {
 					ups[i].Acked, ups[i].UAcked = ups[i].Cum, ups[i].Used
 					ups[i].Cum += 3 // three tokens consumed on every key since the last round (as debt)
 					ups[i].Used = ups[i].Cum
-					ups[i].Seq++
 				}
 				if err := c.Reconcile(ctx, ups, out, errs); err != nil {
 					b.Fatal(err)

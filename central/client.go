@@ -43,17 +43,15 @@ type Config struct {
 	FlushTimeout time.Duration
 	// MaxBatch is the largest number of keys one script call reconciles; 1 to 1000.
 	MaxBatch int
-	// ActiveWindow is how recently a node must have touched a key to count as active on it.
-	ActiveWindow time.Duration
-	// PruneAge is how long a node's per-key record is kept after its last touch; at least ActiveWindow
-	// and LeaseLife.
+	// PruneAge is how long a node's per-key record is kept after its last call; longer than any
+	// lease a node may hold.
 	PruneAge time.Duration
-	// LeaseLife is how long Redis counts a lease as held (reconcile.lua's o). Nodes must stop using a
-	// lease earlier, on their own clock.
-	LeaseLife time.Duration
-	// Recount is how often, per key, Redis recounts the node records (outstanding leases, demand,
-	// active nodes) and prunes departed nodes.
+	// Recount is how often, per key, Redis scans the node records: the key's demand is recomputed
+	// from the nodes active within ActiveWindow, and departed nodes are pruned.
 	Recount time.Duration
+	// ActiveWindow is how long after its last call a node's declared demand counts in the key's
+	// demand (which sizes the nodes' shares of the burst).
+	ActiveWindow time.Duration
 	// Breaker configures the circuit breaker.
 	Breaker BreakerConfig
 	// Now is the clock for the breaker; nil means time.Now.
@@ -82,12 +80,11 @@ func (l Limit) Valid() bool {
 type Update struct {
 	Key    string  // the limiter key (not the Redis key)
 	Limit  Limit   // the limit; part of the bucket's identity (BucketKey)
-	Inc    uint64  // incarnation of the node's local entry for Key
-	Seq    uint64  // this call's number within the incarnation, from 1; a call not newer than the last changes nothing
+	Inc    uint64  // incarnation of the node's local entry for Key; 0 for a one-off take without one
 	Cum    int64   // tokens this incarnation has consumed in total (admitted, and unused lease written off)
 	Acked  int64   // the tokens charged to this incarnation by the last answer the node applied
 	Used   int64   // tokens this incarnation admitted in total (Used ≤ Cum); Redis counts them
-	UAcked int64   // the part of Used the node knows Redis has counted
+	UAcked int64   // what the node knows Redis has counted of Used (it may exceed Used by a covered take not yet made)
 	Demand float64 // this node's recent demand on the key, tokens/s
 	Want   int64   // unused lease the node wants to hold after the call
 	N      int64   // tokens the caller needs now (a synchronous call); 0 for a background reconcile
@@ -104,8 +101,7 @@ const (
 	StatusDenied Status = 0
 	// StatusDone: a background reconcile was applied.
 	StatusDone Status = -1
-	// StatusStale: the call was not newer than the last one Redis applied for this incarnation; the
-	// state returned is Redis's record of the node, unchanged.
+	// StatusStale: a late call from an incarnation the node has replaced; nothing changed.
 	StatusStale Status = -2
 )
 
@@ -113,15 +109,13 @@ const (
 type State struct {
 	// Status says what was done.
 	Status Status
-	// Seq is the number of the last call Redis applied for this incarnation.
-	Seq uint64
 	// Charged is the tokens charged to this incarnation in total: its leases and its debt. The node may
 	// consume up to Charged without further charge.
 	Charged int64
 	// Tokens is the global token count in micro-tokens after the update (negative: debt).
 	Tokens int64
-	// Active is the number of nodes recently active on the key (at least 1).
-	Active int64
+	// Demand is the key's demand over all nodes active on it, tokens/s (as they declared it).
+	Demand float64
 	// RetryAfter is, for a denied call, how long until N could be covered; for a lease shorter than
 	// wanted, how long until this node's share of the refill covers it; zero otherwise.
 	RetryAfter time.Duration
@@ -171,9 +165,8 @@ func New(cfg Config) (*Client, error) {
 		return nil, errors.New("central: SyncTimeout and FlushTimeout must be positive")
 	case cfg.MaxBatch < 1 || cfg.MaxBatch > 1000:
 		return nil, fmt.Errorf("central: MaxBatch %d out of range [1, 1000]", cfg.MaxBatch)
-	case cfg.ActiveWindow < time.Millisecond || cfg.LeaseLife < time.Millisecond || cfg.Recount < time.Millisecond ||
-		cfg.PruneAge < cfg.ActiveWindow || cfg.PruneAge < cfg.LeaseLife:
-		return nil, errors.New("central: ActiveWindow, LeaseLife and Recount must be at least 1ms, and PruneAge at least ActiveWindow and LeaseLife")
+	case cfg.PruneAge < time.Millisecond || cfg.Recount < time.Millisecond || cfg.ActiveWindow < time.Millisecond:
+		return nil, errors.New("central: PruneAge, Recount and ActiveWindow must be at least 1ms")
 	case cfg.Breaker.Threshold < 1 || cfg.Breaker.Cooldown <= 0 || cfg.Breaker.MinSpan < 0:
 		return nil, errors.New("central: breaker needs Threshold ≥ 1, a positive Cooldown and a MinSpan ≥ 0")
 	}
@@ -203,8 +196,8 @@ func New(cfg Config) (*Client, error) {
 		c.cluster = rc
 		c.enforced = rc.Options().ContextTimeoutEnabled
 	}
-	c.keyArgs = []any{cfg.NodeID, cfg.LeaseLife.Milliseconds(), cfg.ActiveWindow.Milliseconds(),
-		cfg.PruneAge.Milliseconds(), cfg.Recount.Milliseconds(), 0}
+	c.keyArgs = []any{cfg.NodeID, cfg.PruneAge.Milliseconds(), cfg.Recount.Milliseconds(),
+		cfg.ActiveWindow.Milliseconds(), 0}
 	return c, nil
 }
 
@@ -261,13 +254,12 @@ func (c *Client) scripts() (rec, ban *redis.Script) {
 }
 
 // argsPerKey is the number of script arguments per key (reconcile.lua).
-const argsPerKey = 11
+const argsPerKey = 10
 
 // appendArgs appends u's script arguments.
 func appendArgs(args []any, u Update) []any {
 	return append(args,
 		strconv.FormatUint(u.Inc, 10),
-		strconv.FormatUint(u.Seq, 10),
 		strconv.FormatInt(u.Cum, 10),
 		strconv.FormatInt(u.Acked, 10),
 		strconv.FormatInt(u.Used, 10),
@@ -285,15 +277,15 @@ func validate(u Update) error {
 	case !u.Limit.Valid():
 		return fmt.Errorf("%w: key %q: invalid limit rate=%v burst=%d", ErrInvalid, u.Key, u.Limit.Rate, u.Limit.Burst)
 	case u.Cum < 0 || u.Acked < 0 || u.Cum > 1<<53 || u.Acked > 1<<53 || u.Used < 0 || u.Used > u.Cum ||
-		u.UAcked < 0 || u.UAcked > u.Used:
+		u.UAcked < 0 || u.UAcked > 1<<53:
 		return fmt.Errorf("%w: key %q: invalid counters cum=%d acked=%d used=%d uacked=%d", ErrInvalid, u.Key,
 			u.Cum, u.Acked, u.Used, u.UAcked)
 	case u.N < 0 || u.N > u.Limit.Burst:
 		return fmt.Errorf("%w: key %q: n=%d out of range [0, burst=%d]", ErrInvalid, u.Key, u.N, u.Limit.Burst)
 	case u.Want < 0 || u.Want > 1e9 || !(u.Demand >= 0 && u.Demand <= 1e9):
 		return fmt.Errorf("%w: key %q: want=%d demand=%v out of range", ErrInvalid, u.Key, u.Want, u.Demand)
-	case u.Inc > 1<<53 || u.Seq < 1 || u.Seq > 1<<53:
-		return fmt.Errorf("%w: key %q: incarnation or sequence out of range", ErrInvalid, u.Key)
+	case u.Inc > 1<<53:
+		return fmt.Errorf("%w: key %q: incarnation out of range", ErrInvalid, u.Key)
 	}
 	return nil
 }
@@ -587,7 +579,7 @@ func (c *Client) load(ctx context.Context) error {
 }
 
 // replyWidth is the number of reply elements per key (reconcile.lua).
-const replyWidth = 7
+const replyWidth = 6
 
 // decodeStates decodes a reconcile reply of replyWidth elements per key into out, and a key Redis
 // could not process into errs (wrapping ErrBadKey). It returns an error when the reply as a whole is
@@ -615,18 +607,17 @@ func decodeStates(res any, out []State, errs []error) error {
 		}
 		// The script clamps both durations to 1e15µs (about 31 years); a larger value would overflow
 		// time.Duration into a negative wait (found by FuzzDecodeStates).
-		if v[0] < -2 || v[0] > 1 || v[1] < 0 || v[2] < 0 || v[4] < 1 || v[5] < 0 || v[6] < 0 || v[5] > 1e15 || v[6] > 1e15 {
+		if v[0] < -2 || v[0] > 1 || v[1] < 0 || v[3] < 0 || v[4] < 0 || v[5] < 0 || v[4] > 1e15 || v[5] > 1e15 {
 			return fmt.Errorf("%w: values out of range %v", ErrBadReply, v)
 		}
 		errs[k] = nil
 		out[k] = State{
 			Status:     Status(v[0]),
-			Seq:        uint64(v[1]),
-			Charged:    v[2],
-			Tokens:     v[3],
-			Active:     v[4],
-			RetryAfter: time.Duration(v[5]) * time.Microsecond,
-			ResetAfter: time.Duration(v[6]) * time.Microsecond,
+			Charged:    v[1],
+			Tokens:     v[2],
+			Demand:     float64(v[3]) / 1000,
+			RetryAfter: time.Duration(v[4]) * time.Microsecond,
+			ResetAfter: time.Duration(v[5]) * time.Microsecond,
 		}
 	}
 	return nil

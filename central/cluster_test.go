@@ -72,7 +72,7 @@ func TestCluster(t *testing.T) {
 		require.False(t, c.legacy.Load())
 		ups := make([]Update, 200)
 		for i := range ups {
-			ups[i] = Update{Key: "decl:" + strconv.Itoa(i), Limit: Limit{Rate: 10, Burst: 100}, Inc: 1, Seq: 1, Cum: int64(i % 7), Used: int64(i % 7)}
+			ups[i] = Update{Key: "decl:" + strconv.Itoa(i), Limit: Limit{Rate: 10, Burst: 100}, Inc: 1, Cum: int64(i % 7), Used: int64(i % 7)}
 		}
 		out, errs := make([]State, len(ups)), make([]error, len(ups))
 		require.NoError(t, c.Reconcile(ctx, ups, out, errs))
@@ -80,7 +80,7 @@ func TestCluster(t *testing.T) {
 			require.NoError(t, errs[i])
 			assert.Equal(t, ups[i].Cum, out[i].Charged, ups[i].Key)
 		}
-		_, err = c.Take(ctx, Update{Key: "decl:0", Limit: Limit{Rate: 10, Burst: 100}, Inc: 1, Seq: 2, Cum: 0, Acked: 0, N: 1})
+		_, err = c.Take(ctx, Update{Key: "decl:0", Limit: Limit{Rate: 10, Burst: 100}, Inc: 1, Cum: 0, Acked: 0, N: 1})
 		require.NoError(t, err)
 		require.NoError(t, c.Ban(ctx, "decl:banned", time.Minute))
 		bans, err := c.Bans(ctx)
@@ -97,7 +97,7 @@ func TestCluster(t *testing.T) {
 		require.NoError(t, err)
 		const key = "recover:1"
 		lim := Limit{Rate: 1000, Burst: 1_000_000}
-		_, err = c.Take(ctx, Update{Key: key, Limit: lim, Inc: 1, Seq: 1, N: 1})
+		_, err = c.Take(ctx, Update{Key: key, Limit: lim, Inc: 1, N: 1})
 		require.NoError(t, err)
 		old := cl.MasterFor(t, BucketKey("t", key, lim))
 
@@ -113,15 +113,13 @@ func TestCluster(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			seq := uint64(1)
 			for {
 				select {
 				case <-stop:
 					return
 				case <-time.After(10 * time.Millisecond):
 				}
-				seq++
-				_, err := c.Take(ctx, Update{Key: key, Limit: lim, Inc: 1, Seq: seq, N: 1})
+				_, err := c.Take(ctx, Update{Key: key, Limit: lim, Inc: 1, N: 1})
 				mu.Lock()
 				results = append(results, result{time.Now(), err})
 				mu.Unlock()

@@ -128,7 +128,7 @@ func replyFrom(b []byte, depth int) (any, []byte) {
 }
 
 // FuzzDecodeStates: decodeStates never panics on any reply shape; it accepts a reply only when it
-// is exactly 7 elements per key in range (or a per-key error row), and then decodes them faithfully,
+// is exactly 6 elements per key in range (or a per-key error row), and then decodes them faithfully,
 // with durations that are never negative. The second half builds well-formed replies from the fuzz
 // integers and checks the round trip.
 func FuzzDecodeStates(f *testing.F) {
@@ -140,14 +140,14 @@ func FuzzDecodeStates(f *testing.F) {
 		}
 		return b
 	}
-	f.Add(good(1, 1, 5, 6_000_000, 1, 0, 8_000_000), uint8(1))
-	f.Add(good(0, 2, 5, -250_000, 3, 500_000, 1_000_000, -1, 3, 9, 10_000_000, 1, 0, 0), uint8(2))
-	f.Add(good(1, 1, 5, 6_000_000, 1, 0), uint8(1))               // short
-	f.Add(good(2, 1, 5, 6_000_000, 1, 0, 8_000_000), uint8(1))    // status out of range
-	f.Add(good(1, 1, 5, 6_000_000, 0, 0, 8_000_000), uint8(1))    // no active node
-	f.Add(good(0, 1, 5, 6_000_000, 1, 1e16, 8_000_000), uint8(1)) // a retry-after beyond the script's clamp
-	f.Add(good(0, 1, 5, 6_000_000, 1, math.MaxInt64, math.MaxInt64), uint8(1))
-	f.Add([]byte{7, 7, 3, 1, 'x', 0, 0, 0, 0, 0, 0, 0, 0, 0}, uint8(1)) // a string among the integers
+	f.Add(good(1, 5, 6_000_000, 1000, 0, 8_000_000), uint8(1))
+	f.Add(good(0, 5, -250_000, 3000, 500_000, 1_000_000, -1, 9, 10_000_000, 1, 0, 0), uint8(2))
+	f.Add(good(1, 5, 6_000_000, 1, 0), uint8(1))               // short
+	f.Add(good(2, 5, 6_000_000, 1, 0, 8_000_000), uint8(1))    // status out of range
+	f.Add(good(1, 5, 6_000_000, -1, 0, 8_000_000), uint8(1))   // negative demand
+	f.Add(good(0, 5, 6_000_000, 1, 1e16, 8_000_000), uint8(1)) // a retry-after beyond the script's clamp
+	f.Add(good(0, 5, 6_000_000, 1, math.MaxInt64, math.MaxInt64), uint8(1))
+	f.Add([]byte{7, 6, 3, 1, 'x', 0, 0, 0, 0, 0, 0, 0, 0, 0}, uint8(1)) // a string among the integers
 	f.Add([]byte{4}, uint8(0))
 	f.Add([]byte{}, uint8(0))
 	f.Fuzz(func(t *testing.T, data []byte, keys uint8) {
@@ -183,7 +183,7 @@ func FuzzDecodeStates(f *testing.F) {
 		reply := make([]any, 0, replyWidth*n)
 		for k := range n {
 			v := ints[replyWidth*k : replyWidth*k+replyWidth]
-			reply = append(reply, abs(v[0])%4-2, abs(v[1]), abs(v[2]), v[3], 1+abs(v[4])%1000, abs(v[5])%1_000_000_000_000_001, abs(v[6])%1_000_000_000_000_001)
+			reply = append(reply, abs(v[0])%4-2, abs(v[1]), v[2], abs(v[3]), abs(v[4])%1_000_000_000_000_001, abs(v[5])%1_000_000_000_000_001)
 		}
 		out = make([]State, n)
 		errs = make([]error, n)
@@ -220,11 +220,11 @@ func checkState(t *testing.T, st State, vals []any) {
 	switch {
 	case st.Status < -2 || st.Status > 1 || int64(st.Status) != v[0]:
 		t.Fatalf("status %d from %v", st.Status, v)
-	case int64(st.Seq) != v[1] || st.Charged != v[2] || st.Tokens != v[3] || st.Active != v[4] || st.Active < 1:
+	case st.Charged != v[1] || st.Tokens != v[2] || st.Demand != float64(v[3])/1000 || st.Demand < 0:
 		t.Fatalf("state %+v from %v", st, v)
 	case st.RetryAfter < 0 || st.ResetAfter < 0:
 		t.Fatalf("negative duration in %+v from %v", st, v)
-	case st.RetryAfter != time.Duration(v[5])*time.Microsecond || st.ResetAfter != time.Duration(v[6])*time.Microsecond:
+	case st.RetryAfter != time.Duration(v[4])*time.Microsecond || st.ResetAfter != time.Duration(v[5])*time.Microsecond:
 		t.Fatalf("durations %+v from %v", st, v)
 	}
 }

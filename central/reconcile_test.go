@@ -35,7 +35,7 @@ func testConfig(rdb redis.UniversalClient, node string) Config {
 	return Config{
 		Client: rdb, Prefix: "t", NodeID: node,
 		SyncTimeout: time.Second, FlushTimeout: 2 * time.Second, MaxBatch: 100,
-		ActiveWindow: 2 * time.Second, PruneAge: time.Minute, LeaseLife: 10 * time.Second, Recount: time.Second,
+		PruneAge: time.Minute, Recount: time.Second, ActiveWindow: 20 * time.Second,
 		Breaker: BreakerConfig{Threshold: 3, Cooldown: 50 * time.Millisecond},
 	}
 }
@@ -58,9 +58,9 @@ type node struct {
 	key    string
 	lim    Limit
 	inc    uint64
-	seq    uint64
-	cum    int64 // consumed (admitted)
-	acked  int64 // charged by the last answer
+	demand float64 // declared demand, tokens/s (1 when zero)
+	cum    int64   // consumed (admitted)
+	acked  int64   // charged by the last answer
 	uacked int64
 }
 
@@ -68,12 +68,18 @@ type node struct {
 func (nd *node) call(t *testing.T, use, want, n int64) State {
 	t.Helper()
 	nd.cum += use
-	nd.seq++
-	st, err := nd.c.Take(context.Background(), Update{Key: nd.key, Limit: nd.lim, Inc: nd.inc, Seq: nd.seq,
-		Cum: nd.cum, Acked: nd.acked, Used: nd.cum, UAcked: nd.uacked, Demand: 1, Want: want, N: n})
+	d := nd.demand
+	if d == 0 {
+		d = 1
+	}
+	st, err := nd.c.Take(context.Background(), Update{Key: nd.key, Limit: nd.lim, Inc: nd.inc,
+		Cum: nd.cum, Acked: nd.acked, Used: nd.cum, UAcked: nd.uacked, Demand: d, Want: want, N: n})
 	require.NoError(t, err)
 	if st.Status != StatusStale {
 		nd.acked, nd.uacked = st.Charged, nd.cum
+		if st.Status == StatusCovered {
+			nd.uacked += n
+		}
 	}
 	return st
 }
@@ -114,12 +120,8 @@ func TestScriptLeaseScenarios(t *testing.T) {
 			assert.Equal(t, s.retry, st.RetryAfter, "step %d retry", i)
 		}
 		// The refill timestamp survives the round trip with all 16 digits (tostring would keep 14).
-		ts, err := rdb.HGet(ctx, rk, "s").Result()
-		require.NoError(t, err)
-		assert.Equal(t, strconv.FormatInt(t0+22_000_000, 10), ts, "s must not be rounded")
-		consumed, err := rdb.HGet(ctx, rk, "c").Int64()
-		require.NoError(t, err)
-		assert.Equal(t, int64(13), consumed, "every admitted token is counted once")
+		assert.Equal(t, t0+22_000_000, bucketField(t, rdb, rk, 1), "s must not be rounded")
+		assert.Equal(t, int64(13), bucketField(t, rdb, rk, 2), "every admitted token is counted once")
 		c.at(0)
 		// The TTL is twice the time to refill plus a second: 2·10/0.5 s + 1 s = 41 s.
 		ttl, err := rdb.PTTL(ctx, rk).Result()
@@ -130,16 +132,18 @@ func TestScriptLeaseScenarios(t *testing.T) {
 
 func TestScriptShareOfTheBurst(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
-		lim := Limit{Rate: 1, Burst: 100}
-		a := &node{c: newTestClient(t, rdb, "a"), key: "sh", lim: lim, inc: 1}
-		b := &node{c: newTestClient(t, rdb, "b"), key: "sh", lim: lim, inc: 1}
+		lim := Limit{Rate: 1000, Burst: 100}
+		a := &node{c: newTestClient(t, rdb, "a"), key: "sh", lim: lim, inc: 1, demand: 2.5}
+		b := &node{c: newTestClient(t, rdb, "b"), key: "sh", lim: lim, inc: 1, demand: 2.5}
 		a.c.at(t0)
 		b.c.at(t0)
-		// Two nodes each declaring demand 1: each lease is at most its demand-weighted share.
-		a.call(t, 0, 0, 0)
-		st := b.call(t, 0, 1000, 0)
-		assert.Equal(t, int64(50), st.Charged, "half the burst (1000 wanted)")
-		assert.Equal(t, int64(50_000_000), st.Tokens)
+		// Both nodes declare a demand of 2.5 tokens/s: the key's demand is 5 tokens/s, and each node's
+		// lease is at most its share of the burst, 2.5/5 of it; halved, because the demand would take
+		// more than the burst within the lease's horizon (1000 wanted at 2.5/s).
+		a.call(t, 10, 0, 0)
+		st := b.call(t, 10, 1000, 0)
+		assert.InDelta(t, 5.0, st.Demand, 0.001, "the key's demand")
+		assert.Equal(t, int64(10+25), st.Charged, "10 debt and a quarter of the burst")
 	})
 }
 
@@ -172,9 +176,7 @@ func TestScriptDebtFloorAndRetry(t *testing.T) {
 		assert.Equal(t, StatusDenied, st.Status)
 		assert.Equal(t, 2500*time.Millisecond, st.RetryAfter, "(5 - -20) / 10 per second")
 		assert.Equal(t, 4*time.Second, st.ResetAfter, "(20 - -20) / 10")
-		consumed, err := rdb.HGet(context.Background(), BucketKey("t", "d", nd.lim), "c").Int64()
-		require.NoError(t, err)
-		assert.Equal(t, int64(70), consumed, "accounting keeps every consumed token")
+		assert.Equal(t, int64(70), bucketField(t, rdb, BucketKey("t", "d", nd.lim), 2), "accounting keeps every consumed token")
 	})
 }
 
@@ -184,23 +186,31 @@ func TestScriptIsIdempotent(t *testing.T) {
 		c := newTestClient(t, rdb, "a")
 		lim := Limit{Rate: 1, Burst: 100}
 		c.at(t0)
-		u := Update{Key: "i", Limit: lim, Inc: 1, Seq: 1, Cum: 30, Used: 30, Want: 10, Demand: 1}
-		for i := range 3 { // a re-sent call is applied once
+		u := Update{Key: "i", Limit: lim, Inc: 1, Cum: 30, Used: 30, Want: 10, Demand: 1}
+		for range 3 { // a re-sent call is applied once
 			out, errs := make([]State, 1), make([]error, 1)
 			require.NoError(t, c.Reconcile(ctx, []Update{u}, out, errs))
 			require.NoError(t, errs[0])
 			assert.Equal(t, int64(40), out[0].Charged, "30 debt and a lease of 10")
 			assert.Equal(t, int64(60_000_000), out[0].Tokens)
-			if i > 0 {
-				assert.Equal(t, StatusStale, out[0].Status)
-			}
 		}
-		// A late call (an older seq) changes nothing either.
+		// A late call (smaller counts) charges and grants nothing either.
 		old := u
-		old.Seq, old.Cum, old.Used = 0, 0, 0
-		consumed, err := rdb.HGet(ctx, BucketKey("t", "i", lim), "c").Int64()
-		require.NoError(t, err)
-		assert.Equal(t, int64(30), consumed)
+		old.Cum, old.Used = 20, 20
+		out, errs := make([]State, 1), make([]error, 1)
+		require.NoError(t, c.Reconcile(ctx, []Update{old}, out, errs))
+		assert.Equal(t, int64(40), out[0].Charged)
+		assert.Equal(t, int64(60_000_000), out[0].Tokens)
+		// A replayed synchronous take: covered both times, taken and counted once.
+		tk := Update{Key: "i", Limit: lim, Inc: 1, Cum: 40, Acked: 40, Used: 40, UAcked: 30, Want: 5, N: 5, Demand: 1}
+		for range 2 {
+			st, err := c.Take(ctx, tk)
+			require.NoError(t, err)
+			assert.Equal(t, StatusCovered, st.Status)
+			assert.Equal(t, int64(45), st.Charged)
+			assert.Equal(t, int64(55_000_000), st.Tokens)
+		}
+		assert.Equal(t, int64(45), bucketField(t, rdb, BucketKey("t", "i", lim), 2), "30 + 10 + the 5 taken")
 	})
 }
 
@@ -227,22 +237,16 @@ func TestScriptIncarnations(t *testing.T) {
 	})
 }
 
-func TestScriptCountsActiveNodes(t *testing.T) {
+func TestScriptPrunesDepartedNodes(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		lim := Limit{Rate: 1, Burst: 100}
-		var st State
 		for i, id := range []string{"a", "b", "c"} {
 			nd := &node{c: newTestClient(t, rdb, id), key: "act", lim: lim, inc: 1}
 			nd.c.at(t0 + int64(i))
-			st = nd.call(t, 1, 0, 0)
+			nd.call(t, 1, 0, 0)
 		}
-		assert.Equal(t, int64(3), st.Active)
-		// Long after, one node comes back: the recount counts 1 active.
-		a := &node{c: newTestClient(t, rdb, "a"), key: "act", lim: lim, inc: 1, seq: 1, cum: 1, acked: 1, uacked: 1}
-		a.c.at(t0 + 10_000_000)
-		st = a.call(t, 1, 0, 0)
-		assert.Equal(t, int64(1), st.Active)
-		// After the prune age the departed nodes' records are deleted.
+		// After the prune age (1 minute) and a scan period, only the node that keeps calling is left.
+		a := &node{c: newTestClient(t, rdb, "a"), key: "act", lim: lim, inc: 1, cum: 1, acked: 1, uacked: 1}
 		a.c.at(t0 + 200_000_000)
 		a.call(t, 1, 0, 0)
 		fields, err := rdb.HKeys(context.Background(), BucketKey("t", "act", lim)).Result()
@@ -257,26 +261,39 @@ func TestScriptCountsActiveNodes(t *testing.T) {
 	})
 }
 
+// bucketField reads element i of a bucket's packed "b" field (reconcile.lua: t:s:c:w:nt:x).
+func bucketField(t *testing.T, rdb redis.UniversalClient, key string, i int) int64 {
+	t.Helper()
+	b, err := rdb.HGet(context.Background(), key, "b").Result()
+	require.NoError(t, err)
+	parts := strings.Split(b, ":")
+	require.Len(t, parts, 6, b)
+	v, err := strconv.ParseInt(parts[i], 10, 64)
+	require.NoError(t, err, b)
+	return v
+}
+
 func TestScriptRejectsBadNumbers(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		ctx := context.Background()
 		src := redis.NewScript(lua.StripShebang(lua.Reconcile()))
 		for _, tc := range []struct {
 			name string
-			args []any // inc, seq, cum, acked, used, uacked, demand, want, n, rate, burst
+			args []any // inc, cum, acked, used, uacked, demand, want, n, rate, burst
 		}{
-			{"nan rate", []any{1, 1, 0, 0, 0, 0, 1, 1, 1, "nan", 10}},
-			{"inf rate", []any{1, 1, 0, 0, 0, 0, 1, 1, 1, "inf", 10}},
-			{"negative rate", []any{1, 1, 0, 0, 0, 0, 1, 1, 1, "-1", 10}},
-			{"zero burst", []any{1, 1, 0, 0, 0, 0, 1, 1, 1, "1", 0}},
-			{"fractional burst", []any{1, 1, 0, 0, 0, 0, 1, 1, 1, "1", 2.5}},
-			{"n over burst", []any{1, 1, 0, 0, 0, 0, 1, 1, 11, "1", 10}},
-			{"nan cum", []any{1, 1, "nan", 0, 0, 0, 1, 1, 1, "1", 10}},
-			{"used over cum", []any{1, 1, 1, 0, 2, 0, 1, 1, 1, "1", 10}},
-			{"zero seq", []any{1, 0, 0, 0, 0, 0, 1, 1, 1, "1", 10}},
-			{"garbage n", []any{1, 1, 0, 0, 0, 0, 1, 1, "x", "1", 10}},
+			{"nan rate", []any{1, 0, 0, 0, 0, 1, 1, 1, "nan", 10}},
+			{"inf rate", []any{1, 0, 0, 0, 0, 1, 1, 1, "inf", 10}},
+			{"negative rate", []any{1, 0, 0, 0, 0, 1, 1, 1, "-1", 10}},
+			{"zero burst", []any{1, 0, 0, 0, 0, 1, 1, 1, "1", 0}},
+			{"fractional burst", []any{1, 0, 0, 0, 0, 1, 1, 1, "1", 2.5}},
+			{"n over burst", []any{1, 0, 0, 0, 0, 1, 1, 11, "1", 10}},
+			{"nan cum", []any{1, "nan", 0, 0, 0, 1, 1, 1, "1", 10}},
+			{"used over cum", []any{1, 1, 0, 2, 0, 1, 1, 1, "1", 10}},
+			{"negative inc", []any{-1, 0, 0, 0, 0, 1, 1, 1, "1", 10}},
+			{"nan demand", []any{1, 0, 0, 0, 0, "nan", 1, 1, "1", 10}},
+			{"garbage n", []any{1, 0, 0, 0, 0, 1, 1, "x", "1", 10}},
 		} {
-			args := append([]any{"node", 10000, 1000, 60000, 1000, 0}, tc.args...)
+			args := append([]any{"node", 60000, 1000, 4000, 0}, tc.args...)
 			res, err := src.Eval(ctx, rdb, []string{"t:v2:b:{bad}:1:10"}, args...).Result()
 			require.NoError(t, err, tc.name)
 			out, errs := make([]State, 1), make([]error, 1)
@@ -288,13 +305,13 @@ func TestScriptRejectsBadNumbers(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, int64(0), n, "a rejected key writes nothing")
 		// A bad global argument fails the whole call.
-		err = src.Eval(ctx, rdb, []string{"t:v2:b:{bad}:1:10"}, "no:de", 10000, 1000, 60000, 1000, 0,
-			1, 1, 0, 0, 0, 0, 1, 1, 1, "1", 10).Err()
+		err = src.Eval(ctx, rdb, []string{"t:v2:b:{bad}:1:10"}, "no:de", 60000, 1000, 4000, 0,
+			1, 0, 0, 0, 0, 1, 1, 1, "1", 10).Err()
 		require.Error(t, err)
 		// Go rejects bad limits before they are sent.
 		c := newTestClient(t, rdb, "a")
 		for _, lim := range []Limit{{math.NaN(), 1}, {math.Inf(1), 1}, {-1, 1}, {1, 0}} {
-			_, err := c.Take(ctx, Update{Key: "x", Limit: lim, Seq: 1, N: 1})
+			_, err := c.Take(ctx, Update{Key: "x", Limit: lim, N: 1})
 			assert.Error(t, err)
 			assert.False(t, IsTransport(err))
 		}
@@ -311,7 +328,7 @@ func TestOneBadKeyCostsOnlyThatKey(t *testing.T) {
 		require.NoError(t, rdb.Set(ctx, BucketKey("t", "poisoned", lim), "x", 0).Err())
 		var ups []Update
 		for _, k := range []string{"ok1", "poisoned", "ok2"} {
-			ups = append(ups, Update{Key: k, Limit: lim, Inc: 1, Seq: 1, Cum: 5, Used: 5})
+			ups = append(ups, Update{Key: k, Limit: lim, Inc: 1, Cum: 5, Used: 5})
 		}
 		out, errs := make([]State, 3), make([]error, 3)
 		err := c.Reconcile(ctx, ups, out, errs)
@@ -321,9 +338,7 @@ func TestOneBadKeyCostsOnlyThatKey(t *testing.T) {
 		assert.Contains(t, errs[1].Error(), "WRONGTYPE")
 		assert.NoError(t, errs[2])
 		for _, k := range []string{"ok1", "ok2"} {
-			consumed, err := rdb.HGet(ctx, BucketKey("t", k, lim), "c").Int64()
-			require.NoError(t, err)
-			assert.Equal(t, int64(5), consumed, k)
+			assert.Equal(t, int64(5), bucketField(t, rdb, BucketKey("t", k, lim), 2), k)
 		}
 		assert.Equal(t, BreakerClosed, c.Breaker().State(), "a bad key says nothing about Redis")
 	})
@@ -334,7 +349,7 @@ func TestOneBadKeyCostsOnlyThatKey(t *testing.T) {
 func TestUserKeysCannotReachInternalStructures(t *testing.T) {
 	internal := []string{BansKey("hr"), BansChannel("hr")}
 	lim := Limit{Rate: 1, Burst: 1}
-	for _, k := range []string{"bans", "{bans}", "x:bans", "ts", "nt", "tk", "t", "s", "c", "w", "na", "x",
+	for _, k := range []string{"bans", "{bans}", "x:bans", "ts", "nt", "tk", "t", "s", "c", "w", "b", "x",
 		"n:a", "hr:v2:x:{bans}", "}:1:1", "bans}:1:1"} {
 		for _, in := range internal {
 			assert.NotEqual(t, in, BucketKey("hr", k, lim), k)
@@ -356,9 +371,8 @@ func TestNoScriptRecovery(t *testing.T) {
 		for round := 0; round < 2; round++ {
 			require.NoError(t, rdb.ScriptFlush(ctx).Err())
 			loads := c.Stats().ScriptLoads.Load()
-			nd.seq++
 			nd.cum += 2
-			ups := []Update{{Key: "s", Limit: lim, Inc: 1, Seq: nd.seq, Cum: nd.cum, Acked: nd.acked, Used: nd.cum, UAcked: nd.uacked}}
+			ups := []Update{{Key: "s", Limit: lim, Inc: 1, Cum: nd.cum, Acked: nd.acked, Used: nd.cum, UAcked: nd.uacked}}
 			out, errs := make([]State, 1), make([]error, 1)
 			require.NoError(t, c.Reconcile(ctx, ups, out, errs), "pipelined reconcile after SCRIPT FLUSH")
 			require.NoError(t, errs[0])
@@ -379,7 +393,7 @@ func TestReconcileBatchesManyKeys(t *testing.T) {
 		const n = 250 // three script calls of at most 100 keys
 		ups := make([]Update, n)
 		for i := range ups {
-			ups[i] = Update{Key: "b" + strconv.Itoa(i), Limit: Limit{Rate: 100, Burst: 1000}, Inc: 1, Seq: 1, Cum: int64(i), Used: int64(i)}
+			ups[i] = Update{Key: "b" + strconv.Itoa(i), Limit: Limit{Rate: 100, Burst: 1000}, Inc: 1, Cum: int64(i), Used: int64(i)}
 		}
 		ups[7].Limit.Rate = math.NaN() // one bad update fails alone
 		out, errs := make([]State, n), make([]error, n)
@@ -406,19 +420,18 @@ func TestBreakerOpensAndFailsFast(t *testing.T) {
 	nd.call(t, 0, 1, 1)
 	srv.Kill(t)
 	for i := 0; i < 3; i++ {
-		_, err := c.Take(ctx, Update{Key: "br", Limit: Limit{Rate: 1, Burst: 10}, Inc: 1, Seq: uint64(10 + i), N: 1})
+		_, err := c.Take(ctx, Update{Key: "br", Limit: Limit{Rate: 1, Burst: 10}, Inc: 1, N: 1})
 		require.Error(t, err)
 		assert.True(t, IsTransport(err), "%v", err)
 	}
 	assert.Equal(t, BreakerOpen, c.Breaker().State())
 	start := time.Now()
-	_, err := c.Take(ctx, Update{Key: "br", Limit: Limit{Rate: 1, Burst: 10}, Inc: 1, Seq: 20, N: 1})
+	_, err := c.Take(ctx, Update{Key: "br", Limit: Limit{Rate: 1, Burst: 10}, Inc: 1, N: 1})
 	assert.ErrorIs(t, err, ErrUnavailable)
 	assert.Less(t, time.Since(start), 10*time.Millisecond, "an open breaker does no I/O")
 	srv.Restart(t)
 	require.Eventually(t, func() bool {
-		nd.seq += 100
-		_, err := c.Take(ctx, Update{Key: "br", Limit: Limit{Rate: 1, Burst: 10}, Inc: 1, Seq: nd.seq, N: 1})
+		_, err := c.Take(ctx, Update{Key: "br", Limit: Limit{Rate: 1, Burst: 10}, Inc: 1, N: 1})
 		return err == nil
 	}, 5*time.Second, 20*time.Millisecond)
 	assert.Equal(t, BreakerClosed, c.Breaker().State())

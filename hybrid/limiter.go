@@ -131,10 +131,9 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		SyncTimeout:  o.syncTimeout,
 		FlushTimeout: o.flushTimeout,
 		MaxBatch:     scriptBatch,
-		ActiveWindow: max(leaseLife+leaseMargin, 10*o.syncInterval),
 		PruneAge:     pruneAge,
-		LeaseLife:    leaseLife + leaseMargin,
 		Recount:      recountPeriod,
+		ActiveWindow: 2 * leaseLife,
 		Breaker:      central.BreakerConfig{Threshold: breakerThreshold, Cooldown: breakerCooldown, MinSpan: breakerMinSpan},
 		Now:          nil, // the breaker measures its cooldown on the monotonic clock, never WithClock's
 	})
@@ -172,10 +171,11 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		Horizon:   leaseHorizon,
 		LeaseLife: leaseLife,
 		Now:       l.mono,
-		OnState: func(_ *local.Entry, st central.State) {
+		OnState: func(e *local.Entry, _ central.State) {
+			_, active, _ := e.Global()
 			for {
 				f := l.fleet.Load()
-				if st.Active <= f || l.fleet.CompareAndSwap(f, st.Active) {
+				if active <= f || l.fleet.CompareAndSwap(f, active) {
 					break
 				}
 			}
@@ -398,6 +398,7 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 	var err error
 	for attempt := 0; ; attempt++ {
 		var u central.Update
+		var seq uint64
 		flying := false
 		sent := l.mono()
 		if e != nil {
@@ -428,9 +429,10 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 				want = min(max(l.syncer.Want(e, c.Demand, n), n+e.Waiters()), limit.Burst)
 			}
 			u = ratesync.Update(e, c, want, n)
+			seq = c.Seq
 		} else {
 			// No room locally: a one-off take (incarnation 0), counted by Redis at once.
-			u = central.Update{Key: key, Limit: lim, Seq: 1, Want: n, N: n}
+			u = central.Update{Key: key, Limit: lim, Want: n, N: n}
 		}
 
 		sctx, span := l.tracer.Start(ctx, "hybridrate.take", trace.WithSpanKind(trace.SpanKindClient),
@@ -450,7 +452,7 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 		}
 		allowed := res.Status == central.StatusCovered
 		if e != nil {
-			l.syncer.Apply(e, u, res, sent)
+			l.syncer.Apply(e, seq, u, res, sent)
 			if flying {
 				e.Land()
 			}

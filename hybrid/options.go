@@ -36,8 +36,7 @@ const (
 	flushBatch       = 4096                   // keys per pipelined reconcile
 	leaseHorizon     = 4 * time.Second        // a lease is sized to last this long at the node's demand
 	leaseLife        = 8 * time.Second        // a node may use a lease this long after asking for it
-	leaseMargin      = 2 * time.Second        // Redis counts a lease as held this much longer
-	recountPeriod    = 5 * time.Second        // Redis recounts a key's node records this often
+	recountPeriod    = time.Minute            // Redis scans a key's node records for departed nodes this often
 	pruneAge         = 10 * time.Minute       // a node's record on a key is dropped after this
 	banRefresh       = 10 * time.Second       // full ban-list reload period (Pub/Sub carries changes)
 	maxDenied        = 1 << 16                // cached Redis denials

@@ -58,6 +58,16 @@ func flushed(t *testing.T, lim *hybrid.Limiter, within time.Duration) {
 // consumed returns the 'c' field (tokens consumed in total) of the bucket of each key, under the
 // default prefix; a missing bucket counts 0. It works on every kind of client (pipelines are split
 // per node by a cluster client).
+// bucketConsumed returns c, the tokens admitted in total, from a bucket's packed "b" field
+// (lua/reconcile.lua: "t:s:c:w:nt:x").
+func bucketConsumed(b string) (int64, error) {
+	parts := strings.Split(b, ":")
+	if len(parts) != 6 {
+		return 0, fmt.Errorf("bucket field %q: want 6 parts", b)
+	}
+	return strconv.ParseInt(parts[2], 10, 64)
+}
+
 func consumed(t *testing.T, rdb redis.UniversalClient, keys []string) []int64 {
 	t.Helper()
 	all := consumedByKey(t, rdb, hybrid.DefaultKeyPrefix)
@@ -68,7 +78,7 @@ func consumed(t *testing.T, rdb redis.UniversalClient, keys []string) []int64 {
 	return out
 }
 
-// consumedByKey reads Redis's accounting ("c") of every bucket under prefix, summed per limiter key
+// consumedByKey reads Redis's accounting (c, the third element of the packed "b" field) of every bucket under prefix, summed per limiter key
 // over the limits it was used with. It scans every master of a cluster.
 func consumedByKey(t *testing.T, rdb redis.UniversalClient, prefix string) map[string]int64 {
 	t.Helper()
@@ -90,14 +100,18 @@ func consumedByKey(t *testing.T, rdb redis.UniversalClient, prefix string) map[s
 			pipe := c.Pipeline()
 			cmds := make([]*redis.StringCmd, hi-lo)
 			for i := lo; i < hi; i++ {
-				cmds[i-lo] = pipe.HGet(ctx, names[i], "c")
+				cmds[i-lo] = pipe.HGet(ctx, names[i], "b")
 			}
 			_, _ = pipe.Exec(ctx)
 			for i, cmd := range cmds {
-				v, err := cmd.Int64()
+				b, err := cmd.Result()
 				if err == redis.Nil {
 					continue
 				}
+				if err != nil {
+					return err
+				}
+				v, err := bucketConsumed(b)
 				if err != nil {
 					return err
 				}
@@ -560,7 +574,11 @@ func TestClockJumpsDoNotRefill(t *testing.T) {
 	now, err := rdb.Time(context.Background()).Result()
 	require.NoError(t, err)
 	for _, k := range keys {
-		ts, err := rdb.HGet(context.Background(), central.BucketKey(hybrid.DefaultKeyPrefix, k, central.Limit{Rate: limit.Rate, Burst: limit.Burst}), "s").Int64()
+		b, err := rdb.HGet(context.Background(), central.BucketKey(hybrid.DefaultKeyPrefix, k, central.Limit{Rate: limit.Rate, Burst: limit.Burst}), "b").Result()
+		require.NoError(t, err)
+		parts := strings.Split(b, ":") // lua/reconcile.lua: "t:s:c:w:nt:x"
+		require.Len(t, parts, 6, b)
+		ts, err := strconv.ParseInt(parts[1], 10, 64)
 		require.NoError(t, err)
 		skew := now.Sub(time.UnixMicro(ts))
 		assert.Less(t, skew.Abs(), 10*time.Second, "%s: bucket time %v vs Redis TIME %v", k, time.UnixMicro(ts), now)

@@ -208,7 +208,7 @@ func (e *Entry) Unused() int64 { return max(e.charged.Load()-e.total.Load(), 0) 
 // Call is what one reconcile sends for an entry; see central.Update.
 type Call struct {
 	Inc    uint64
-	Seq    uint64
+	Seq    uint64 // the call's number within the incarnation, for ordering answers (not sent)
 	Cum    int64
 	Acked  int64
 	Used   int64
@@ -293,8 +293,8 @@ func (e *Entry) LastCall() int64 {
 
 // Answer is Redis's answer to a call, as [Entry.Grant] applies it.
 type Answer struct {
-	Seq        uint64 // the record's call number (the call's own unless the call was stale)
-	Stale      bool   // the call was not applied; the values are Redis's record
+	Seq        uint64 // the number of the call answered (Call.Seq)
+	Stale      bool   // the call was not applied (a late call of a replaced incarnation)
 	Charged    int64  // tokens charged to the incarnation
 	Global     int64  // global micro-tokens
 	Active     int64  // nodes active on the key
@@ -314,19 +314,17 @@ type Answer struct {
 func (e *Entry) Grant(a Answer) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if a.Seq < e.applied || a.Seq > e.seq {
+	if a.Stale || a.Seq < e.applied || a.Seq > e.seq {
 		return
 	}
 	e.applied = a.Seq
 	if a.Charged > e.charged.Load() {
 		e.charged.Store(a.Charged)
 	}
-	if !a.Stale {
-		if a.SentUsed > e.uacked.Load() {
-			e.uacked.Store(a.SentUsed)
-		}
-		e.ackCum = max(e.ackCum, a.SentCum)
+	if a.SentUsed > e.uacked.Load() {
+		e.uacked.Store(a.SentUsed)
 	}
+	e.ackCum = max(e.ackCum, a.SentCum)
 	e.mark.Store(e.charged.Load() + a.Credit)
 	e.globalMicro.Store(a.Global)
 	e.active.Store(a.Active)

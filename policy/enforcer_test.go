@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -93,10 +94,14 @@ func (e *env) consumed(t *testing.T, key string) int64 {
 	require.NoError(t, err)
 	var total int64
 	for _, n := range names {
-		v, err := e.rdb.HGet(ctx, n, "c").Int64()
+		b, err := e.rdb.HGet(ctx, n, "b").Result()
 		if errors.Is(err, redis.Nil) {
 			continue
 		}
+		require.NoError(t, err)
+		parts := strings.Split(b, ":") // lua/reconcile.lua: "t:s:c:w:nt:x"
+		require.Len(t, parts, 6, b)
+		v, err := strconv.ParseInt(parts[2], 10, 64)
 		require.NoError(t, err)
 		total += v
 	}

@@ -74,6 +74,7 @@ type Syncer struct {
 	batch   []*local.Entry
 	idle    []bool // per batch entry: no requests for idleAfter
 	updates []central.Update
+	seqs    []uint64
 	states  []central.State
 	errs    []error
 }
@@ -259,6 +260,7 @@ func (s *Syncer) count() {
 func (s *Syncer) flushBatch(ctx context.Context, batch []*local.Entry, idle []bool, now int64, m mode) error {
 	n := len(batch)
 	s.updates = s.updates[:0]
+	s.seqs = s.seqs[:0]
 	for _, e := range batch {
 		c := e.Next(now, int64(s.cfg.Interval))
 		want := int64(0)
@@ -266,6 +268,7 @@ func (s *Syncer) flushBatch(ctx context.Context, batch []*local.Entry, idle []bo
 			want = s.Want(e, c.Demand, 0)
 		}
 		s.updates = append(s.updates, Update(e, c, want, 0))
+		s.seqs = append(s.seqs, c.Seq)
 	}
 	s.states = append(s.states[:0], make([]central.State, n)...)
 	s.errs = append(s.errs[:0], make([]error, n)...)
@@ -280,7 +283,7 @@ func (s *Syncer) flushBatch(ctx context.Context, batch []*local.Entry, idle []bo
 			}
 			continue
 		}
-		s.Apply(e, s.updates[i], s.states[i], now)
+		s.Apply(e, s.seqs[i], s.updates[i], s.states[i], now)
 	}
 	clear(s.errs)
 	return err
@@ -291,17 +294,18 @@ func Update(e *local.Entry, c local.Call, want, n int64) central.Update {
 	rate, burst := e.Limit()
 	return central.Update{
 		Key: e.Key(), Limit: central.Limit{Rate: rate, Burst: burst},
-		Inc: c.Inc, Seq: c.Seq, Cum: c.Cum, Acked: c.Acked, Used: c.Used, UAcked: c.UAcked,
+		Inc: c.Inc, Cum: c.Cum, Acked: c.Acked, Used: c.Used, UAcked: c.UAcked,
 		Demand: c.Demand, Want: want, N: n,
 	}
 }
 
-// Apply turns Redis's answer to u, a call sent at time sent, into e's new lease and credit, and
-// reports it to OnState.
-func (s *Syncer) Apply(e *local.Entry, u central.Update, st central.State, sent int64) {
+// Apply turns Redis's answer to u, call number seq of e sent at time sent, into e's new lease and
+// credit, and reports it to OnState.
+func (s *Syncer) Apply(e *local.Entry, seq uint64, u central.Update, st central.State, sent int64) {
+	active := Nodes(st.Demand, u.Demand)
 	credit := int64(0)
 	if s.cfg.Drift > 0 && st.Tokens >= 1_000_000 {
-		credit = max(1, int64(s.cfg.Drift*float64(st.Tokens)/1e6/float64(max(st.Active, 1))))
+		credit = max(1, int64(s.cfg.Drift*float64(st.Tokens)/1e6/float64(active)))
 	}
 	at := s.cfg.Now()
 	counted := u.Used
@@ -313,13 +317,23 @@ func (s *Syncer) Apply(e *local.Entry, u central.Update, st central.State, sent 
 		retryAt = at + int64(st.RetryAfter)
 	}
 	e.Grant(local.Answer{
-		Seq: st.Seq, Stale: st.Status == central.StatusStale, Charged: st.Charged, Global: st.Tokens,
-		Active: st.Active, Reset: st.ResetAfter.Microseconds(), Retry: st.RetryAfter.Microseconds(),
-		SentUsed: counted, SentCum: u.Cum, Credit: credit, At: at, LeaseUntil: sent + int64(s.cfg.LeaseLife), RetryAt: retryAt,
+		Seq: seq, Stale: st.Status == central.StatusStale, Charged: st.Charged, Global: st.Tokens,
+		Active: active, Reset: st.ResetAfter.Microseconds(), Retry: st.RetryAfter.Microseconds(),
+		SentUsed: counted, SentCum: u.Cum, Credit: credit, At: at, LeaseUntil: sent + int64(s.cfg.LeaseLife),
+		RetryAt: retryAt,
 	})
 	if s.cfg.OnState != nil {
 		s.cfg.OnState(e, st)
 	}
+}
+
+// Nodes estimates how many nodes share a key from the key's demand and this node's: their ratio,
+// rounded, from 1 to 1<<20.
+func Nodes(keyDemand, nodeDemand float64) int64 {
+	if !(nodeDemand > 0) || !(keyDemand > nodeDemand) {
+		return 1
+	}
+	return int64(min(math.Round(keyDemand/nodeDemand), 1<<20))
 }
 
 // Watch makes the syncer watch e (a synchronous call gave it a lease), so that the lease is renewed

@@ -77,7 +77,7 @@ func (f *fakeCentral) Reconcile(ctx context.Context, ups []central.Update, out [
 		} else if u.N > 0 {
 			status = central.StatusCovered
 		}
-		out[i] = central.State{Status: status, Seq: u.Seq, Charged: f.charged[u.Key], Tokens: f.tokens[u.Key], Active: 1}
+		out[i] = central.State{Status: status, Charged: f.charged[u.Key], Tokens: f.tokens[u.Key], Demand: u.Demand}
 	}
 	return nil
 }
