@@ -1,0 +1,85 @@
+package central
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridrate/hybridrate/internal/redistest"
+)
+
+// replyErr (fuzz_test.go) stands for an error reply: it implements redis.Error.
+
+func TestClass(t *testing.T) {
+	wrap := func(err error) error { return fmt.Errorf("central: take %q: %w", "k", err) }
+	for _, tc := range []struct {
+		err  error
+		want ErrorClass
+	}{
+		{nil, ClassNone},
+		{ErrUnavailable, ClassTransport},
+		{wrap(context.DeadlineExceeded), ClassTransport},
+		{wrap(&net.OpError{Op: "dial", Err: errors.New("connection refused")}), ClassTransport},
+		{io.EOF, ClassTransport},
+		{errors.New("redis: client is closed"), ClassTransport},
+		{wrap(replyErr("OOM command not allowed when used memory > 'maxmemory'.")), ClassRefused},
+		{wrap(replyErr("READONLY You can't write against a read only replica.")), ClassRefused},
+		{replyErr("BUSY Redis is busy running a script."), ClassRefused},
+		{replyErr("LOADING Redis is loading the dataset in memory"), ClassRefused},
+		{replyErr("MASTERDOWN Link with MASTER is down"), ClassRefused},
+		{replyErr("CLUSTERDOWN The cluster is down"), ClassRefused},
+		{replyErr("TRYAGAIN Multiple keys request during rehashing of slot"), ClassRefused},
+		{replyErr("MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist"), ClassRefused},
+		{replyErr("NOAUTH Authentication required."), ClassRefused},
+		{replyErr("WRONGPASS invalid username-password pair or user is disabled."), ClassRefused},
+		{replyErr("NOPERM this user has no permissions to run the 'evalsha' command"), ClassRefused},
+		{replyErr("ERR max number of clients reached"), ClassRefused},
+		{wrap(replyErr("WRONGTYPE Operation against a key holding the wrong kind of value")), ClassBadKey},
+		{replyErr("ERR user_script:1: bad rate"), ClassBadKey},
+		{fmt.Errorf("%w: element 0", ErrBadReply), ClassBadKey},
+		{fmt.Errorf("%w: n=0", ErrInvalid), ClassInvalid},
+		{ErrBadPrefix, ClassInvalid},
+		{wrap(context.Canceled), ClassCanceled},
+	} {
+		assert.Equal(t, tc.want, Class(tc.err), "%v", tc.err)
+		assert.Equal(t, tc.want == ClassTransport || tc.want == ClassRefused, IsTransport(tc.err), "IsTransport(%v)", tc.err)
+	}
+}
+
+// TestBreakerCountsRefusedNotBadKey: on a real Redis, WRONGTYPE (a per-key fault) leaves the breaker
+// closed however often it happens, while OOM opens it.
+func TestBreakerCountsRefusedNotBadKey(t *testing.T) {
+	srv := redistest.Start(t, "--maxmemory-policy", "noeviction")
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	c := newTestClient(t, rdb, "a")
+	require.NoError(t, rdb.Set(ctx, BucketKey(c.cfg.Prefix, "string"), "x", 0).Err())
+	u := Update{Key: "string", Limit: Limit{Rate: 1, Burst: 10}, N: 1, TakeID: 1, Inc: 1}
+	for range 20 {
+		_, err := c.Take(ctx, u)
+		require.Error(t, err)
+		assert.Equal(t, ClassBadKey, Class(err), "%v", err)
+		time.Sleep(5 * time.Millisecond)
+	}
+	assert.Equal(t, BreakerClosed, c.Breaker().State(), "WRONGTYPE does not open the breaker")
+
+	srv.Do(t, "CONFIG", "SET", "maxmemory", "1")
+	u.Key = "fresh"
+	for range 20 {
+		_, err := c.Take(ctx, u)
+		require.Error(t, err)
+		if errors.Is(err, ErrUnavailable) {
+			break
+		}
+		assert.Equal(t, ClassRefused, Class(err), "%v", err)
+		time.Sleep(5 * time.Millisecond)
+	}
+	assert.Equal(t, BreakerOpen, c.Breaker().State(), "OOM opens the breaker")
+}
