@@ -296,7 +296,7 @@ func (c *Client) record(caller context.Context, err error) {
 		c.breaker.Success() // Redis served the call, with a per-key error (ClassBadKey): it is up
 	default: // ClassTransport or ClassRefused: Redis did not serve the call
 		c.stats.Errors.Add(1)
-		c.breaker.Failure()
+		c.breaker.Fail(err)
 		if c.cluster != nil {
 			// go-redis reloads the slot map on MOVED, but not when a dead master refuses connections;
 			// its periodic reload can take a minute (go-redis #3979). Ask for one now; it is

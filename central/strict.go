@@ -445,7 +445,7 @@ func (s *Strict) call(ctx context.Context, sc *strictScript, keys []string, args
 		s.breaker.Success() // a per-key fault: Redis is up
 	default:
 		s.stats.Errors.Add(1)
-		s.breaker.Failure()
+		s.breaker.Fail(err)
 	}
 	return res, err
 }

@@ -124,6 +124,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		_, _ = rand.Read(b[:])
 		o.nodeID = hex.EncodeToString(b[:])
 	}
+	logs := newBGLog(o.logger, logSummaryEvery)
 	cc, err := central.New(central.Config{
 		Client:       rdb,
 		Prefix:       o.prefix,
@@ -133,8 +134,9 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		MaxBatch:     scriptBatch,
 		ActiveWindow: max(activeWindow, 10*o.syncInterval),
 		PruneAge:     pruneAge,
-		Breaker:      central.BreakerConfig{Threshold: breakerThreshold, Cooldown: breakerCooldown, MinSpan: breakerMinSpan},
-		Now:          nil, // the breaker measures its cooldown on the monotonic clock, never WithClock's
+		Breaker: central.BreakerConfig{Threshold: breakerThreshold, Cooldown: breakerCooldown, MinSpan: breakerMinSpan,
+			OnStateChange: logs.breaker},
+		Now: nil, // the breaker measures its cooldown on the monotonic clock, never WithClock's
 	})
 	if err != nil {
 		return nil, fmt.Errorf("hybrid: %w", err)
@@ -176,9 +178,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 				}
 			}
 		},
-		OnError: func(err error) {
-			l.opts.logger.Warn("hybridrate: reconcile failed; consumption stays pending", slog.Any("error", err))
-		},
+		OnError: func(err error) { logs.failed(&logs.reconcile, err) },
 	})
 	if err != nil {
 		return nil, fmt.Errorf("hybrid: %w", err)
@@ -208,9 +208,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		if err := l.central.Preload(ctx); err != nil && ctx.Err() == nil {
 			l.opts.logger.Warn("hybridrate: preloading scripts", slog.Any("error", err))
 		}
-		l.central.WatchBans(ctx, banRefresh, l.onBan, l.onBanList, func(err error) {
-			l.opts.logger.Warn("hybridrate: ban list", slog.Any("error", err))
-		})
+		l.central.WatchBans(ctx, banRefresh, l.onBan, l.onBanList, func(err error) { logs.failed(&logs.bans, err) })
 	}()
 	return l, nil
 }

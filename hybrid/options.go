@@ -40,6 +40,7 @@ const (
 	maxDenied        = 1 << 16                // cached Redis denials
 	maxBans          = 1 << 16                // bans held locally
 	maxFallback      = 1 << 16                // keys with a LocalFallback limiter
+	logSummaryEvery  = 10 * time.Second       // at most one line per kind of background failure this often
 )
 
 // FailurePolicy says what a limit does when Redis cannot answer a decision that needs it (the circuit
