@@ -101,6 +101,7 @@ type Limiter struct {
 	metrics  *metrics
 	started  time.Time    // origin of mono
 	fleet    atomic.Int64 // the most nodes Redis has reported active on any key: the fleet size estimate
+	evict    evictionWatch
 }
 
 // New returns a limiter that keeps its global state in rdb (a *redis.Client, a Sentinel failover
@@ -196,10 +197,14 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	l.cancel = cancel
-	l.wg.Add(2)
+	l.wg.Add(3)
 	go func() {
 		defer l.wg.Done()
 		l.syncer.Run(ctx)
+	}()
+	go func() {
+		defer l.wg.Done()
+		l.watchEviction(ctx)
 	}()
 	go func() {
 		defer l.wg.Done()

@@ -41,6 +41,7 @@ const (
 	maxBans          = 1 << 16                // bans held locally
 	maxFallback      = 1 << 16                // keys with a LocalFallback limiter
 	logSummaryEvery  = 10 * time.Second       // at most one line per kind of background failure this often
+	evictionCheck    = time.Minute            // how often Redis's maxmemory-policy is read
 )
 
 // FailurePolicy says what a limit does when Redis cannot answer a decision that needs it (the circuit
@@ -93,6 +94,7 @@ type options struct {
 	meterProvider  metric.MeterProvider
 	tracerProvider trace.TracerProvider
 	nodeID         string
+	evictionCheck  time.Duration // not an option; tests shorten it
 }
 
 func defaultOptions() options {
@@ -108,6 +110,7 @@ func defaultOptions() options {
 		logger:         slog.New(slog.DiscardHandler),
 		meterProvider:  otel.GetMeterProvider(),
 		tracerProvider: otel.GetTracerProvider(),
+		evictionCheck:  evictionCheck,
 	}
 }
 
