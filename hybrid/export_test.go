@@ -10,3 +10,19 @@ func WithEvictionCheckInterval(d time.Duration) Option {
 		return nil
 	})
 }
+
+// WithBanRefresh sets how often the ban change log is read (10s by default); for tests only.
+func WithBanRefresh(d time.Duration) Option {
+	return optionFunc(func(o *options) error {
+		o.banRefresh = d
+		return nil
+	})
+}
+
+// WithMaxBans sets how many bans the limiter holds locally (65,536 by default); for tests only.
+func WithMaxBans(n int) Option {
+	return optionFunc(func(o *options) error {
+		o.maxBans = n
+		return nil
+	})
+}

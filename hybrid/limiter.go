@@ -102,6 +102,7 @@ type Limiter struct {
 	started  time.Time    // origin of mono
 	fleet    atomic.Int64 // the most nodes Redis has reported active on any key: the fleet size estimate
 	evict    evictionWatch
+	bans     banWatch
 }
 
 // New returns a limiter that keeps its global state in rdb (a *redis.Client, a Sentinel failover
@@ -146,7 +147,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("hybrid: %w", err)
 	}
-	deny, err := denycache.New(denycache.Config{MaxBans: maxBans, MaxDenied: maxDenied})
+	deny, err := denycache.New(denycache.Config{MaxBans: o.maxBans, MaxDenied: maxDenied})
 	if err != nil {
 		return nil, fmt.Errorf("hybrid: %w", err)
 	}
@@ -164,6 +165,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		tracer:   o.tracerProvider.Tracer(instrumentationName),
 		started:  time.Now(),
 	}
+	l.bans.init()
 	l.syncer, err = ratesync.New(ratesync.Config{
 		Store:    store,
 		Central:  cc,
@@ -171,7 +173,10 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		MaxBatch: flushBatch,
 		Drift:    o.drift,
 		Now:      l.mono,
-		OnState: func(_ *local.Entry, st central.State) {
+		OnState: func(e *local.Entry, st central.State) {
+			if l.bansIncomplete() {
+				l.bans.add(e.Key()) // it may be banned beyond the local copy: check it
+			}
 			for {
 				f := l.fleet.Load()
 				if st.Active <= f || l.fleet.CompareAndSwap(f, st.Active) {
@@ -197,7 +202,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	l.cancel = cancel
-	l.wg.Add(3)
+	l.wg.Add(4)
 	go func() {
 		defer l.wg.Done()
 		l.syncer.Run(ctx)
@@ -208,12 +213,18 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	}()
 	go func() {
 		defer l.wg.Done()
+		l.checkBans(ctx, func(err error) { logs.failed(&logs.bans, err) })
+	}()
+	go func() {
+		defer l.wg.Done()
 		// Load the scripts and open a connection off the request path, so that the first decisions
 		// do not spend their short sync timeout on a dial and a NOSCRIPT round trip.
 		if err := l.central.Preload(ctx); err != nil && ctx.Err() == nil {
 			l.opts.logger.Warn("hybridrate: preloading scripts", slog.Any("error", err))
 		}
-		l.central.WatchBans(ctx, banRefresh, l.onBan, l.onBanList, func(err error) { logs.failed(&logs.bans, err) })
+		l.central.WatchBans(ctx, central.BanWatch{Refresh: l.opts.banRefresh, Page: banPage,
+			OnEvent: l.onBan, OnLoad: l.onBanList, OnTotal: l.bans.total.Store,
+			OnError: func(err error) { logs.failed(&logs.bans, err) }})
 	}()
 	return l, nil
 }

@@ -49,6 +49,9 @@ type Stats struct {
 	// EvictionUnsafe reports that it can evict the limiter's keys (it is not noeviction).
 	EvictionPolicy string
 	EvictionUnsafe bool
+
+	Bans        int   // bans held locally (at most 65,536)
+	BanListSize int64 // entries in Redis's ban list, as last read; beyond Bans, keys are checked in Redis
 }
 
 // Stats returns a snapshot of the limiter's counters.
@@ -75,6 +78,8 @@ func (l *Limiter) Stats() Stats {
 	cs := l.central.Stats()
 	s.RedisCommands, s.RedisErrors = cs.Commands.Load(), cs.Errors.Load()
 	s.BreakerOpen = l.central.Breaker().State().String() != "closed"
+	s.Bans, _ = l.deny.Len()
+	s.BanListSize = l.bans.total.Load()
 	if p, ok := l.evictionPolicy(); ok {
 		s.EvictionPolicy, s.EvictionUnsafe = p, central.EvictionUnsafe(p)
 	}

@@ -36,9 +36,12 @@ const (
 	flushBatch       = 4096                   // keys per pipelined reconcile
 	activeWindow     = 2 * time.Second        // a node counts as active on a key this long
 	pruneAge         = 10 * time.Minute       // a node's record on a key is dropped after this
-	banRefresh       = 10 * time.Second       // full ban-list reload period (Pub/Sub carries changes)
+	banRefresh       = 10 * time.Second       // change-log read period (Pub/Sub carries changes at once)
+	banPage          = 10000                  // bans per page of the ban-list reads
+	banCheckEvery    = time.Second            // a key is checked in Redis's ban list at most this often
+	maxBanChecks     = 1 << 16                // keys checked per banCheckEvery at most
 	maxDenied        = 1 << 16                // cached Redis denials
-	maxBans          = 1 << 16                // bans held locally
+	maxBans          = 1 << 16                // bans held locally; more are checked in Redis
 	maxFallback      = 1 << 16                // keys with a LocalFallback limiter
 	logSummaryEvery  = 10 * time.Second       // at most one line per kind of background failure this often
 	evictionCheck    = time.Minute            // how often Redis's maxmemory-policy is read
@@ -95,6 +98,8 @@ type options struct {
 	tracerProvider trace.TracerProvider
 	nodeID         string
 	evictionCheck  time.Duration // not an option; tests shorten it
+	banRefresh     time.Duration // not an option; tests shorten it
+	maxBans        int           // not an option; tests shrink it
 }
 
 func defaultOptions() options {
@@ -111,6 +116,8 @@ func defaultOptions() options {
 		meterProvider:  otel.GetMeterProvider(),
 		tracerProvider: otel.GetTracerProvider(),
 		evictionCheck:  evictionCheck,
+		banRefresh:     banRefresh,
+		maxBans:        maxBans,
 	}
 }
 
