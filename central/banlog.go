@@ -159,6 +159,10 @@ type BanWatch struct {
 	Refresh time.Duration
 	// Page is the page size of the reads (ScanBans, BanChangesSince), 1 to 100,000.
 	Page int
+	// Sweep, if positive, is the page size (up to 100,000) of one more ScanBans call every Refresh,
+	// resuming where the last one stopped, which removes expired entries from the list: without
+	// full reloads nothing else does while bans keep the list alive.
+	Sweep int
 	// OnEvent receives each change: from Pub/Sub at once, and again from the change log.
 	OnEvent func(BanEvent)
 	// OnLoad receives the whole list after a full load (at the first subscription, and when the
@@ -236,6 +240,7 @@ func (c *Client) WatchBans(ctx context.Context, w BanWatch) {
 			}
 		}
 	}
+	sweep := "0"
 	msgs := ps.ChannelWithSubscriptions(redis.WithChannelSize(256), redis.WithChannelHealthCheckInterval(time.Second))
 	for {
 		select {
@@ -243,6 +248,14 @@ func (c *Client) WatchBans(ctx context.Context, w BanWatch) {
 			return
 		case <-t.C:
 			changes()
+			if w.Sweep > 0 && cur.Since != 0 {
+				_, next, _, err := c.ScanBans(ctx, sweep, w.Sweep)
+				if err != nil {
+					fail(err)
+					continue
+				}
+				sweep = next
+			}
 		case m, ok := <-msgs:
 			if !ok {
 				return

@@ -76,5 +76,16 @@ func TestBanChangeLogAndPagedReads(t *testing.T) {
 		assert.Zero(t, rem[2])
 		_, err = c.BannedKeys(ctx, make([]string, MaxBanCheck+1))
 		assert.ErrorIs(t, err, ErrInvalid)
+
+		// A scan page removes the expired entries it meets (the sweep of WatchBans).
+		require.NoError(t, c.Ban(ctx, "brief", time.Millisecond))
+		time.Sleep(20 * time.Millisecond)
+		for cursor, first := "0", true; first || cursor != "0"; first = false {
+			_, cursor, _, err = c.ScanBans(ctx, cursor, 100)
+			require.NoError(t, err)
+		}
+		ok, err := rdb.HExists(ctx, BansKey(c.cfg.Prefix), "brief").Result()
+		require.NoError(t, err)
+		assert.False(t, ok, "the expired ban was removed")
 	})
 }

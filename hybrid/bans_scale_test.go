@@ -121,9 +121,9 @@ func TestBansAtScale(t *testing.T) {
 	before := srv.CommandStats(t)
 	time.Sleep(2 * time.Second)
 	after := srv.CommandStats(t)
-	t.Logf("in 2s at a 100ms refresh: %d HSCAN, %d HGETALL, %d ZRANGEBYSCORE", after["hscan"]-before["hscan"],
+	t.Logf("in 2s at a 100ms refresh: %d HSCAN (sweep pages of 1,000), %d HGETALL, %d ZRANGEBYSCORE", after["hscan"]-before["hscan"],
 		after["hgetall"]-before["hgetall"], after["zrangebyscore"]-before["zrangebyscore"])
-	assert.Equal(t, before["hscan"], after["hscan"], "no rescan of the list")
+	assert.LessOrEqual(t, after["hscan"]-before["hscan"], int64(25), "no rescan of the list: one 1,000-entry sweep page per refresh")
 	assert.Equal(t, before["hgetall"], after["hgetall"])
 	assert.GreaterOrEqual(t, after["zrangebyscore"]-before["zrangebyscore"], int64(10), "the change log is read every refresh")
 }

@@ -222,7 +222,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		if err := l.central.Preload(ctx); err != nil && ctx.Err() == nil {
 			l.opts.logger.Warn("hybridrate: preloading scripts", slog.Any("error", err))
 		}
-		l.central.WatchBans(ctx, central.BanWatch{Refresh: l.opts.banRefresh, Page: banPage,
+		l.central.WatchBans(ctx, central.BanWatch{Refresh: l.opts.banRefresh, Page: banPage, Sweep: banSweep,
 			OnEvent: l.onBan, OnLoad: l.onBanList, OnTotal: l.bans.total.Store,
 			OnError: func(err error) { logs.failed(&logs.bans, err) }})
 	}()

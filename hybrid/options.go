@@ -38,6 +38,7 @@ const (
 	pruneAge         = 10 * time.Minute       // a node's record on a key is dropped after this
 	banRefresh       = 10 * time.Second       // change-log read period (Pub/Sub carries changes at once)
 	banPage          = 10000                  // bans per page of the ban-list reads
+	banSweep         = 1000                   // ban-list entries swept for expiry per refresh
 	banCheckEvery    = time.Second            // a key is checked in Redis's ban list at most this often
 	maxBanChecks     = 1 << 16                // keys checked per banCheckEvery at most
 	maxDenied        = 1 << 16                // cached Redis denials
