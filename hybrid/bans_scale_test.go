@@ -84,7 +84,9 @@ func TestBansAtScale(t *testing.T) {
 	rdb := srv.Client(t)
 	t0 := time.Now()
 	banMany(t, rdb, "scale:", n)
-	t.Logf("%d bans created in %v", n, time.Since(t0).Round(time.Millisecond))
+	t.Logf("%d bans created in %v; Redis memory: list %v B, change log %v B", n, time.Since(t0).Round(time.Millisecond),
+		srv.Do(t, "MEMORY", "USAGE", central.BansKey(hybrid.DefaultKeyPrefix), "SAMPLES", "0"),
+		srv.Do(t, "MEMORY", "USAGE", central.BanChangesKey(hybrid.DefaultKeyPrefix), "SAMPLES", "0"))
 
 	// The old way, for comparison: one script call that reads the whole list.
 	cc, err := central.New(central.Config{Client: rdb, Prefix: hybrid.DefaultKeyPrefix, NodeID: "cmp", SyncTimeout: time.Second,
