@@ -181,8 +181,9 @@ type BanWatch struct {
 // the whole list again only when the change log no longer reaches back to its last read (10
 // minutes). It blocks; the caller owns the goroutine.
 func (c *Client) WatchBans(ctx context.Context, w BanWatch) {
-	ps := c.cfg.Client.Subscribe(ctx, BansChannel(c.cfg.Prefix))
-	defer ps.Close()
+	sub := newBanSubscription(c.cfg.Client, BansChannel(c.cfg.Prefix))
+	go sub.run(ctx)
+	defer sub.close()
 	t := time.NewTicker(w.Refresh)
 	defer t.Stop()
 	var cur BanCursor // Since 0: a full load is due
@@ -241,7 +242,6 @@ func (c *Client) WatchBans(ctx context.Context, w BanWatch) {
 		}
 	}
 	sweep := "0"
-	msgs := ps.ChannelWithSubscriptions(redis.WithChannelSize(256), redis.WithChannelHealthCheckInterval(time.Second))
 	for {
 		select {
 		case <-ctx.Done():
@@ -256,10 +256,7 @@ func (c *Client) WatchBans(ctx context.Context, w BanWatch) {
 				}
 				sweep = next
 			}
-		case m, ok := <-msgs:
-			if !ok {
-				return
-			}
+		case m := <-sub.out:
 			switch m := m.(type) {
 			case *redis.Subscription:
 				if m.Kind == "subscribe" {
