@@ -12,7 +12,9 @@ type BreakerConfig struct {
 	// Cooldown is how long the breaker stays open before it lets one probe through; positive.
 	Cooldown time.Duration
 	// MinSpan is how long a run of consecutive failures must last, from its first failure, before it
-	// can open the breaker; 0 opens at the Threshold-th failure. A momentary stall (a GC pause, a
+	// can open the breaker; 0 opens at the Threshold-th failure. A failure whose error Redis refused
+	// the call with (ClassRefused, reported with Fail) opens it at the Threshold-th failure whatever
+	// the span. A momentary stall (a GC pause, a
 	// starved CPU) makes many concurrent calls time out at once; a span keeps that from switching
 	// every key to the failure policy for a whole Cooldown, while an outage still opens it quickly.
 	MinSpan time.Duration
@@ -152,7 +154,8 @@ func (b *Breaker) Fail(err error) {
 			b.firstAt = now
 		}
 		b.failures++
-		if b.failures >= b.cfg.Threshold && now.Sub(b.firstAt) >= b.cfg.MinSpan {
+		// A refusal (OOM, WRONGPASS, …) is Redis's answer, not a stall: it need not last MinSpan.
+		if b.failures >= b.cfg.Threshold && (now.Sub(b.firstAt) >= b.cfg.MinSpan || Class(err) == ClassRefused) {
 			b.state = BreakerOpen
 			b.openedAt = now
 			ev.Failures = b.failures

@@ -1,6 +1,7 @@
 package central
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -50,4 +51,18 @@ func TestBreakerOnStateChange(t *testing.T) {
 		{BreakerOpen, BreakerHalfOpen, nil, 0},
 		{BreakerHalfOpen, BreakerClosed, nil, 0},
 	}, changes)
+}
+
+func TestBreakerRefusalNeedsNoSpan(t *testing.T) {
+	now := time.Unix(0, 0)
+	b := NewBreaker(BreakerConfig{Threshold: 3, Cooldown: time.Second, MinSpan: 50 * time.Millisecond}, func() time.Time { return now })
+	for range 10 {
+		b.Fail(context.DeadlineExceeded)
+	}
+	assert.Equal(t, BreakerClosed, b.State(), "simultaneous timeouts: a stall")
+	b.Success()
+	for range 3 {
+		b.Fail(replyErr("WRONGPASS invalid username-password pair or user is disabled."))
+	}
+	assert.Equal(t, BreakerOpen, b.State(), "refusals open it at once")
 }

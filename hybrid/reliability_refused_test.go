@@ -128,6 +128,7 @@ func TestWrongPasswordDoesNotChurnConnections(t *testing.T) {
 	assert.Positive(t, l.sources[hybrid.SourceFallback].Load(), "the failure policy decided")
 	assert.True(t, stayedOpen, "the breaker opened and stayed open")
 	assert.Less(t, conns, int64(50), "connections received in %v", window)
+	assert.Less(t, after-start-2, int64(50), "connections received from the first failure on")
 }
 
 // TestNoPermGoesToFailurePolicy: a user that may not run EVALSHA gets NOPERM on every call: the
