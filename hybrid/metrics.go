@@ -106,7 +106,9 @@ func newMetrics(l *Limiter) (*metrics, error) {
 	evictions, err10 := m.Int64ObservableCounter("hybridrate.evictions", metric.WithDescription("Clean keys evicted from local memory."))
 	unsafe, err11 := m.Int64ObservableGauge("hybridrate.redis.eviction_policy_unsafe",
 		metric.WithDescription("1 when Redis's maxmemory-policy can evict the limiter's keys (it is not noeviction); absent until read."))
-	if err := errors.Join(err1, err2, err3, err4, err5, err6, err7, err8, err9, err10, err11); err != nil {
+	bans, err12 := m.Int64ObservableGauge("hybridrate.bans",
+		metric.WithDescription("Bans: held locally (where=local, at most 65,536) and in Redis's ban list (where=redis, as last read)."))
+	if err := errors.Join(err1, err2, err3, err4, err5, err6, err7, err8, err9, err10, err11, err12); err != nil {
 		return nil, err
 	}
 	node := attribute.String("hybridrate.node", l.nodeID)
@@ -136,6 +138,8 @@ func newMetrics(l *Limiter) (*metrics, error) {
 		}
 		o.ObserveInt64(breaker, open, a)
 		o.ObserveInt64(evictions, s.Evictions, a)
+		o.ObserveInt64(bans, int64(s.Bans), metric.WithAttributes(node, attribute.String("where", "local")))
+		o.ObserveInt64(bans, s.BanListSize, metric.WithAttributes(node, attribute.String("where", "redis")))
 		if s.EvictionPolicy != "" {
 			v := int64(0)
 			if s.EvictionUnsafe {
@@ -144,7 +148,7 @@ func newMetrics(l *Limiter) (*metrics, error) {
 			o.ObserveInt64(unsafe, v, metric.WithAttributes(node, attribute.String("policy", s.EvictionPolicy)))
 		}
 		return nil
-	}, decisions, keys, pending, flushes, flushed, failed, cmds, errs, breaker, evictions, unsafe)
+	}, decisions, keys, pending, flushes, flushed, failed, cmds, errs, breaker, evictions, unsafe, bans)
 	if err != nil {
 		return nil, err
 	}
