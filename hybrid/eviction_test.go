@@ -46,11 +46,17 @@ func policyLines(rec *logRecorder) []string {
 func TestEvictionPolicyWarning(t *testing.T) {
 	srv := redistest.Start(t)
 	rec := &logRecorder{}
-	lim := newLimiter(t, srv.Client(t), hybrid.WithLogger(slog.New(rec)), hybrid.WithEvictionCheckInterval(20*time.Millisecond))
+	gauges := newGaugeReader()
+	lim := newLimiter(t, srv.Client(t), hybrid.WithLogger(slog.New(rec)), hybrid.WithEvictionCheckInterval(20*time.Millisecond),
+		hybrid.WithMeterProvider(gauges))
 	policy := func(want string, unsafe bool) {
 		t.Helper()
 		require.Eventually(t, func() bool { return lim.Stats().EvictionPolicy == want }, 5*time.Second, 5*time.Millisecond, "policy %s seen", want)
 		assert.Equal(t, unsafe, lim.Stats().EvictionUnsafe, want)
+		g := gauges.read()
+		v, ok := g["hybridrate.redis.eviction_policy_unsafe{policy="+want+"}"]
+		assert.True(t, ok, "gauge observed: %v", g)
+		assert.Equal(t, map[bool]int64{false: 0, true: 1}[unsafe], v, "gauge for %s", want)
 		time.Sleep(100 * time.Millisecond) // five more checks: no more lines
 	}
 	policy("noeviction", false)
