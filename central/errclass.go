@@ -26,7 +26,8 @@ const (
 	// under noeviction (OOM), a replica (READONLY), busy with a script (BUSY), loading its data
 	// (LOADING), cut off from its master or cluster (MASTERDOWN, CLUSTERDOWN, TRYAGAIN), unable to
 	// persist (MISCONF), or it rejects our credentials or permissions (NOAUTH, WRONGPASS, NOPERM,
-	// "max number of clients reached"). Nothing was applied. The breaker counts it as a failure,
+	// an ACL that forbids a command or key a script uses, "max number of clients reached"); also
+	// these replies as Redis before 7 wraps them when a script's call meets them. Nothing was applied. The breaker counts it as a failure,
 	// as for ClassTransport; the failure policy decides.
 	ClassRefused
 	// ClassBadKey: Redis is up and served the call, but could not apply it to this key: WRONGTYPE
@@ -97,6 +98,18 @@ func Class(err error) ErrorClass {
 	for _, p := range refusedPrefixes {
 		if strings.HasPrefix(msg, p) {
 			return ClassRefused
+		}
+	}
+	switch {
+	case strings.HasPrefix(msg, "ERR The user executing the script can't"):
+		// ACLs: a command or key a script uses is not permitted to the limiter's user (Redis 7).
+		return ClassRefused
+	case strings.HasPrefix(msg, "ERR Error running script"):
+		// Redis before 7 wraps the error a script's call met: "... @user_script:12: -OOM ...".
+		for _, p := range refusedPrefixes {
+			if strings.Contains(msg, ": -"+p) {
+				return ClassRefused
+			}
 		}
 	}
 	return ClassBadKey
