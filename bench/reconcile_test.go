@@ -26,7 +26,7 @@ func BenchmarkReconcile(b *testing.B) {
 			c, err := central.New(central.Config{
 				Client: rdb, Prefix: "benchrec" + strconv.Itoa(perCall), NodeID: "bench",
 				SyncTimeout: time.Second, FlushTimeout: 10 * time.Second, MaxBatch: perCall,
-				ActiveWindow: 2 * time.Second, PruneAge: 10 * time.Minute,
+				ActiveWindow: 10 * time.Second, PruneAge: 10 * time.Minute, LeaseLife: 10 * time.Second, Recount: 5 * time.Second,
 				Breaker: central.BreakerConfig{Threshold: 5, Cooldown: 500 * time.Millisecond},
 			})
 			if err != nil {
@@ -42,15 +42,17 @@ func BenchmarkReconcile(b *testing.B) {
 			ctx := context.Background()
 			round := func() {
 				for i := range ups {
-					ups[i].Acked = ups[i].Cum
-					ups[i].Cum += 3 // three tokens consumed on every key since the last round
+					ups[i].Acked, ups[i].UAcked = ups[i].Cum, ups[i].Used
+					ups[i].Cum += 3 // three tokens consumed on every key since the last round (as debt)
+					ups[i].Used = ups[i].Cum
+					ups[i].Seq++
 				}
 				if err := c.Reconcile(ctx, ups, out, errs); err != nil {
 					b.Fatal(err)
 				}
 				for i := range out {
-					if out[i].Applied != ups[i].Cum {
-						b.Fatalf("key %d: applied %d, want %d", i, out[i].Applied, ups[i].Cum)
+					if out[i].Charged != ups[i].Cum {
+						b.Fatalf("key %d: charged %d, want %d", i, out[i].Charged, ups[i].Cum)
 					}
 				}
 			}

@@ -21,6 +21,9 @@ var (
 	ErrUnavailable = errors.New("central: redis unavailable (circuit breaker open)")
 	// ErrBadReply means Redis answered with a reply of an unexpected shape.
 	ErrBadReply = errors.New("central: unexpected reply from redis")
+	// ErrBadKey means Redis could not process one key of a batch (for example its Redis key holds a
+	// value of another type: WRONGTYPE); the other keys of the batch were processed.
+	ErrBadKey = errors.New("central: redis refused this key")
 )
 
 // Config configures a [Client]. Every field is required unless it says otherwise; package hybrid
@@ -41,8 +44,15 @@ type Config struct {
 	MaxBatch int
 	// ActiveWindow is how recently a node must have touched a key to count as active on it.
 	ActiveWindow time.Duration
-	// PruneAge is how long a node's per-key record is kept after its last touch; at least ActiveWindow.
+	// PruneAge is how long a node's per-key record is kept after its last touch; at least ActiveWindow
+	// and LeaseLife.
 	PruneAge time.Duration
+	// LeaseLife is how long Redis counts a lease as held (reconcile.lua's o). Nodes must stop using a
+	// lease earlier, on their own clock.
+	LeaseLife time.Duration
+	// Recount is how often, per key, Redis recounts the node records (outstanding leases, demand,
+	// active nodes) and prunes departed nodes.
+	Recount time.Duration
 	// Breaker configures the circuit breaker.
 	Breaker BreakerConfig
 	// Now is the clock for the breaker; nil means time.Now.
@@ -66,28 +76,53 @@ func (l Limit) Valid() bool {
 	return l.Rate >= MinRate && l.Rate <= 1e9 && !math.IsNaN(l.Rate) && l.Burst >= 1 && l.Burst <= 1e9
 }
 
-// Update is one key's part of a reconcile: this node's cumulative consumption and an optional take.
+// Update is one key's part of a reconcile: what this node consumed, and the lease it wants.
+// reconcile.lua documents the model.
 type Update struct {
-	Key    string // the limiter key (not the Redis key)
-	Limit  Limit
-	Inc    uint64 // incarnation of the node's local entry for Key
-	Cum    int64  // tokens this incarnation has consumed in total
-	Acked  int64  // the part of Cum the node knows Redis has applied
-	N      int64  // tokens to take now; 0 for a pure reconcile
-	TakeID uint64 // unique per take within this node; ignored when N is 0
+	Key    string  // the limiter key (not the Redis key)
+	Limit  Limit   // the limit; part of the bucket's identity (BucketKey)
+	Inc    uint64  // incarnation of the node's local entry for Key
+	Seq    uint64  // this call's number within the incarnation, from 1; a call not newer than the last changes nothing
+	Cum    int64   // tokens this incarnation has consumed in total (admitted, and unused lease written off)
+	Acked  int64   // the tokens charged to this incarnation by the last answer the node applied
+	Used   int64   // tokens this incarnation admitted in total (Used ≤ Cum); Redis counts them
+	UAcked int64   // the part of Used the node knows Redis has counted
+	Demand float64 // this node's recent demand on the key, tokens/s
+	Want   int64   // unused lease the node wants to hold after the call
+	N      int64   // tokens the caller needs now (a synchronous call); 0 for a background reconcile
 }
+
+// Status says what Redis did with an [Update].
+type Status int8
+
+// The statuses of a [State].
+const (
+	// StatusCovered: the synchronous call's N is covered by the node's lease.
+	StatusCovered Status = 1
+	// StatusDenied: the synchronous call's N could not be covered; nothing was granted.
+	StatusDenied Status = 0
+	// StatusDone: a background reconcile was applied.
+	StatusDone Status = -1
+	// StatusStale: the call was not newer than the last one Redis applied for this incarnation; the
+	// state returned is Redis's record of the node, unchanged.
+	StatusStale Status = -2
+)
 
 // State is Redis's answer for one key.
 type State struct {
-	// Taken is 1 when the take was granted, 0 when denied, -1 when the update took nothing.
-	Taken int8
-	// Applied is how much of this incarnation's consumption Redis has applied, including a granted take.
-	Applied int64
+	// Status says what was done.
+	Status Status
+	// Seq is the number of the last call Redis applied for this incarnation.
+	Seq uint64
+	// Charged is the tokens charged to this incarnation in total: its leases and its debt. The node may
+	// consume up to Charged without further charge.
+	Charged int64
 	// Tokens is the global token count in micro-tokens after the update (negative: debt).
 	Tokens int64
 	// Active is the number of nodes recently active on the key (at least 1).
 	Active int64
-	// RetryAfter is how long until a denied take could succeed; zero otherwise.
+	// RetryAfter is, for a denied call, how long until N could be covered; for a lease shorter than
+	// wanted, how long until this node's share of the refill covers it; zero otherwise.
 	RetryAfter time.Duration
 	// ResetAfter is how long until the bucket is full again.
 	ResetAfter time.Duration
@@ -118,9 +153,8 @@ type Client struct {
 	ban           *redis.Script
 	legacyBan     *redis.Script
 	legacy        atomic.Bool // the server rejected the #!lua header; use the legacy scripts
-	takeSeq       atomic.Uint64
 	stats         Stats
-	keyArgs       []any // the four global ARGV values
+	keyArgs       []any // the global ARGV values
 }
 
 // New validates cfg and returns a client. It does no I/O.
@@ -136,8 +170,9 @@ func New(cfg Config) (*Client, error) {
 		return nil, errors.New("central: SyncTimeout and FlushTimeout must be positive")
 	case cfg.MaxBatch < 1 || cfg.MaxBatch > 1000:
 		return nil, fmt.Errorf("central: MaxBatch %d out of range [1, 1000]", cfg.MaxBatch)
-	case cfg.ActiveWindow < time.Millisecond || cfg.PruneAge < cfg.ActiveWindow:
-		return nil, errors.New("central: ActiveWindow must be at least 1ms and PruneAge at least ActiveWindow")
+	case cfg.ActiveWindow < time.Millisecond || cfg.LeaseLife < time.Millisecond || cfg.Recount < time.Millisecond ||
+		cfg.PruneAge < cfg.ActiveWindow || cfg.PruneAge < cfg.LeaseLife:
+		return nil, errors.New("central: ActiveWindow, LeaseLife and Recount must be at least 1ms, and PruneAge at least ActiveWindow and LeaseLife")
 	case cfg.Breaker.Threshold < 1 || cfg.Breaker.Cooldown <= 0 || cfg.Breaker.MinSpan < 0:
 		return nil, errors.New("central: breaker needs Threshold ≥ 1, a positive Cooldown and a MinSpan ≥ 0")
 	}
@@ -167,7 +202,8 @@ func New(cfg Config) (*Client, error) {
 		c.cluster = rc
 		c.enforced = rc.Options().ContextTimeoutEnabled
 	}
-	c.keyArgs = []any{cfg.NodeID, cfg.ActiveWindow.Milliseconds(), cfg.PruneAge.Milliseconds(), 0}
+	c.keyArgs = []any{cfg.NodeID, cfg.LeaseLife.Milliseconds(), cfg.ActiveWindow.Milliseconds(),
+		cfg.PruneAge.Milliseconds(), cfg.Recount.Milliseconds(), 0}
 	return c, nil
 }
 
@@ -216,9 +252,6 @@ func (c *Client) Stats() *Stats { return &c.stats }
 // Breaker returns the client's circuit breaker.
 func (c *Client) Breaker() *Breaker { return c.breaker }
 
-// NextTakeID returns a take id unique within this client.
-func (c *Client) NextTakeID() uint64 { return c.takeSeq.Add(1) }
-
 func (c *Client) scripts() (rec, ban *redis.Script) {
 	if c.legacy.Load() {
 		return c.legacyRec, c.legacyBan
@@ -226,14 +259,21 @@ func (c *Client) scripts() (rec, ban *redis.Script) {
 	return c.reconcile, c.ban
 }
 
-// appendArgs appends u's seven script arguments.
+// argsPerKey is the number of script arguments per key (reconcile.lua).
+const argsPerKey = 11
+
+// appendArgs appends u's script arguments.
 func appendArgs(args []any, u Update) []any {
 	return append(args,
 		strconv.FormatUint(u.Inc, 10),
+		strconv.FormatUint(u.Seq, 10),
 		strconv.FormatInt(u.Cum, 10),
 		strconv.FormatInt(u.Acked, 10),
+		strconv.FormatInt(u.Used, 10),
+		strconv.FormatInt(u.UAcked, 10),
+		strconv.FormatFloat(u.Demand, 'f', 3, 64),
+		strconv.FormatInt(u.Want, 10),
 		strconv.FormatInt(u.N, 10),
-		strconv.FormatUint(u.TakeID, 10),
 		strconv.FormatFloat(u.Limit.Rate, 'f', -1, 64), // no exponent: gopher-lua (miniredis) cannot parse "1e+09"
 		strconv.FormatInt(u.Limit.Burst, 10))
 }
@@ -243,17 +283,23 @@ func validate(u Update) error {
 	switch {
 	case !u.Limit.Valid():
 		return fmt.Errorf("%w: key %q: invalid limit rate=%v burst=%d", ErrInvalid, u.Key, u.Limit.Rate, u.Limit.Burst)
-	case u.Cum < 0 || u.Acked < 0 || u.Acked > u.Cum || u.Cum > 1<<53:
-		return fmt.Errorf("%w: key %q: invalid counters cum=%d acked=%d", ErrInvalid, u.Key, u.Cum, u.Acked)
+	case u.Cum < 0 || u.Acked < 0 || u.Cum > 1<<53 || u.Acked > 1<<53 || u.Used < 0 || u.Used > u.Cum ||
+		u.UAcked < 0 || u.UAcked > u.Used:
+		return fmt.Errorf("%w: key %q: invalid counters cum=%d acked=%d used=%d uacked=%d", ErrInvalid, u.Key,
+			u.Cum, u.Acked, u.Used, u.UAcked)
 	case u.N < 0 || u.N > u.Limit.Burst:
 		return fmt.Errorf("%w: key %q: n=%d out of range [0, burst=%d]", ErrInvalid, u.Key, u.N, u.Limit.Burst)
-	case u.Inc > 1<<53 || u.TakeID > 1<<53:
-		return fmt.Errorf("%w: key %q: incarnation or take id too large", ErrInvalid, u.Key)
+	case u.Want < 0 || u.Want > 1e9 || !(u.Demand >= 0 && u.Demand <= 1e9):
+		return fmt.Errorf("%w: key %q: want=%d demand=%v out of range", ErrInvalid, u.Key, u.Want, u.Demand)
+	case u.Inc > 1<<53 || u.Seq < 1 || u.Seq > 1<<53:
+		return fmt.Errorf("%w: key %q: incarnation or sequence out of range", ErrInvalid, u.Key)
 	}
 	return nil
 }
 
-// Take applies u (which should have N > 0) in one synchronous script call bounded by SyncTimeout.
+// Take applies u (which should have N > 0) in one synchronous script call bounded by SyncTimeout: the
+// answer's Status is StatusCovered when the node's lease now covers N. A key Redis could not process
+// returns an error wrapping ErrBadKey.
 // It returns ErrUnavailable without I/O while the breaker is open.
 func (c *Client) Take(ctx context.Context, u Update) (State, error) {
 	if err := validate(u); err != nil {
@@ -266,8 +312,8 @@ func (c *Client) Take(ctx context.Context, u Update) (State, error) {
 	caller := ctx
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.SyncTimeout)
 	defer cancel()
-	keys := []string{BucketKey(c.cfg.Prefix, u.Key)}
-	args := appendArgs(append(make([]any, 0, 11), c.keyArgs...), u)
+	keys := []string{BucketKey(c.cfg.Prefix, u.Key, u.Limit)}
+	args := appendArgs(append(make([]any, 0, len(c.keyArgs)+argsPerKey), c.keyArgs...), u)
 	c.stats.Takes.Add(1)
 	res, err := c.run(ctx, false, keys, args)
 	c.record(caller, err)
@@ -275,8 +321,12 @@ func (c *Client) Take(ctx context.Context, u Update) (State, error) {
 		return State{}, fmt.Errorf("central: take %q: %w", u.Key, err)
 	}
 	var out [1]State
-	if err := decodeStates(res, out[:]); err != nil {
+	var errs [1]error
+	if err := decodeStates(res, out[:], errs[:]); err != nil {
 		return State{}, err
+	}
+	if errs[0] != nil {
+		return State{}, fmt.Errorf("central: take %q: %w", u.Key, errs[0])
 	}
 	return out[0], nil
 }
@@ -410,12 +460,17 @@ func (c *Client) Reconcile(ctx context.Context, updates []Update, out []State, e
 			}
 			if cerr == nil {
 				tmp := make([]State, len(g))
-				if derr := decodeStates(cmds[gi].Val(), tmp); derr != nil {
+				terr := make([]error, len(g))
+				if derr := decodeStates(cmds[gi].Val(), tmp, terr); derr != nil {
 					cerr = derr
 				} else {
 					for k, i := range g {
-						out[i] = tmp[k]
+						out[i], errs[i] = tmp[k], terr[k]
+						if terr[k] != nil && first == nil {
+							first = fmt.Errorf("central: reconcile %q: %w", updates[i].Key, terr[k])
+						}
 					}
+					continue
 				}
 			}
 			if cerr != nil && attempt == 0 && (redis.HasErrorPrefix(cerr, "NOSCRIPT") || isShebangUnsupported(cerr)) {
@@ -474,7 +529,7 @@ func (c *Client) group(updates []Update, valid []int) [][]int {
 	bySlot := make(map[int][]int)
 	var order []int
 	for _, i := range valid {
-		s := Slot(BucketKey(c.cfg.Prefix, updates[i].Key))
+		s := Slot(BucketKey(c.cfg.Prefix, updates[i].Key, updates[i].Limit))
 		if _, ok := bySlot[s]; !ok {
 			order = append(order, s)
 		}
@@ -493,10 +548,10 @@ func (c *Client) pipeline(ctx context.Context, updates []Update, groups [][]int)
 	cmds := make([]*redis.Cmd, len(groups))
 	for gi, g := range groups {
 		keys := make([]string, len(g))
-		args := make([]any, 0, len(c.keyArgs)+7*len(g))
+		args := make([]any, 0, len(c.keyArgs)+argsPerKey*len(g))
 		args = append(args, c.keyArgs...)
 		for k, i := range g {
-			keys[k] = BucketKey(c.cfg.Prefix, updates[i].Key)
+			keys[k] = BucketKey(c.cfg.Prefix, updates[i].Key, updates[i].Limit)
 			args = appendArgs(args, updates[i])
 		}
 		cmds[gi] = rec.EvalSha(ctx, pipe, keys, args...)
@@ -520,33 +575,47 @@ func (c *Client) load(ctx context.Context) error {
 	return err
 }
 
-// decodeStates decodes a reconcile reply of 6 integers per key into out.
-func decodeStates(res any, out []State) error {
+// replyWidth is the number of reply elements per key (reconcile.lua).
+const replyWidth = 7
+
+// decodeStates decodes a reconcile reply of replyWidth elements per key into out, and a key Redis
+// could not process into errs (wrapping ErrBadKey). It returns an error when the reply as a whole is
+// malformed.
+func decodeStates(res any, out []State, errs []error) error {
 	vals, ok := res.([]any)
-	if !ok || len(vals) != 6*len(out) {
-		return fmt.Errorf("%w: want %d integers, got %T of length %d", ErrBadReply, 6*len(out), res, lenOf(res))
+	if !ok || len(vals) != replyWidth*len(out) || len(errs) != len(out) {
+		return fmt.Errorf("%w: want %d elements, got %T of length %d", ErrBadReply, replyWidth*len(out), res, lenOf(res))
 	}
 	for k := range out {
-		var v [6]int64
+		row := vals[replyWidth*k : replyWidth*(k+1)]
+		if st, ok := row[0].(int64); ok && st == -3 {
+			msg, _ := row[1].(string)
+			errs[k] = fmt.Errorf("%w: %s", ErrBadKey, msg)
+			out[k] = State{}
+			continue
+		}
+		var v [replyWidth]int64
 		for j := range v {
-			x, ok := vals[6*k+j].(int64)
+			x, ok := row[j].(int64)
 			if !ok {
-				return fmt.Errorf("%w: element %d is %T", ErrBadReply, 6*k+j, vals[6*k+j])
+				return fmt.Errorf("%w: element %d is %T", ErrBadReply, replyWidth*k+j, row[j])
 			}
 			v[j] = x
 		}
 		// The script clamps both durations to 1e15µs (about 31 years); a larger value would overflow
 		// time.Duration into a negative wait (found by FuzzDecodeStates).
-		if v[0] < -1 || v[0] > 1 || v[3] < 1 || v[4] < 0 || v[5] < 0 || v[4] > 1e15 || v[5] > 1e15 {
+		if v[0] < -2 || v[0] > 1 || v[1] < 0 || v[2] < 0 || v[4] < 1 || v[5] < 0 || v[6] < 0 || v[5] > 1e15 || v[6] > 1e15 {
 			return fmt.Errorf("%w: values out of range %v", ErrBadReply, v)
 		}
+		errs[k] = nil
 		out[k] = State{
-			Taken:      int8(v[0]),
-			Applied:    v[1],
-			Tokens:     v[2],
-			Active:     v[3],
-			RetryAfter: time.Duration(v[4]) * time.Microsecond,
-			ResetAfter: time.Duration(v[5]) * time.Microsecond,
+			Status:     Status(v[0]),
+			Seq:        uint64(v[1]),
+			Charged:    v[2],
+			Tokens:     v[3],
+			Active:     v[4],
+			RetryAfter: time.Duration(v[5]) * time.Microsecond,
+			ResetAfter: time.Duration(v[6]) * time.Microsecond,
 		}
 	}
 	return nil

@@ -40,7 +40,7 @@ func TestCluster(t *testing.T) {
 
 	t.Run("Slot agrees with CLUSTER KEYSLOT", func(t *testing.T) {
 		for _, k := range slotSeeds {
-			for _, rk := range []string{k, BucketKey("hr", k)} {
+			for _, rk := range []string{k, BucketKey("hr", k, Limit{Rate: 1, Burst: 1})} {
 				want, ok := node.Do(t, "CLUSTER", "KEYSLOT", rk).(int64)
 				require.True(t, ok)
 				assert.EqualValues(t, want, Slot(rk), "%q", rk)
@@ -72,15 +72,15 @@ func TestCluster(t *testing.T) {
 		require.False(t, c.legacy.Load())
 		ups := make([]Update, 200)
 		for i := range ups {
-			ups[i] = Update{Key: "decl:" + strconv.Itoa(i), Limit: Limit{Rate: 10, Burst: 100}, Inc: 1, Cum: int64(i % 7)}
+			ups[i] = Update{Key: "decl:" + strconv.Itoa(i), Limit: Limit{Rate: 10, Burst: 100}, Inc: 1, Seq: 1, Cum: int64(i % 7), Used: int64(i % 7)}
 		}
 		out, errs := make([]State, len(ups)), make([]error, len(ups))
 		require.NoError(t, c.Reconcile(ctx, ups, out, errs))
 		for i := range ups {
 			require.NoError(t, errs[i])
-			assert.Equal(t, ups[i].Cum, out[i].Applied, ups[i].Key)
+			assert.Equal(t, ups[i].Cum, out[i].Charged, ups[i].Key)
 		}
-		_, err = c.Take(ctx, Update{Key: "decl:0", Limit: Limit{Rate: 10, Burst: 100}, Inc: 1, Cum: 0, N: 1, TakeID: c.NextTakeID()})
+		_, err = c.Take(ctx, Update{Key: "decl:0", Limit: Limit{Rate: 10, Burst: 100}, Inc: 1, Seq: 2, Cum: 0, Acked: 0, N: 1})
 		require.NoError(t, err)
 		require.NoError(t, c.Ban(ctx, "decl:banned", time.Minute))
 		bans, err := c.Bans(ctx)
@@ -116,9 +116,9 @@ func TestCluster(t *testing.T) {
 		require.NoError(t, err)
 		const key = "recover:1"
 		lim := Limit{Rate: 1000, Burst: 1_000_000}
-		_, err = c.Take(ctx, Update{Key: key, Limit: lim, Inc: 1, N: 1, TakeID: c.NextTakeID()})
+		_, err = c.Take(ctx, Update{Key: key, Limit: lim, Inc: 1, Seq: 1, N: 1})
 		require.NoError(t, err)
-		old := cl.MasterFor(t, BucketKey("t", key))
+		old := cl.MasterFor(t, BucketKey("t", key, lim))
 
 		// Takes for the key every 10ms, recording when each succeeded or failed.
 		type result struct {
@@ -132,17 +132,15 @@ func TestCluster(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			applied := int64(1)
+			seq := uint64(1)
 			for {
 				select {
 				case <-stop:
 					return
 				case <-time.After(10 * time.Millisecond):
 				}
-				st, err := c.Take(ctx, Update{Key: key, Limit: lim, Inc: 1, Cum: applied, Acked: applied, N: 1, TakeID: c.NextTakeID()})
-				if err == nil {
-					applied = st.Applied
-				}
+				seq++
+				_, err := c.Take(ctx, Update{Key: key, Limit: lim, Inc: 1, Seq: seq, N: 1})
 				mu.Lock()
 				results = append(results, result{time.Now(), err})
 				mu.Unlock()
@@ -154,7 +152,7 @@ func TestCluster(t *testing.T) {
 		old.Kill(t)
 		cl.WaitHealthy(t, 20*time.Second)
 		healthy := time.Now()
-		require.NotSame(t, old, cl.MasterFor(t, BucketKey("t", key)), "a replica took over")
+		require.NotSame(t, old, cl.MasterFor(t, BucketKey("t", key, lim)), "a replica took over")
 		var recovered time.Time
 		require.Eventually(t, func() bool {
 			mu.Lock()

@@ -31,7 +31,8 @@ const (
 	// as for ClassTransport; the failure policy decides.
 	ClassRefused
 	// ClassBadKey: Redis is up and served the call, but could not apply it to this key: WRONGTYPE
-	// (something else owns the key), a script error, or a reply of an unexpected shape. It says
+	// (something else owns the key), a script error, ErrBadKey (a key the script could not
+	// process), or a reply of an unexpected shape. It says
 	// nothing about Redis's health: the breaker counts it as a success.
 	ClassBadKey
 	// ClassInvalid: the request was refused before it was sent (ErrInvalid, ErrBadPrefix): our own
@@ -83,6 +84,15 @@ func Class(err error) ErrorClass {
 		return ClassCanceled
 	case errors.Is(err, ErrInvalid), errors.Is(err, ErrBadPrefix):
 		return ClassInvalid
+	case errors.Is(err, ErrBadKey):
+		// A key the script could not process (the script caught the error): a per-key fault, unless
+		// what it caught was a refusal of the write or of the command (a write met OOM, an ACL).
+		if msg := err.Error(); strings.Contains(msg, "The user executing the script can't") ||
+			strings.Contains(msg, "OOM command not allowed") || strings.Contains(msg, "READONLY ") ||
+			strings.Contains(msg, "NOPERM ") || strings.Contains(msg, "MISCONF ") {
+			return ClassRefused
+		}
+		return ClassBadKey
 	case errors.Is(err, ErrBadReply):
 		return ClassBadKey
 	}

@@ -48,6 +48,9 @@ func TestClass(t *testing.T) {
 		{wrap(replyErr("WRONGTYPE Operation against a key holding the wrong kind of value")), ClassBadKey},
 		{replyErr("ERR user_script:1: bad rate"), ClassBadKey},
 		{fmt.Errorf("%w: element 0", ErrBadReply), ClassBadKey},
+		{wrap(fmt.Errorf("%w: WRONGTYPE Operation against a key holding the wrong kind of value", ErrBadKey)), ClassBadKey},
+		{wrap(fmt.Errorf("%w: OOM command not allowed when used memory > 'maxmemory'.", ErrBadKey)), ClassRefused},
+		{wrap(fmt.Errorf("%w: The user executing the script can't run this command or subcommand", ErrBadKey)), ClassRefused},
 		{fmt.Errorf("%w: n=0", ErrInvalid), ClassInvalid},
 		{ErrBadPrefix, ClassInvalid},
 		{wrap(context.Canceled), ClassCanceled},
@@ -64,8 +67,9 @@ func TestBreakerCountsRefusedNotBadKey(t *testing.T) {
 	rdb := srv.Client(t)
 	ctx := context.Background()
 	c := newTestClient(t, rdb, "a")
-	require.NoError(t, rdb.Set(ctx, BucketKey(c.cfg.Prefix, "string"), "x", 0).Err())
-	u := Update{Key: "string", Limit: Limit{Rate: 1, Burst: 10}, N: 1, TakeID: 1, Inc: 1}
+	lim := Limit{Rate: 1, Burst: 10}
+	require.NoError(t, rdb.Set(ctx, BucketKey(c.cfg.Prefix, "string", lim), "x", 0).Err())
+	u := Update{Key: "string", Limit: lim, Inc: 1, Seq: 1, Want: 1, N: 1}
 	for range 20 {
 		_, err := c.Take(ctx, u)
 		require.Error(t, err)

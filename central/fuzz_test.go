@@ -128,9 +128,9 @@ func replyFrom(b []byte, depth int) (any, []byte) {
 }
 
 // FuzzDecodeStates: decodeStates never panics on any reply shape; it accepts a reply only when it
-// is exactly 6 integers per key in range, and then decodes them faithfully, with durations that are
-// never negative. The second half builds well-formed replies from the fuzz integers and checks the
-// round trip.
+// is exactly 7 elements per key in range (or a per-key error row), and then decodes them faithfully,
+// with durations that are never negative. The second half builds well-formed replies from the fuzz
+// integers and checks the round trip.
 func FuzzDecodeStates(f *testing.F) {
 	good := func(vals ...int64) []byte {
 		b := []byte{7, byte(len(vals))}
@@ -140,31 +140,38 @@ func FuzzDecodeStates(f *testing.F) {
 		}
 		return b
 	}
-	f.Add(good(1, 5, 6_000_000, 1, 0, 8_000_000), uint8(1))
-	f.Add(good(0, 5, -250_000, 3, 500_000, 1_000_000, -1, 9, 10_000_000, 1, 0, 0), uint8(2))
-	f.Add(good(1, 5, 6_000_000, 1, 0), uint8(1))               // short
-	f.Add(good(2, 5, 6_000_000, 1, 0, 8_000_000), uint8(1))    // taken out of range
-	f.Add(good(1, 5, 6_000_000, 0, 0, 8_000_000), uint8(1))    // no active node
-	f.Add(good(0, 5, 6_000_000, 1, 1e16, 8_000_000), uint8(1)) // a retry-after beyond the script's clamp
-	f.Add(good(0, 5, 6_000_000, 1, math.MaxInt64, math.MaxInt64), uint8(1))
-	f.Add([]byte{7, 6, 3, 1, 'x', 0, 0, 0, 0, 0, 0, 0, 0, 0}, uint8(1)) // a string among the integers
+	f.Add(good(1, 1, 5, 6_000_000, 1, 0, 8_000_000), uint8(1))
+	f.Add(good(0, 2, 5, -250_000, 3, 500_000, 1_000_000, -1, 3, 9, 10_000_000, 1, 0, 0), uint8(2))
+	f.Add(good(1, 1, 5, 6_000_000, 1, 0), uint8(1))               // short
+	f.Add(good(2, 1, 5, 6_000_000, 1, 0, 8_000_000), uint8(1))    // status out of range
+	f.Add(good(1, 1, 5, 6_000_000, 0, 0, 8_000_000), uint8(1))    // no active node
+	f.Add(good(0, 1, 5, 6_000_000, 1, 1e16, 8_000_000), uint8(1)) // a retry-after beyond the script's clamp
+	f.Add(good(0, 1, 5, 6_000_000, 1, math.MaxInt64, math.MaxInt64), uint8(1))
+	f.Add([]byte{7, 7, 3, 1, 'x', 0, 0, 0, 0, 0, 0, 0, 0, 0}, uint8(1)) // a string among the integers
 	f.Add([]byte{4}, uint8(0))
 	f.Add([]byte{}, uint8(0))
 	f.Fuzz(func(t *testing.T, data []byte, keys uint8) {
 		res, _ := replyFrom(data, 0)
 		out := make([]State, keys%9)
-		err := decodeStates(res, out)
+		errs := make([]error, len(out))
+		err := decodeStates(res, out, errs)
 		vals, isArr := res.([]any)
 		if err != nil {
 			if !errors.Is(err, ErrBadReply) {
 				t.Fatalf("error %v does not wrap ErrBadReply", err)
 			}
 		} else {
-			if !isArr || len(vals) != 6*len(out) {
+			if !isArr || len(vals) != replyWidth*len(out) {
 				t.Fatalf("accepted %#v for %d keys", res, len(out))
 			}
 			for k, st := range out {
-				checkState(t, st, vals[6*k:6*k+6])
+				if errs[k] != nil {
+					if !errors.Is(errs[k], ErrBadKey) || vals[replyWidth*k] != int64(-3) {
+						t.Fatalf("key error %v from %v", errs[k], vals[replyWidth*k:replyWidth*k+replyWidth])
+					}
+					continue
+				}
+				checkState(t, st, vals[replyWidth*k:replyWidth*k+replyWidth])
 			}
 		}
 		// Well-formed replies built from the fuzz integers round-trip.
@@ -172,18 +179,19 @@ func FuzzDecodeStates(f *testing.F) {
 		for i := 0; i+8 <= len(data); i += 8 {
 			ints = append(ints, int64(binary.LittleEndian.Uint64(data[i:])))
 		}
-		n := len(ints) / 6
-		reply := make([]any, 0, 6*n)
+		n := len(ints) / replyWidth
+		reply := make([]any, 0, replyWidth*n)
 		for k := range n {
-			v := ints[6*k : 6*k+6]
-			reply = append(reply, v[0]%2, v[1], v[2], 1+abs(v[3])%1000, abs(v[4])%1_000_000_000_000_001, abs(v[5])%1_000_000_000_000_001)
+			v := ints[replyWidth*k : replyWidth*k+replyWidth]
+			reply = append(reply, abs(v[0])%4-2, abs(v[1]), abs(v[2]), v[3], 1+abs(v[4])%1000, abs(v[5])%1_000_000_000_000_001, abs(v[6])%1_000_000_000_000_001)
 		}
 		out = make([]State, n)
-		if err := decodeStates(reply, out); err != nil {
+		errs = make([]error, n)
+		if err := decodeStates(reply, out, errs); err != nil {
 			t.Fatalf("a well-formed reply %v was rejected: %v", reply, err)
 		}
 		for k, st := range out {
-			checkState(t, st, reply[6*k:6*k+6])
+			checkState(t, st, reply[replyWidth*k:replyWidth*k+replyWidth])
 		}
 	})
 }
@@ -198,10 +206,10 @@ func abs(v int64) int64 {
 	return v
 }
 
-// checkState checks that st is the faithful decoding of the six reply values vals.
+// checkState checks that st is the faithful decoding of the reply values vals.
 func checkState(t *testing.T, st State, vals []any) {
 	t.Helper()
-	var v [6]int64
+	var v [replyWidth]int64
 	for j := range v {
 		x, ok := vals[j].(int64)
 		if !ok {
@@ -210,13 +218,13 @@ func checkState(t *testing.T, st State, vals []any) {
 		v[j] = x
 	}
 	switch {
-	case st.Taken < -1 || st.Taken > 1 || int64(st.Taken) != v[0]:
-		t.Fatalf("taken %d from %v", st.Taken, v)
-	case st.Applied != v[1] || st.Tokens != v[2] || st.Active != v[3] || st.Active < 1:
+	case st.Status < -2 || st.Status > 1 || int64(st.Status) != v[0]:
+		t.Fatalf("status %d from %v", st.Status, v)
+	case int64(st.Seq) != v[1] || st.Charged != v[2] || st.Tokens != v[3] || st.Active != v[4] || st.Active < 1:
 		t.Fatalf("state %+v from %v", st, v)
 	case st.RetryAfter < 0 || st.ResetAfter < 0:
 		t.Fatalf("negative duration in %+v from %v", st, v)
-	case st.RetryAfter != time.Duration(v[4])*time.Microsecond || st.ResetAfter != time.Duration(v[5])*time.Microsecond:
+	case st.RetryAfter != time.Duration(v[5])*time.Microsecond || st.ResetAfter != time.Duration(v[6])*time.Microsecond:
 		t.Fatalf("durations %+v from %v", st, v)
 	}
 }
@@ -280,9 +288,9 @@ func FuzzSlot(f *testing.F) {
 		if !validPrefix(prefix) {
 			return
 		}
-		rk := BucketKey(prefix, key)
-		head := prefix + ":" + Version + ":{"
-		if !strings.HasPrefix(rk, head) || !strings.HasSuffix(rk, "}") || rk[len(head):len(rk)-1] != key {
+		rk := BucketKey(prefix, key, Limit{Rate: 2.5, Burst: 7})
+		head := prefix + ":" + Version + ":b:{"
+		if !strings.HasPrefix(rk, head) || !strings.HasSuffix(rk, "}:2.5:7") || rk[len(head):len(rk)-len("}:2.5:7")] != key {
 			t.Fatalf("BucketKey(%q, %q) = %q: the key cannot be recovered", prefix, key, rk)
 		}
 		slot := Slot(rk)

@@ -2,11 +2,19 @@ package central
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 )
 
 // Version is the key-layout version embedded in every Redis key; it changes when the layout does.
-const Version = "v1"
+// v2: leases (reconcile.lua), buckets per (key, limit), and disjoint namespaces for buckets and the
+// limiter's own structures.
+const Version = "v2"
+
+// StrictVersion is the layout version of the strict algorithms' keys ("<prefix>:v1:{tag}:rule:alg"),
+// which did not change with v2; they never share a name with the hybrid buckets ("<prefix>:v2:b:…")
+// or the limiter's internal structures ("<prefix>:v2:x:…").
+const StrictVersion = "v1"
 
 // ErrBadPrefix is returned for a key prefix that is empty or contains a '{', '}' or whitespace.
 var ErrBadPrefix = errors.New("central: key prefix must be non-empty and contain no braces or spaces")
@@ -16,18 +24,29 @@ func validPrefix(p string) bool {
 	return p != "" && !strings.ContainsAny(p, "{} \t\r\n")
 }
 
-// BucketKey returns the Redis key of the global bucket for key: "<prefix>:v1:{<key>}". The key is the
-// hash tag, so in a Cluster everything about one key lives in one slot. Any key is accepted, including
-// one with braces or NUL bytes: two different keys always give two different Redis keys.
-func BucketKey(prefix, key string) string {
-	return prefix + ":" + Version + ":{" + key + "}"
+// The namespaces under "<prefix>:v2:". User keys only ever appear after "b:" (buckets); the limiter's
+// own structures live under "x:", which no user key can reach.
+const (
+	bucketSpace   = ":" + Version + ":b:"
+	internalSpace = ":" + Version + ":x:"
+)
+
+// BucketKey returns the Redis key of the global bucket for key under lim:
+// "<prefix>:v2:b:{<key>}:<rate>:<burst>". The key is the hash tag, so in a Cluster every bucket of one
+// key lives in one slot. Any key is accepted, including one with braces or NUL bytes: two different
+// (key, limit) pairs always give two different Redis keys, and none of them can equal [BansKey] or
+// any other key of the limiter's own. The same key used with two limits has two buckets: each limit
+// is enforced on its own (docs/accuracy.md, "One key, two limits").
+func BucketKey(prefix, key string, lim Limit) string {
+	return prefix + bucketSpace + "{" + key + "}:" + strconv.FormatFloat(lim.Rate, 'g', -1, 64) + ":" +
+		strconv.FormatInt(lim.Burst, 10)
 }
 
-// BansKey returns the Redis key of the ban list.
-func BansKey(prefix string) string { return prefix + ":" + Version + ":{bans}" }
+// BansKey returns the Redis key of the ban list, in the limiter's internal namespace.
+func BansKey(prefix string) string { return prefix + internalSpace + "{bans}" }
 
 // BansChannel returns the Pub/Sub channel that carries ban changes.
-func BansChannel(prefix string) string { return prefix + ":" + Version + ":bans" }
+func BansChannel(prefix string) string { return prefix + internalSpace + "bans" }
 
 // Slot returns the Redis Cluster slot of a Redis key, with the hash-tag rule: if the key has a '{'
 // followed later by a '}' with at least one byte between them, only those bytes are hashed.

@@ -35,7 +35,7 @@ func testConfig(rdb redis.UniversalClient, node string) Config {
 	return Config{
 		Client: rdb, Prefix: "t", NodeID: node,
 		SyncTimeout: time.Second, FlushTimeout: 2 * time.Second, MaxBatch: 100,
-		ActiveWindow: 2 * time.Second, PruneAge: time.Minute,
+		ActiveWindow: 2 * time.Second, PruneAge: time.Minute, LeaseLife: 10 * time.Second, Recount: time.Second,
 		Breaker: BreakerConfig{Threshold: 3, Cooldown: 50 * time.Millisecond},
 	}
 }
@@ -48,56 +48,78 @@ func newTestClient(t *testing.T, rdb redis.UniversalClient, node string) *Client
 }
 
 // at pins the scripts' clock to us microseconds (test-only override of Redis TIME).
-func (c *Client) at(us int64) { c.keyArgs[3] = us }
+func (c *Client) at(us int64) { c.keyArgs[len(c.keyArgs)-1] = us }
 
 const t0 = int64(1763771234567891) // a 16-digit microsecond timestamp: real Redis's tostring would round it
 
-func take(t *testing.T, c *Client, key string, lim Limit, inc uint64, cum, acked, n int64) State {
+// node is one incarnation of a node's entry for a key, numbering its calls like local.Entry.
+type node struct {
+	c      *Client
+	key    string
+	lim    Limit
+	inc    uint64
+	seq    uint64
+	cum    int64 // consumed (admitted)
+	acked  int64 // charged by the last answer
+	uacked int64
+}
+
+// call sends a call asking for want unused tokens and n now, after consuming `use` more tokens.
+func (nd *node) call(t *testing.T, use, want, n int64) State {
 	t.Helper()
-	st, err := c.Take(context.Background(), Update{Key: key, Limit: lim, Inc: inc, Cum: cum, Acked: acked, N: n, TakeID: c.NextTakeID()})
+	nd.cum += use
+	nd.seq++
+	st, err := nd.c.Take(context.Background(), Update{Key: nd.key, Limit: nd.lim, Inc: nd.inc, Seq: nd.seq,
+		Cum: nd.cum, Acked: nd.acked, Used: nd.cum, UAcked: nd.uacked, Demand: 1, Want: want, N: n})
 	require.NoError(t, err)
+	if st.Status != StatusStale {
+		nd.acked, nd.uacked = st.Charged, nd.cum
+	}
 	return st
 }
 
-func TestScriptBucketScenarios(t *testing.T) {
+func TestScriptLeaseScenarios(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		ctx := context.Background()
 		c := newTestClient(t, rdb, "a")
-		lim := Limit{Rate: 0.5, Burst: 10}
-		key := "k"
-		rk := BucketKey("t", key)
+		nd := &node{c: c, key: "k", lim: Limit{Rate: 0.5, Burst: 10}, inc: 1}
+		rk := BucketKey("t", "k", nd.lim)
 		type step struct {
-			at      int64 // µs after t0
-			cum, n  int64
-			taken   int8
-			tokens  int64 // micro-tokens after the step
-			applied int64
-			retry   time.Duration
+			at           int64 // µs after t0
+			use, want, n int64
+			status       Status
+			charged      int64
+			tokens       int64 // micro-tokens after the step
+			retry        time.Duration
 		}
 		steps := []step{
-			{at: 0, cum: 0, n: 4, taken: 1, tokens: 6_000_000, applied: 4},
-			{at: 0, cum: 4, n: 7, taken: 0, tokens: 6_000_000, applied: 4, retry: 2 * time.Second}, // (7-6)/0.5
-			// 1.5 s later: refill 0.75, then the 6 tokens consumed locally (cum 10 - applied 4) are applied,
-			// leaving 0.75, which cannot cover n=1: retry after (1-0.75)/0.5 s.
-			{at: 1_500_000, cum: 10, n: 1, taken: 0, tokens: 750_000, applied: 10, retry: 500 * time.Millisecond},
-			{at: 3_000_000, cum: 10, n: 1, taken: 1, tokens: 500_000, applied: 11},      // refill 0.75 → 1.5, take 1
-			{at: 2_000_000, cum: 11, n: 0, taken: -1, tokens: 500_000, applied: 11},     // clock went back: no refill
-			{at: 22_000_000, cum: 11, n: 0, taken: -1, tokens: 10_000_000, applied: 11}, // capped at burst
+			{at: 0, want: 4, n: 1, status: StatusCovered, charged: 4, tokens: 6_000_000},
+			// 4 used from the lease, then 7 more needed now: 6 in the bucket cannot cover it.
+			{at: 0, use: 4, want: 7, n: 7, status: StatusDenied, charged: 4, tokens: 6_000_000, retry: 2 * time.Second},
+			// 1.5 s later: refill 0.75; 6 consumed beyond the charge (credit) are debt: 6.75 - 6 = 0.75.
+			{at: 1_500_000, use: 6, want: 1, n: 1, status: StatusDenied, charged: 10, tokens: 750_000, retry: 500 * time.Millisecond},
+			// Refill 0.75 → 1.5: a lease of one token.
+			{at: 3_000_000, want: 1, n: 1, status: StatusCovered, charged: 11, tokens: 500_000},
+			{at: 2_000_000, status: StatusDone, charged: 11, tokens: 500_000},                     // clock went back: no refill
+			{at: 22_000_000, status: StatusDone, charged: 11, tokens: 10_000_000},                 // capped at burst
+			{at: 22_000_000, want: 3, status: StatusDone, charged: 13, tokens: 8_000_000},         // unused lease 1 topped up to 3
+			{at: 22_000_000, use: 3, want: 0, status: StatusDone, charged: 13, tokens: 8_000_000}, // used within the lease: no charge
 		}
-		acked := int64(0)
 		for i, s := range steps {
 			c.at(t0 + s.at)
-			st := take(t, c, key, lim, 1, s.cum, acked, s.n)
-			assert.Equal(t, s.taken, st.Taken, "step %d taken", i)
+			st := nd.call(t, s.use, s.want, s.n)
+			assert.Equal(t, s.status, st.Status, "step %d status", i)
+			assert.Equal(t, s.charged, st.Charged, "step %d charged", i)
 			assert.Equal(t, s.tokens, st.Tokens, "step %d tokens", i)
-			assert.Equal(t, s.applied, st.Applied, "step %d applied", i)
 			assert.Equal(t, s.retry, st.RetryAfter, "step %d retry", i)
-			acked = min(st.Applied, s.cum)
 		}
 		// The refill timestamp survives the round trip with all 16 digits (tostring would keep 14).
-		ts, err := rdb.HGet(ctx, rk, "ts").Result()
+		ts, err := rdb.HGet(ctx, rk, "s").Result()
 		require.NoError(t, err)
-		assert.Equal(t, strconv.FormatInt(t0+22_000_000, 10), ts, "ts must not be rounded")
+		assert.Equal(t, strconv.FormatInt(t0+22_000_000, 10), ts, "s must not be rounded")
+		consumed, err := rdb.HGet(ctx, rk, "c").Int64()
+		require.NoError(t, err)
+		assert.Equal(t, int64(13), consumed, "every admitted token is counted once")
 		c.at(0)
 		// The TTL is twice the time to refill plus a second: 2·10/0.5 s + 1 s = 41 s.
 		ttl, err := rdb.PTTL(ctx, rk).Result()
@@ -106,40 +128,51 @@ func TestScriptBucketScenarios(t *testing.T) {
 	})
 }
 
+func TestScriptShareOfTheBurst(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		lim := Limit{Rate: 1, Burst: 100}
+		a := &node{c: newTestClient(t, rdb, "a"), key: "sh", lim: lim, inc: 1}
+		b := &node{c: newTestClient(t, rdb, "b"), key: "sh", lim: lim, inc: 1}
+		a.c.at(t0)
+		b.c.at(t0)
+		// Two nodes each declaring demand 1: each lease is at most its demand-weighted share.
+		a.call(t, 0, 0, 0)
+		st := b.call(t, 0, 1000, 0)
+		assert.Equal(t, int64(50), st.Charged, "half the burst (1000 wanted)")
+		assert.Equal(t, int64(50_000_000), st.Tokens)
+	})
+}
+
 func TestScriptFractionalTokensSurvive(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		c := newTestClient(t, rdb, "a")
-		lim := Limit{Rate: 1.0 / 3, Burst: 5}
+		nd := &node{c: c, key: "f", lim: Limit{Rate: 1.0 / 3, Burst: 5}, inc: 1}
 		c.at(t0)
-		take(t, c, "f", lim, 1, 0, 0, 5)
-		// 1 µs at a third of a token per second: 3.33e-7 tokens, kept (and summed) exactly enough that a
-		// million such refills add up to a third of a token.
+		nd.call(t, 0, 5, 5)
+		// 250 ms steps at a third of a token per second add up to a third of a token after 1 s.
 		var st State
 		for i := int64(1); i <= 4; i++ {
 			c.at(t0 + i*250_000)
-			st = take(t, c, "f", lim, 1, 5, 5, 0)
+			st = nd.call(t, 0, 0, 0)
 		}
-		assert.Equal(t, int64(333_333), st.Tokens, "1s at 1/3 token/s in four steps")
-		tk, err := rdb.HGet(context.Background(), BucketKey("t", "f"), "tk").Float64()
-		require.NoError(t, err)
-		assert.InDelta(t, 1.0/3, tk, 1e-12, "stored tokens keep 17 significant digits")
+		assert.InDelta(t, 333_333, st.Tokens, 1, "1s at 1/3 token/s in four steps")
 	})
 }
 
 func TestScriptDebtFloorAndRetry(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		c := newTestClient(t, rdb, "a")
-		lim := Limit{Rate: 10, Burst: 20}
+		nd := &node{c: c, key: "d", lim: Limit{Rate: 10, Burst: 20}, inc: 1}
 		c.at(t0)
-		// The node consumed 70 locally (overshoot): the bucket goes into debt, floored at -burst.
-		st := take(t, c, "d", lim, 1, 70, 0, 0)
+		// The node admitted 70 without a lease (a failure policy): debt, floored at -burst.
+		st := nd.call(t, 70, 0, 0)
 		assert.Equal(t, int64(-20_000_000), st.Tokens)
-		assert.Equal(t, int64(70), st.Applied)
-		st = take(t, c, "d", lim, 1, 70, 70, 5)
-		assert.Equal(t, int8(0), st.Taken)
+		assert.Equal(t, int64(70), st.Charged)
+		st = nd.call(t, 0, 5, 5)
+		assert.Equal(t, StatusDenied, st.Status)
 		assert.Equal(t, 2500*time.Millisecond, st.RetryAfter, "(5 - -20) / 10 per second")
 		assert.Equal(t, 4*time.Second, st.ResetAfter, "(20 - -20) / 10")
-		consumed, err := rdb.HGet(context.Background(), BucketKey("t", "d"), "c").Int64()
+		consumed, err := rdb.HGet(context.Background(), BucketKey("t", "d", nd.lim), "c").Int64()
 		require.NoError(t, err)
 		assert.Equal(t, int64(70), consumed, "accounting keeps every consumed token")
 	})
@@ -151,24 +184,23 @@ func TestScriptIsIdempotent(t *testing.T) {
 		c := newTestClient(t, rdb, "a")
 		lim := Limit{Rate: 1, Burst: 100}
 		c.at(t0)
-		u := Update{Key: "i", Limit: lim, Inc: 1, Cum: 30}
-		for range 3 { // a re-sent reconcile is applied once
+		u := Update{Key: "i", Limit: lim, Inc: 1, Seq: 1, Cum: 30, Used: 30, Want: 10, Demand: 1}
+		for i := range 3 { // a re-sent call is applied once
 			out, errs := make([]State, 1), make([]error, 1)
 			require.NoError(t, c.Reconcile(ctx, []Update{u}, out, errs))
-			assert.Equal(t, int64(70_000_000), out[0].Tokens)
+			require.NoError(t, errs[0])
+			assert.Equal(t, int64(40), out[0].Charged, "30 debt and a lease of 10")
+			assert.Equal(t, int64(60_000_000), out[0].Tokens)
+			if i > 0 {
+				assert.Equal(t, StatusStale, out[0].Status)
+			}
 		}
-		// A replayed take returns its verdict without taking again.
-		tu := Update{Key: "i", Limit: lim, Inc: 1, Cum: 30, Acked: 30, N: 10, TakeID: 77}
-		for range 2 {
-			st, err := c.Take(ctx, tu)
-			require.NoError(t, err)
-			assert.Equal(t, int8(1), st.Taken)
-			assert.Equal(t, int64(40), st.Applied)
-			assert.Equal(t, int64(60_000_000), st.Tokens)
-		}
-		consumed, err := rdb.HGet(ctx, BucketKey("t", "i"), "c").Int64()
+		// A late call (an older seq) changes nothing either.
+		old := u
+		old.Seq, old.Cum, old.Used = 0, 0, 0
+		consumed, err := rdb.HGet(ctx, BucketKey("t", "i", lim), "c").Int64()
 		require.NoError(t, err)
-		assert.Equal(t, int64(40), consumed)
+		assert.Equal(t, int64(30), consumed)
 	})
 }
 
@@ -177,17 +209,21 @@ func TestScriptIncarnations(t *testing.T) {
 		c := newTestClient(t, rdb, "a")
 		lim := Limit{Rate: 1, Burst: 100}
 		c.at(t0)
-		take(t, c, "n", lim, 1, 30, 0, 0)
-		// The node evicted the key (clean) and starts a new incarnation at 0.
-		st := take(t, c, "n", lim, 2, 5, 0, 0)
+		one := &node{c: c, key: "n", lim: lim, inc: 1}
+		one.call(t, 30, 0, 0)
+		// The node evicted the key (nothing pending) and starts a new incarnation at 0.
+		two := &node{c: c, key: "n", lim: lim, inc: 2}
+		st := two.call(t, 5, 0, 0)
 		assert.Equal(t, int64(65_000_000), st.Tokens, "new incarnation's 5 applied on top of the old 30")
-		// A late message from incarnation 1 changes nothing.
-		st = take(t, c, "n", lim, 1, 50, 30, 0)
+		// A late call from incarnation 1 changes nothing.
+		st = one.call(t, 20, 0, 0)
+		assert.Equal(t, StatusStale, st.Status)
+		st = two.call(t, 0, 0, 0)
 		assert.Equal(t, int64(65_000_000), st.Tokens)
-		// After the key expired in Redis, a node's acked seeds what was applied.
-		require.NoError(t, rdb.Del(context.Background(), BucketKey("t", "n")).Err())
-		st = take(t, c, "n", lim, 2, 8, 5, 0)
-		assert.Equal(t, int64(97_000_000), st.Tokens, "only cum - acked = 3 applied to a fresh bucket")
+		// After the key expired in Redis, a node's acked seeds what was charged.
+		require.NoError(t, rdb.Del(context.Background(), BucketKey("t", "n", lim)).Err())
+		st = two.call(t, 3, 0, 0)
+		assert.Equal(t, int64(97_000_000), st.Tokens, "only the 3 beyond acked charged to a fresh bucket")
 	})
 }
 
@@ -195,21 +231,21 @@ func TestScriptCountsActiveNodes(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		lim := Limit{Rate: 1, Burst: 100}
 		var st State
-		for i, node := range []string{"a", "b", "c"} {
-			c := newTestClient(t, rdb, node)
-			c.at(t0 + int64(i))
-			st = take(t, c, "act", lim, 1, 1, 0, 0)
+		for i, id := range []string{"a", "b", "c"} {
+			nd := &node{c: newTestClient(t, rdb, id), key: "act", lim: lim, inc: 1}
+			nd.c.at(t0 + int64(i))
+			st = nd.call(t, 1, 0, 0)
 		}
 		assert.Equal(t, int64(3), st.Active)
-		// Long after, one node comes back: the recount prunes nothing yet (prune age 1m) but counts 1 active.
-		c := newTestClient(t, rdb, "a")
-		c.at(t0 + 10_000_000)
-		st = take(t, c, "act", lim, 1, 2, 1, 0)
+		// Long after, one node comes back: the recount counts 1 active.
+		a := &node{c: newTestClient(t, rdb, "a"), key: "act", lim: lim, inc: 1, seq: 1, cum: 1, acked: 1, uacked: 1}
+		a.c.at(t0 + 10_000_000)
+		st = a.call(t, 1, 0, 0)
 		assert.Equal(t, int64(1), st.Active)
 		// After the prune age the departed nodes' records are deleted.
-		c.at(t0 + 200_000_000)
-		take(t, c, "act", lim, 1, 3, 2, 0)
-		fields, err := rdb.HKeys(context.Background(), BucketKey("t", "act")).Result()
+		a.c.at(t0 + 200_000_000)
+		a.call(t, 1, 0, 0)
+		fields, err := rdb.HKeys(context.Background(), BucketKey("t", "act", lim)).Result()
 		require.NoError(t, err)
 		var nodes []string
 		for _, f := range fields {
@@ -227,34 +263,87 @@ func TestScriptRejectsBadNumbers(t *testing.T) {
 		src := redis.NewScript(lua.StripShebang(lua.Reconcile()))
 		for _, tc := range []struct {
 			name string
-			args []any // inc, cum, acked, n, take, rate, burst
+			args []any // inc, seq, cum, acked, used, uacked, demand, want, n, rate, burst
 		}{
-			{"nan rate", []any{1, 0, 0, 1, 1, "nan", 10}},
-			{"inf rate", []any{1, 0, 0, 1, 1, "inf", 10}},
-			{"negative rate", []any{1, 0, 0, 1, 1, "-1", 10}},
-			{"zero burst", []any{1, 0, 0, 1, 1, "1", 0}},
-			{"fractional burst", []any{1, 0, 0, 1, 1, "1", 2.5}},
-			{"n over burst", []any{1, 0, 0, 11, 1, "1", 10}},
-			{"nan cum", []any{1, "nan", 0, 1, 1, "1", 10}},
-			{"acked over cum", []any{1, 1, 2, 1, 1, "1", 10}},
-			{"garbage n", []any{1, 0, 0, "x", 1, "1", 10}},
+			{"nan rate", []any{1, 1, 0, 0, 0, 0, 1, 1, 1, "nan", 10}},
+			{"inf rate", []any{1, 1, 0, 0, 0, 0, 1, 1, 1, "inf", 10}},
+			{"negative rate", []any{1, 1, 0, 0, 0, 0, 1, 1, 1, "-1", 10}},
+			{"zero burst", []any{1, 1, 0, 0, 0, 0, 1, 1, 1, "1", 0}},
+			{"fractional burst", []any{1, 1, 0, 0, 0, 0, 1, 1, 1, "1", 2.5}},
+			{"n over burst", []any{1, 1, 0, 0, 0, 0, 1, 1, 11, "1", 10}},
+			{"nan cum", []any{1, 1, "nan", 0, 0, 0, 1, 1, 1, "1", 10}},
+			{"used over cum", []any{1, 1, 1, 0, 2, 0, 1, 1, 1, "1", 10}},
+			{"zero seq", []any{1, 0, 0, 0, 0, 0, 1, 1, 1, "1", 10}},
+			{"garbage n", []any{1, 1, 0, 0, 0, 0, 1, 1, "x", "1", 10}},
 		} {
-			args := append([]any{"node", 1000, 60000, 0}, tc.args...)
-			err := src.Eval(ctx, rdb, []string{"t:v1:{bad}"}, args...).Err()
-			require.Error(t, err, tc.name)
-			assert.Contains(t, err.Error(), "hybridrate: bad", tc.name)
+			args := append([]any{"node", 10000, 1000, 60000, 1000, 0}, tc.args...)
+			res, err := src.Eval(ctx, rdb, []string{"t:v2:b:{bad}:1:10"}, args...).Result()
+			require.NoError(t, err, tc.name)
+			out, errs := make([]State, 1), make([]error, 1)
+			require.NoError(t, decodeStates(res, out, errs), tc.name)
+			require.ErrorIs(t, errs[0], ErrBadKey, tc.name)
+			assert.Contains(t, errs[0].Error(), "hybridrate: bad", tc.name)
 		}
-		n, err := rdb.Exists(ctx, "t:v1:{bad}").Result()
+		n, err := rdb.Exists(ctx, "t:v2:b:{bad}:1:10").Result()
 		require.NoError(t, err)
-		assert.Equal(t, int64(0), n, "a rejected call writes nothing")
-		// Go rejects them before they are sent.
+		assert.Equal(t, int64(0), n, "a rejected key writes nothing")
+		// A bad global argument fails the whole call.
+		err = src.Eval(ctx, rdb, []string{"t:v2:b:{bad}:1:10"}, "no:de", 10000, 1000, 60000, 1000, 0,
+			1, 1, 0, 0, 0, 0, 1, 1, 1, "1", 10).Err()
+		require.Error(t, err)
+		// Go rejects bad limits before they are sent.
 		c := newTestClient(t, rdb, "a")
 		for _, lim := range []Limit{{math.NaN(), 1}, {math.Inf(1), 1}, {-1, 1}, {1, 0}} {
-			_, err := c.Take(ctx, Update{Key: "x", Limit: lim, N: 1})
+			_, err := c.Take(ctx, Update{Key: "x", Limit: lim, Seq: 1, N: 1})
 			assert.Error(t, err)
 			assert.False(t, IsTransport(err))
 		}
 	})
+}
+
+// TestOneBadKeyCostsOnlyThatKey: a key whose Redis value has the wrong type (WRONGTYPE) fails alone;
+// the other keys of the same script call are applied (issue 11, item 2).
+func TestOneBadKeyCostsOnlyThatKey(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		ctx := context.Background()
+		c := newTestClient(t, rdb, "a")
+		lim := Limit{Rate: 1, Burst: 100}
+		require.NoError(t, rdb.Set(ctx, BucketKey("t", "poisoned", lim), "x", 0).Err())
+		var ups []Update
+		for _, k := range []string{"ok1", "poisoned", "ok2"} {
+			ups = append(ups, Update{Key: k, Limit: lim, Inc: 1, Seq: 1, Cum: 5, Used: 5})
+		}
+		out, errs := make([]State, 3), make([]error, 3)
+		err := c.Reconcile(ctx, ups, out, errs)
+		require.ErrorIs(t, err, ErrBadKey)
+		assert.NoError(t, errs[0])
+		assert.ErrorIs(t, errs[1], ErrBadKey)
+		assert.Contains(t, errs[1].Error(), "WRONGTYPE")
+		assert.NoError(t, errs[2])
+		for _, k := range []string{"ok1", "ok2"} {
+			consumed, err := rdb.HGet(ctx, BucketKey("t", k, lim), "c").Int64()
+			require.NoError(t, err)
+			assert.Equal(t, int64(5), consumed, k)
+		}
+		assert.Equal(t, BreakerClosed, c.Breaker().State(), "a bad key says nothing about Redis")
+	})
+}
+
+// TestUserKeysCannotReachInternalStructures: no user key, whatever its bytes, names the ban list or
+// any other structure of the limiter's own (issue 11, item 1).
+func TestUserKeysCannotReachInternalStructures(t *testing.T) {
+	internal := []string{BansKey("hr"), BansChannel("hr")}
+	lim := Limit{Rate: 1, Burst: 1}
+	for _, k := range []string{"bans", "{bans}", "x:bans", "ts", "nt", "tk", "t", "s", "c", "w", "na", "x",
+		"n:a", "hr:v2:x:{bans}", "}:1:1", "bans}:1:1"} {
+		for _, in := range internal {
+			assert.NotEqual(t, in, BucketKey("hr", k, lim), k)
+		}
+		assert.True(t, strings.HasPrefix(BucketKey("hr", k, lim), "hr:v2:b:{"), k)
+	}
+	for _, in := range internal {
+		assert.True(t, strings.HasPrefix(in, "hr:v2:x:"), in)
+	}
 }
 
 func TestNoScriptRecovery(t *testing.T) {
@@ -262,22 +351,23 @@ func TestNoScriptRecovery(t *testing.T) {
 		ctx := context.Background()
 		c := newTestClient(t, rdb, "a")
 		lim := Limit{Rate: 1, Burst: 100}
-		take(t, c, "s", lim, 1, 0, 0, 1)
-		applied := int64(1)
+		nd := &node{c: c, key: "s", lim: lim, inc: 1}
+		nd.call(t, 0, 0, 1)
 		for round := 0; round < 2; round++ {
 			require.NoError(t, rdb.ScriptFlush(ctx).Err())
 			loads := c.Stats().ScriptLoads.Load()
-			ups := []Update{{Key: "s", Limit: lim, Inc: 1, Cum: applied + 1, Acked: applied}}
+			nd.seq++
+			nd.cum += 2
+			ups := []Update{{Key: "s", Limit: lim, Inc: 1, Seq: nd.seq, Cum: nd.cum, Acked: nd.acked, Used: nd.cum, UAcked: nd.uacked}}
 			out, errs := make([]State, 1), make([]error, 1)
 			require.NoError(t, c.Reconcile(ctx, ups, out, errs), "pipelined reconcile after SCRIPT FLUSH")
 			require.NoError(t, errs[0])
-			assert.Equal(t, applied+1, out[0].Applied)
-			applied = out[0].Applied
+			assert.Equal(t, nd.cum, out[0].Charged)
+			nd.acked, nd.uacked = out[0].Charged, nd.cum
 			assert.Greater(t, c.Stats().ScriptLoads.Load(), loads, "the script was reloaded")
 			require.NoError(t, rdb.ScriptFlush(ctx).Err())
-			st := take(t, c, "s", lim, 1, applied, applied, 1)
-			assert.Equal(t, int8(1), st.Taken, "take after SCRIPT FLUSH")
-			applied = st.Applied
+			st := nd.call(t, 0, 1, 1)
+			assert.Equal(t, StatusCovered, st.Status, "take after SCRIPT FLUSH")
 		}
 	})
 }
@@ -289,7 +379,7 @@ func TestReconcileBatchesManyKeys(t *testing.T) {
 		const n = 250 // three script calls of at most 100 keys
 		ups := make([]Update, n)
 		for i := range ups {
-			ups[i] = Update{Key: "b" + strconv.Itoa(i), Limit: Limit{Rate: 100, Burst: 1000}, Inc: 1, Cum: int64(i)}
+			ups[i] = Update{Key: "b" + strconv.Itoa(i), Limit: Limit{Rate: 100, Burst: 1000}, Inc: 1, Seq: 1, Cum: int64(i), Used: int64(i)}
 		}
 		ups[7].Limit.Rate = math.NaN() // one bad update fails alone
 		out, errs := make([]State, n), make([]error, n)
@@ -301,7 +391,7 @@ func TestReconcileBatchesManyKeys(t *testing.T) {
 				continue
 			}
 			require.NoError(t, errs[i], i)
-			assert.Equal(t, int64(i), out[i].Applied, i)
+			assert.Equal(t, int64(i), out[i].Charged, i)
 			assert.Equal(t, (1000-int64(i))*1_000_000, out[i].Tokens, i)
 		}
 	})
@@ -312,32 +402,36 @@ func TestBreakerOpensAndFailsFast(t *testing.T) {
 	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
 	c := newTestClient(t, rdb, "a")
 	ctx := context.Background()
-	take(t, c, "br", Limit{Rate: 1, Burst: 10}, 1, 0, 0, 1)
+	nd := &node{c: c, key: "br", lim: Limit{Rate: 1, Burst: 10}, inc: 1}
+	nd.call(t, 0, 1, 1)
 	srv.Kill(t)
 	for i := 0; i < 3; i++ {
-		_, err := c.Take(ctx, Update{Key: "br", Limit: Limit{Rate: 1, Burst: 10}, Inc: 1, Cum: 1, Acked: 1, N: 1, TakeID: c.NextTakeID()})
+		_, err := c.Take(ctx, Update{Key: "br", Limit: Limit{Rate: 1, Burst: 10}, Inc: 1, Seq: uint64(10 + i), N: 1})
 		require.Error(t, err)
 		assert.True(t, IsTransport(err), "%v", err)
 	}
 	assert.Equal(t, BreakerOpen, c.Breaker().State())
 	start := time.Now()
-	_, err := c.Take(ctx, Update{Key: "br", Limit: Limit{Rate: 1, Burst: 10}, Inc: 1, Cum: 1, Acked: 1, N: 1})
+	_, err := c.Take(ctx, Update{Key: "br", Limit: Limit{Rate: 1, Burst: 10}, Inc: 1, Seq: 20, N: 1})
 	assert.ErrorIs(t, err, ErrUnavailable)
 	assert.Less(t, time.Since(start), 10*time.Millisecond, "an open breaker does no I/O")
 	srv.Restart(t)
 	require.Eventually(t, func() bool {
-		_, err := c.Take(ctx, Update{Key: "br", Limit: Limit{Rate: 1, Burst: 10}, Inc: 1, Cum: 1, Acked: 1, N: 1, TakeID: c.NextTakeID()})
+		nd.seq += 100
+		_, err := c.Take(ctx, Update{Key: "br", Limit: Limit{Rate: 1, Burst: 10}, Inc: 1, Seq: nd.seq, N: 1})
 		return err == nil
 	}, 5*time.Second, 20*time.Millisecond)
 	assert.Equal(t, BreakerClosed, c.Breaker().State())
 }
 
 func TestKeysAndSlots(t *testing.T) {
-	assert.Equal(t, "hr:v1:{user:1}", BucketKey("hr", "user:1"))
+	assert.Equal(t, "hr:v2:b:{user:1}:2.5:10", BucketKey("hr", "user:1", Limit{Rate: 2.5, Burst: 10}))
+	assert.NotEqual(t, BucketKey("hr", "k", Limit{Rate: 10, Burst: 10}), BucketKey("hr", "k", Limit{Rate: 100, Burst: 10}),
+		"one key under two limits: two buckets")
 	assert.Equal(t, uint16(0x31C3), crc16("123456789"), "CRC-16/XMODEM check value")
 	assert.Equal(t, Slot("bar"), Slot("x{bar}y"))
 	assert.Equal(t, Slot("a{}b"), int(crc16("a{}b")&16383), "empty tag hashes the whole key")
-	assert.NotEqual(t, BucketKey("hr", "a}b"), BucketKey("hr", "a"), "different keys stay different")
+	assert.NotEqual(t, BucketKey("hr", "a}b", Limit{1, 1}), BucketKey("hr", "a", Limit{1, 1}), "different keys stay different")
 	for _, p := range []string{"", "a{", "b}", "c d"} {
 		assert.False(t, validPrefix(p), p)
 	}
@@ -350,11 +444,12 @@ func TestExtremeRatesReachTheScript(t *testing.T) {
 		c := newTestClient(t, rdb, "a")
 		for i, lim := range []Limit{{1e9, 1e9}, {1e-6, 1}, {123.456789, 7}, {1.0 / 3, 1}} {
 			c.at(t0)
-			st := take(t, c, "rate"+strconv.Itoa(i), lim, 1, 0, 0, 1)
-			assert.Equal(t, int8(1), st.Taken, "%v", lim)
+			nd := &node{c: c, key: "rate" + strconv.Itoa(i), lim: lim, inc: 1}
+			st := nd.call(t, 0, 1, 1)
+			assert.Equal(t, StatusCovered, st.Status, "%v", lim)
 			assert.Equal(t, (lim.Burst-1)*1_000_000, st.Tokens, "%v", lim)
 			c.at(t0 + 1_000_000)
-			st = take(t, c, "rate"+strconv.Itoa(i), lim, 1, 1, 1, 0)
+			st = nd.call(t, 1, 0, 0)
 			want := float64(lim.Burst-1)*1e6 + lim.Rate*1e6
 			assert.InDelta(t, math.Min(want, float64(lim.Burst)*1e6), float64(st.Tokens), 1, "%v: one second of refill", lim)
 		}

@@ -402,7 +402,7 @@ func (s *Strict) hashed(x string) string {
 // the subject is the tag. Rule names and codes contain no ':' and subjects are never empty, so two
 // different (tag, rule, code, subject) always give two different keys.
 func strictKey(prefix, tag, rule, code, subject string) string {
-	k := prefix + ":" + Version + ":{" + tag + "}:" + rule + ":" + code
+	k := prefix + ":" + StrictVersion + ":{" + tag + "}:" + rule + ":" + code
 	if subject != tag {
 		k += ":" + subject
 	}

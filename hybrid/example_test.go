@@ -39,15 +39,18 @@ func Example() {
 		if err != nil {
 			panic(err)
 		}
-		fmt.Printf("allowed=%v remaining=%d retry-after=%v source=%v\n", d.Allowed, d.Remaining, d.RetryAfter, d.Source)
+		fmt.Printf("allowed=%v remaining=%d retry-after=%v source=%v\n", d.Allowed, d.Remaining,
+			d.RetryAfter.Round(100*time.Millisecond), d.Source)
 	}
-	// A small bucket has no local allowance, so the first three go to Redis; Redis's last answer said
-	// the bucket is empty, so the fourth is denied locally, without a Redis command.
+	// The first request for a new key is admitted locally from its cold-start credit; the second asks
+	// Redis, which charges the first and leases this node the rest of the bucket; the third uses that
+	// lease; Redis's last answer said the bucket is empty, so the fourth is denied locally, without a
+	// Redis command, until the refill covers it.
 
 	// Output:
-	// allowed=true remaining=2 retry-after=0s source=central
+	// allowed=true remaining=2 retry-after=0s source=local
 	// allowed=true remaining=1 retry-after=0s source=central
-	// allowed=true remaining=0 retry-after=0s source=central
+	// allowed=true remaining=0 retry-after=0s source=local
 	// allowed=false remaining=0 retry-after=1s source=local
 }
 
@@ -67,8 +70,9 @@ func ExampleLimiter_AllowN() {
 	ctx := context.Background()
 	defer lim.Close(ctx)
 
-	// Weighted cost: an export costs 10 tokens of a 100-per-minute budget.
+	// Weighted cost: an export costs 10 tokens of a 100-per-minute budget. A new key's first tokens
+	// come from its cold-start credit (drift·Burst = 10 tokens), without waiting for Redis.
 	d, _ := lim.AllowN(ctx, "tenant:7:export", hybrid.PerMinute(100), 10)
 	fmt.Println(d.Allowed, d.Remaining, d.Source)
-	// Output: true 90 central
+	// Output: true 90 local
 }

@@ -165,12 +165,7 @@ func overshootBound(drift float64, l hybrid.Limit, interval time.Duration, nodes
 
 func consumedInRedis(t *testing.T, rdb *redis.Client, key string) int64 {
 	t.Helper()
-	v, err := rdb.HGet(context.Background(), "hr:v1:{"+key+"}", "c").Int64()
-	if err == redis.Nil {
-		return 0
-	}
-	require.NoError(t, err)
-	return v
+	return consumedByKey(t, rdb, hybrid.DefaultKeyPrefix)[key]
 }
 
 func startRedis(t *testing.T) (*redistest.Server, *redis.Client) {

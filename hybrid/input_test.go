@@ -134,7 +134,9 @@ func TestNewDoesNoIOAndRedisDownAtStart(t *testing.T) {
 		policy  hybrid.FailurePolicy
 		allowed bool
 	}{{hybrid.FailOpen, true}, {hybrid.FailClosed, false}, {hybrid.LocalFallback, true}} {
-		lim, err := hybrid.New(rdb, hybrid.WithFailurePolicy(tc.policy))
+		// Without the cold-start credit the first decision needs Redis (with it, the first tokens
+		// of a new key are admitted locally whatever the policy: TestColdStartWithRedisDown).
+		lim, err := hybrid.New(rdb, hybrid.WithFailurePolicy(tc.policy), hybrid.WithoutColdStart())
 		require.NoError(t, err)
 		d, err := lim.Allow(context.Background(), "k", hybrid.PerSecond(10))
 		require.NoError(t, err, tc.policy.String())
@@ -152,11 +154,36 @@ func TestNewDoesNoIOAndRedisDownAtStart(t *testing.T) {
 	}
 }
 
+// TestColdStartWithRedisDown: a key this node has never seen is admitted from its cold-start credit
+// (max(1, drift·Burst/A) tokens) without waiting for Redis, then the failure policy decides.
+func TestColdStartWithRedisDown(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	lim, err := hybrid.New(rdb, hybrid.WithFailurePolicy(hybrid.FailClosed))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		_ = lim.Close(ctx)
+	})
+	limit := hybrid.Limit{Rate: 10, Burst: 40} // credit: 0.1·40 = 4 tokens
+	var sources []hybrid.Source
+	for range 6 {
+		d, err := lim.Allow(context.Background(), "cold", limit)
+		require.NoError(t, err)
+		if d.Allowed {
+			sources = append(sources, d.Source)
+		}
+	}
+	assert.Equal(t, []hybrid.Source{hybrid.SourceLocal, hybrid.SourceLocal, hybrid.SourceLocal, hybrid.SourceLocal}, sources,
+		"four tokens of cold-start credit, then fail-closed")
+}
+
 func TestLocalFallbackEnforcesShare(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
 	now := time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)
-	lim, err := hybrid.New(rdb, hybrid.WithClock(func() time.Time { return now }))
+	lim, err := hybrid.New(rdb, hybrid.WithClock(func() time.Time { return now }), hybrid.WithoutColdStart())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = lim.Close(context.Background()) })
 	admitted := 0

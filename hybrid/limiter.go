@@ -134,8 +134,10 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		SyncTimeout:  o.syncTimeout,
 		FlushTimeout: o.flushTimeout,
 		MaxBatch:     scriptBatch,
-		ActiveWindow: max(activeWindow, 10*o.syncInterval),
+		ActiveWindow: max(leaseLife+leaseMargin, 10*o.syncInterval),
 		PruneAge:     pruneAge,
+		LeaseLife:    leaseLife + leaseMargin,
+		Recount:      recountPeriod,
 		Breaker: central.BreakerConfig{Threshold: breakerThreshold, Cooldown: breakerCooldown, MinSpan: breakerMinSpan,
 			OnStateChange: logs.breaker},
 		Now: nil, // the breaker measures its cooldown on the monotonic clock, never WithClock's
@@ -167,12 +169,14 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	}
 	l.bans.init()
 	l.syncer, err = ratesync.New(ratesync.Config{
-		Store:    store,
-		Central:  cc,
-		Interval: o.syncInterval,
-		MaxBatch: flushBatch,
-		Drift:    o.drift,
-		Now:      l.mono,
+		Store:     store,
+		Central:   cc,
+		Interval:  o.syncInterval,
+		MaxBatch:  flushBatch,
+		Drift:     o.drift,
+		Horizon:   leaseHorizon,
+		LeaseLife: leaseLife,
+		Now:       l.mono,
 		OnState: func(e *local.Entry, st central.State) {
 			if l.bansIncomplete() {
 				l.bans.add(e.Key()) // it may be banned beyond the local copy: check it
@@ -276,7 +280,8 @@ func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) 
 	if n < 1 || n > limit.Burst {
 		return Decision{}, fmt.Errorf("%w: n=%d: want 1 to burst (%d)", ErrInvalidCost, n, limit.Burst)
 	}
-	h := l.store.Hash(key)
+	lid := local.LimitID(limit.Rate, limit.Burst)
+	h := l.store.Hash(key, lid)
 	st := &l.counts[h&(numStripes-1)]
 	if !l.deny.Empty() {
 		if d, ok := l.denied(key, limit); ok {
@@ -284,8 +289,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) 
 			return d, nil
 		}
 	}
-	if e := l.store.Lookup(key, h); e != nil {
-		e.SetLimit(limit.Rate, limit.Burst)
+	if e := l.store.Lookup(key, lid, h); e != nil {
 		if e.TryTake(n) == local.Taken {
 			// Close sets closed before its final flush. A call that took tokens locally and still
 			// sees closed false took them before Close began (Go's atomics are sequentially
@@ -311,33 +315,52 @@ func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) 
 // mono returns the time since the limiter started on the monotonic clock, in ns (always positive).
 func (l *Limiter) mono() int64 { return int64(time.Since(l.started)) + 1 }
 
-// starved denies locally a key whose local allowance is spent while, by Redis's last answer for this
-// node (at most two sync intervals ago), the global bucket has fewer than n tokens left that nobody
-// has claimed: its count then, less what this node consumed since, less the allowances the other
-// active nodes were granted from counts like it (drift·G + Rate·SyncInterval, their share of it).
-// Asking Redis again before the next reconcile would be denied, or would admit tokens the other
-// nodes are about to consume; at the limit such questions would cost a Redis command per request.
-// The entry is marked for the next reconcile, which brings a fresh count and this node's share of
-// the refill. Never with a zero drift threshold (strict mode).
+// starved denies locally a key whose lease and credit are spent while Redis's last answer for this
+// node said the global bucket could not cover n, and that answer still holds: until the time Redis
+// gave for this node's share of the refill to cover its lease (its RetryAfter), or else until the
+// refill could cover n, plus two sync intervals for the syncer to ask again. The demand is recorded
+// so that the next call asks for a lease sized to it. Asking Redis meanwhile would be denied too; at
+// the limit such questions would cost a Redis command per request. Never with a zero drift
+// threshold (strict mode), never before the key's first answer.
 func (l *Limiter) starved(e *local.Entry, limit Limit, n int64) (Decision, bool) {
 	if l.opts.drift == 0 {
 		return Decision{}, false
 	}
 	at := e.GrantedAt()
-	if at == 0 || l.mono()-at > int64(2*l.opts.syncInterval) {
+	if at == 0 {
 		return Decision{}, false
 	}
-	g, active, _ := e.Global()
-	gt := float64(g) / 1e6
-	others := (l.opts.drift*max(gt, 0) + limit.Rate*l.opts.syncInterval.Seconds()) *
-		float64(max(active-1, 0)) / float64(max(active, 1))
-	free := float64(e.Remaining()) - others
-	if free >= float64(n) {
+	g, _, _ := e.Global()
+	if g >= n*1_000_000 {
+		return Decision{}, false // Redis had tokens beyond this node's lease: ask it
+	}
+	refill := time.Duration(min(float64(n*1_000_000-g)/limit.Rate*1e3, 1<<62)) // ns until n refills
+	until := e.RetryAt()
+	if until > at {
+		// Redis set when this node asks again (its share of the refill at the limit); allow the
+		// syncer two intervals to do so before decisions go to Redis themselves.
+		until += 2 * int64(l.opts.syncInterval)
+	} else {
+		until = at + int64(refill)
+	}
+	now := l.mono()
+	if now > until {
 		return Decision{}, false
 	}
-	l.store.MarkDirty(e)
-	wait := time.Duration(min((float64(n)-free)/limit.Rate*float64(time.Second), 1<<62))
-	return Decision{Limit: limit, RetryAfter: max(wait, time.Microsecond), ResetAfter: resetAfter(limit, max(int64(free), 0)), Source: SourceLocal}, true
+	e.Deny(n)
+	// The caller may retry once the refill covers n (this node asks Redis again at until).
+	wait := max(refill-time.Duration(now-at), time.Duration(until-now), time.Microsecond)
+	free := max(g/1_000_000, 0)
+	return Decision{Limit: limit, RetryAfter: wait, ResetAfter: resetAfter(limit, free), Remaining: free, Source: SourceLocal}, true
+}
+
+// coldCredit is the allowance of a key this node has never seen: max(1, drift·Burst/A) tokens, with
+// A the largest fleet Redis has reported on any key; 0 in strict mode or WithoutColdStart.
+func (l *Limiter) coldCredit(limit Limit) int64 {
+	if l.opts.drift == 0 || !l.opts.coldStart {
+		return 0
+	}
+	return max(1, int64(l.opts.drift*float64(limit.Burst)/float64(max(l.fleet.Load(), 1))))
 }
 
 func invalidKey(key string) error {
@@ -361,7 +384,7 @@ func resetAfter(limit Limit, rem int64) time.Duration {
 	return time.Duration(ns)
 }
 
-// denied answers from the deny cache.
+// denied answers from the deny cache (bans).
 func (l *Limiter) denied(key string, limit Limit) (Decision, bool) {
 	now := l.opts.now()
 	reason, until := l.deny.Check(key, now)
@@ -369,81 +392,116 @@ func (l *Limiter) denied(key string, limit Limit) (Decision, bool) {
 		return Decision{}, false
 	}
 	wait := until.Sub(now)
-	// Redis never asks to wait longer than refilling 2·Burst tokens (the debt floor is −Burst and
-	// n ≤ Burst). A cached denial that says more was made before this node's clock went back (a
-	// WithClock clock without a monotonic reading): Redis TIME is the authority, so drop the stale
-	// deadline and ask Redis rather than deny for as long as the clock jumped.
-	if reason == denycache.Denied && wait.Seconds() > 2*float64(limit.Burst)/limit.Rate {
-		l.deny.Forget(key)
-		return Decision{}, false
-	}
 	return Decision{Limit: limit, RetryAfter: wait, ResetAfter: max(wait, 0), Source: SourceDenyCache}, true
 }
+
+// maxAttempts bounds how often one decision looks at the allowance again after another caller's
+// call for the same key was answered, or after a lease that covered it was spent by other callers.
+const maxAttempts = 3
 
 // slow asks Redis, or the failure policy when Redis cannot answer.
 func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n int64) (Decision, error) {
 	st := &l.counts[h&(numStripes-1)]
 	var e *local.Entry
 	for {
-		if e = l.store.Insert(key, h); e == nil || !e.Evicted() {
+		if e = l.store.Insert(key, h, limit.Rate, limit.Burst, l.coldCredit(limit)); e == nil || !e.Evicted() {
 			break
 		}
 	}
-	u := central.Update{Key: key, Limit: central.Limit{Rate: limit.Rate, Burst: limit.Burst}, N: n, TakeID: l.central.NextTakeID()}
-	if e != nil {
-		e.SetLimit(limit.Rate, limit.Burst)
-		e.Touch()
-		// Another goroutine may have refreshed the allowance while we waited for the lock.
-		if e.TryTake(n) == local.Taken {
+	lim := central.Limit{Rate: limit.Rate, Burst: limit.Burst}
+	var err error
+	for attempt := 0; ; attempt++ {
+		var u central.Update
+		flying := false
+		sent := l.mono()
+		if e != nil {
+			e.Touch()
+			// A new entry starts with its cold-start credit; another goroutine may have renewed the
+			// lease while we waited for the lock or for Redis.
+			if e.TryTake(n) == local.Taken {
+				if l.closed.Load() {
+					return Decision{}, ErrClosed // Close began meanwhile: see AllowN
+				}
+				st.local.Add(1)
+				rem := e.Remaining()
+				return Decision{Allowed: true, Limit: limit, Remaining: rem, ResetAfter: resetAfter(limit, rem), Source: SourceLocal}, nil
+			}
+			if d, ok := l.starved(e, limit, n); ok {
+				st.localDenied.Add(1)
+				return d, nil
+			}
+			if attempt < maxAttempts {
+				if !e.Fly(n) {
+					continue // another caller's call for this key was answered: look again
+				}
+				flying = true
+			}
+			c := e.Next(sent, int64(l.opts.syncInterval))
+			want := n
+			if l.opts.drift > 0 {
+				want = min(max(l.syncer.Want(e, c.Demand, n), n+e.Waiters()), limit.Burst)
+			}
+			u = ratesync.Update(e, c, want, n)
+		} else {
+			// No room locally: a one-off take (incarnation 0), counted by Redis at once.
+			u = central.Update{Key: key, Limit: lim, Seq: 1, Want: n, N: n}
+		}
+
+		sctx, span := l.tracer.Start(ctx, "hybridrate.take", trace.WithSpanKind(trace.SpanKindClient),
+			trace.WithAttributes(attribute.Int64("hybridrate.n", n)))
+		var res central.State
+		res, err = l.central.Take(sctx, u)
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, "take failed")
+		}
+		span.End()
+		if err != nil {
+			if flying {
+				e.Land()
+			}
+			break
+		}
+		allowed := res.Status == central.StatusCovered
+		if e != nil {
+			l.syncer.Apply(e, u, res, sent)
+			if flying {
+				e.Land()
+			}
+			l.syncer.Watch(e)
+			// The answer renewed the node's lease; n is taken from it like any local decision.
+			// Concurrent callers share the lease: one whose n was covered may find it spent by the
+			// others' admissions, and asks again (twice at most) while Redis says it has tokens.
+			allowed = e.TryTake(n) == local.Taken
+			if !allowed && res.Status == central.StatusCovered && attempt < maxAttempts {
+				continue
+			}
+			if !allowed && res.RetryAfter == 0 {
+				res.RetryAfter = time.Duration(float64(time.Second) / limit.Rate)
+			}
+		}
+		rem := max(res.Tokens/1_000_000, 0)
+		if e != nil {
+			rem = e.Remaining() // the bucket and this node's unused lease
+		}
+		if allowed {
 			if l.closed.Load() {
 				return Decision{}, ErrClosed // Close began meanwhile: see AllowN
 			}
-			st.local.Add(1)
-			rem := e.Remaining()
-			return Decision{Allowed: true, Limit: limit, Remaining: rem, ResetAfter: resetAfter(limit, rem), Source: SourceLocal}, nil
-		}
-		if d, ok := l.starved(e, limit, n); ok {
-			st.localDenied.Add(1)
-			return d, nil
-		}
-		snap := e.Snapshot()
-		u.Inc, u.Cum, u.Acked = snap.Inc, snap.Cum, snap.Acked
-	} else {
-		u.Inc = l.store.NewIncarnation() // no room locally: a one-off incarnation
-	}
-
-	ctx, span := l.tracer.Start(ctx, "hybridrate.take", trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(attribute.Int64("hybridrate.n", n)))
-	res, err := l.central.Take(ctx, u)
-	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, "take failed")
-	}
-	span.End()
-	if err == nil {
-		if e != nil {
-			if res.Taken == 1 {
-				e.AddTaken(n)
-			}
-			l.syncer.Apply(e, u.Limit, res, false)
-		}
-		rem := max(res.Tokens/1_000_000, 0)
-		if res.Taken == 1 {
 			st.central.Add(1)
 			return Decision{Allowed: true, Limit: limit, Remaining: rem, ResetAfter: res.ResetAfter, Source: SourceCentral}, nil
 		}
 		st.centralDenied.Add(1)
-		if res.RetryAfter > 0 {
-			l.deny.Deny(key, l.opts.now().Add(res.RetryAfter))
-		}
-		return Decision{Limit: limit, Remaining: rem, RetryAfter: res.RetryAfter, ResetAfter: res.ResetAfter, Source: SourceCentral}, nil
+		return Decision{Limit: limit, Remaining: rem, RetryAfter: max(res.RetryAfter, time.Microsecond), ResetAfter: res.ResetAfter, Source: SourceCentral}, nil
 	}
 	if cerr := ctx.Err(); cerr != nil && !errors.Is(cerr, context.DeadlineExceeded) {
 		return Decision{}, cerr
 	}
-	if !central.IsTransport(err) {
+	if errors.Is(err, central.ErrInvalid) {
 		return Decision{}, fmt.Errorf("hybrid: %w", err)
 	}
+	// Every other failure — transport, a server refusing writes, a key Redis cannot process — is the
+	// failure policy's to decide, never the caller's error.
 	d := l.failure(key, e, limit, n)
 	if d.Allowed && l.closed.Load() {
 		return Decision{}, ErrClosed // Close began meanwhile: see AllowN
@@ -503,7 +561,8 @@ func (l *Limiter) record(e *local.Entry, n int64) {
 		return
 	}
 	for e.Add(n) == local.Gone {
-		if e = l.store.Insert(e.Key(), l.store.Hash(e.Key())); e == nil {
+		rate, burst := e.Limit()
+		if e = l.store.Insert(e.Key(), l.store.Hash(e.Key(), local.LimitID(rate, burst)), rate, burst, 0); e == nil {
 			l.counts[0].unrecorded.Add(n)
 			return
 		}
@@ -589,7 +648,7 @@ func (l *Limiter) Close(ctx context.Context) error {
 	}
 	l.cancel()
 	l.wg.Wait()
-	err := l.syncer.Flush(ctx)
+	err := l.syncer.Release(ctx)
 	// A burst of slow calls can leave the breaker open at shutdown while Redis is healthy, and an
 	// open breaker sends nothing: wait out one cooldown (bounded by ctx) and try once more before
 	// giving up on the pending consumption.
@@ -598,7 +657,7 @@ func (l *Limiter) Close(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 		case <-t.C:
-			err = l.syncer.Flush(ctx)
+			err = l.syncer.Release(ctx)
 		}
 		t.Stop()
 	}

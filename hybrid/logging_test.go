@@ -63,10 +63,17 @@ func TestOutageLogsStateChanges(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
 	rec := &logRecorder{}
-	lim := newLimiter(t, rdb, hybrid.WithSyncInterval(time.Millisecond), hybrid.WithLogger(slog.New(rec)))
+	// Strict mode (drift 0): every decision asks Redis, so the outage meets the synchronous checks
+	// and the breaker at once; the failure policy's admissions are reconciled every millisecond.
+	lim := newLimiter(t, rdb, hybrid.WithSyncInterval(time.Millisecond), hybrid.WithLogger(slog.New(rec)),
+		hybrid.WithDriftThreshold(0), hybrid.WithSyncTimeout(20*time.Millisecond), hybrid.WithFlushTimeout(50*time.Millisecond))
 	keys := keyNames("log:", 32)
 	limit := hybrid.Limit{Rate: 1e4, Burst: 1e6}
-	warm(t, lim, keys, limit)
+	for _, k := range keys {
+		d, err := lim.Allow(context.Background(), k, limit)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+	}
 	flushed(t, lim, 5*time.Second)
 	l := &loader{lim: lim, keys: keys, limit: limit, pace: 100 * time.Microsecond}
 	l.start(2)

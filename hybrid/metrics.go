@@ -35,7 +35,7 @@ type Stats struct {
 
 	Unrecorded int64 // tokens admitted by policy without local room to record them
 	Keys       int   // keys in local memory
-	Pending    int64 // keys with unreconciled consumption
+	Pending    int64 // about how many keys have consumption Redis has not counted (debt, or lease use not yet reported); 0 when none
 	Evictions  int64 // clean keys evicted
 
 	Flushes, FlushedKeys, FailedKeys int64         // background reconcile work
@@ -69,7 +69,7 @@ func (l *Limiter) Stats() Stats {
 		s.Unrecorded += c.unrecorded.Load()
 	}
 	s.Keys = l.store.Len()
-	s.Pending = l.store.Dirty()
+	s.Pending = max(l.store.Dirty(), l.syncer.Stats().Pending.Load())
 	s.Evictions = l.store.Stats().Evictions.Load()
 	ss := l.syncer.Stats()
 	s.Flushes, s.FlushedKeys, s.FailedKeys = ss.Flushes.Load(), ss.Keys.Load(), ss.FailedKeys.Load()

@@ -34,7 +34,10 @@ const (
 	breakerMinSpan   = 50 * time.Millisecond  // a run of failures must last this long to open the breaker
 	scriptBatch      = 256                    // keys per reconcile script call
 	flushBatch       = 4096                   // keys per pipelined reconcile
-	activeWindow     = 2 * time.Second        // a node counts as active on a key this long
+	leaseHorizon     = 4 * time.Second        // a lease is sized to last this long at the node's demand
+	leaseLife        = 8 * time.Second        // a node may use a lease this long after asking for it
+	leaseMargin      = 2 * time.Second        // Redis counts a lease as held this much longer
+	recountPeriod    = 5 * time.Second        // Redis recounts a key's node records this often
 	pruneAge         = 10 * time.Minute       // a node's record on a key is dropped after this
 	banRefresh       = 10 * time.Second       // change-log read period (Pub/Sub carries changes at once)
 	banPage          = 10000                  // bans per page of the ban-list reads
@@ -98,6 +101,7 @@ type options struct {
 	meterProvider  metric.MeterProvider
 	tracerProvider trace.TracerProvider
 	nodeID         string
+	coldStart      bool
 	evictionCheck  time.Duration // not an option; tests shorten it
 	banRefresh     time.Duration // not an option; tests shorten it
 	maxBans        int           // not an option; tests shrink it
@@ -116,6 +120,7 @@ func defaultOptions() options {
 		logger:         slog.New(slog.DiscardHandler),
 		meterProvider:  otel.GetMeterProvider(),
 		tracerProvider: otel.GetTracerProvider(),
+		coldStart:      true,
 		evictionCheck:  evictionCheck,
 		banRefresh:     banRefresh,
 		maxBans:        maxBans,
@@ -163,6 +168,18 @@ func WithFailurePolicy(p FailurePolicy) Option {
 			return badOption("unknown failure policy %d", int(p))
 		}
 		o.policy = p
+		return nil
+	})
+}
+
+// WithoutColdStart makes the first decision for a key this node has not seen (or has evicted) go to
+// Redis synchronously. By default it is admitted locally from a cold-start credit of max(1,
+// DriftThreshold·Burst/A) tokens (A: the largest number of nodes Redis has reported on any key) while
+// the key's state is fetched in the background; that credit enters the overshoot bound of
+// docs/accuracy.md. Use this option for limits that must never be exceeded.
+func WithoutColdStart() Option {
+	return optionFunc(func(o *options) error {
+		o.coldStart = false
 		return nil
 	})
 }

@@ -117,7 +117,7 @@ func TestKeyCardinalityAttack(t *testing.T) {
 	ctx := context.Background()
 	var buckets, noTTL, total int64
 	t0 := time.Now()
-	iter := rdb.Scan(ctx, 0, "hr:v1:{card:*", 10_000).Iterator()
+	iter := rdb.Scan(ctx, 0, "hr:v2:b:{card:*", 10_000).Iterator()
 	batch := make([]string, 0, 1000)
 	check := func() {
 		pipe := rdb.Pipeline()
@@ -141,7 +141,7 @@ func TestKeyCardinalityAttack(t *testing.T) {
 		batch = batch[:0]
 	}
 	for iter.Next(ctx) {
-		if k := iter.Val(); strings.HasPrefix(k, "hr:v1:{card:") {
+		if k := iter.Val(); strings.HasPrefix(k, "hr:v2:b:{card:") {
 			batch = append(batch, k)
 		}
 		if len(batch) == cap(batch) {

@@ -54,7 +54,8 @@ func runRefused(t *testing.T, lim *hybrid.Limiter, keys []string, limit hybrid.L
 func TestRedisOOMGoesToFailurePolicy(t *testing.T) {
 	srv := redistest.Start(t, "--maxmemory-policy", "noeviction")
 	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
-	lim := newLimiter(t, rdb, hybrid.WithFailurePolicy(hybrid.FailOpen),
+	// Strict mode (drift 0): every decision needs Redis, so every one meets the OOM.
+	lim := newLimiter(t, rdb, hybrid.WithFailurePolicy(hybrid.FailOpen), hybrid.WithDriftThreshold(0),
 		hybrid.WithSyncInterval(5*time.Millisecond), hybrid.WithSyncTimeout(200*time.Millisecond))
 	ctx := context.Background()
 	limit := hybrid.Limit{Rate: 1, Burst: 1000}
@@ -103,7 +104,8 @@ func TestRedisOOMGoesToFailurePolicy(t *testing.T) {
 func TestWrongPasswordDoesNotChurnConnections(t *testing.T) {
 	srv := redistest.Start(t, "--requirepass", "secret")
 	rdb := srv.Client(t, func(o *redis.Options) { o.Password, o.MaxRetries = "wrong", -1 })
-	lim := newLimiter(t, rdb, hybrid.WithFailurePolicy(hybrid.FailOpen), hybrid.WithSyncInterval(5*time.Millisecond))
+	lim := newLimiter(t, rdb, hybrid.WithFailurePolicy(hybrid.FailOpen), hybrid.WithDriftThreshold(0),
+		hybrid.WithSyncInterval(5*time.Millisecond))
 
 	l := &loader{lim: lim, keys: keyNames("pw:", 64), limit: hybrid.Limit{Rate: 1, Burst: 10}, pace: 100 * time.Microsecond}
 	start := infoStat(t, srv, "stats", "total_connections_received")
@@ -144,7 +146,8 @@ func TestNoPermGoesToFailurePolicy(t *testing.T) {
 	srv.Do(t, append([]any{"ACL", "SETUSER", "lim"}, acl...)...)
 	rdb := srv.Client(t, func(o *redis.Options) { o.Username, o.Password, o.MaxRetries = "lim", "pw", -1 })
 	require.ErrorContains(t, rdb.EvalSha(context.Background(), "0000000000000000000000000000000000000000", nil).Err(), "NOPERM")
-	lim := newLimiter(t, rdb, hybrid.WithFailurePolicy(hybrid.FailClosed), hybrid.WithSyncInterval(5*time.Millisecond))
+	lim := newLimiter(t, rdb, hybrid.WithFailurePolicy(hybrid.FailClosed), hybrid.WithDriftThreshold(0),
+		hybrid.WithSyncInterval(5*time.Millisecond))
 
 	l, opened := runRefused(t, lim, keyNames("noperm:", 16), hybrid.Limit{Rate: 1, Burst: 10}, time.Second)
 	t.Logf("NOPERM: %v; stats %+v", l, lim.Stats())

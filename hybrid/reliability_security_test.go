@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
 )
@@ -37,7 +38,7 @@ func exerciseLimiter(t *testing.T, rdb, rdb2 redis.UniversalClient) {
 	limit := hybrid.Limit{Rate: 100, Burst: 1000}
 	d, err := lim.Allow(ctx, "acl:k", limit)
 	require.NoError(t, err)
-	require.Equal(t, hybrid.SourceCentral, d.Source, "the first decision goes to Redis")
+	require.Equal(t, hybrid.SourceLocal, d.Source, "the first decision is local (cold-start credit)")
 	require.True(t, d.Allowed)
 	for range 5 {
 		d, err = lim.Allow(ctx, "acl:k", limit)
@@ -46,7 +47,7 @@ func exerciseLimiter(t *testing.T, rdb, rdb2 redis.UniversalClient) {
 	}
 	require.NoError(t, lim.Flush(ctx))
 	assert.Zero(t, lim.Stats().Pending)
-	got, err := rdb.HGet(ctx, "hr:v1:{acl:k}", "c").Int64()
+	got, err := rdb.HGet(ctx, central.BucketKey("hr", "acl:k", central.Limit{Rate: limit.Rate, Burst: limit.Burst}), "c").Int64()
 	if err == nil { // the restricted user may read its own keys only through the scripts
 		assert.EqualValues(t, 6, got)
 	}

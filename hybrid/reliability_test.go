@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
 )
@@ -59,24 +60,65 @@ func flushed(t *testing.T, lim *hybrid.Limiter, within time.Duration) {
 // per node by a cluster client).
 func consumed(t *testing.T, rdb redis.UniversalClient, keys []string) []int64 {
 	t.Helper()
-	ctx := context.Background()
+	all := consumedByKey(t, rdb, hybrid.DefaultKeyPrefix)
 	out := make([]int64, len(keys))
-	for lo := 0; lo < len(keys); lo += 1000 {
-		hi := min(lo+1000, len(keys))
-		pipe := rdb.Pipeline()
-		cmds := make([]*redis.StringCmd, hi-lo)
-		for i := lo; i < hi; i++ {
-			cmds[i-lo] = pipe.HGet(ctx, "hr:v1:{"+keys[i]+"}", "c")
+	for i, k := range keys {
+		out[i] = all[k]
+	}
+	return out
+}
+
+// consumedByKey reads Redis's accounting ("c") of every bucket under prefix, summed per limiter key
+// over the limits it was used with. It scans every master of a cluster.
+func consumedByKey(t *testing.T, rdb redis.UniversalClient, prefix string) map[string]int64 {
+	t.Helper()
+	ctx := context.Background()
+	out := map[string]int64{}
+	var mu sync.Mutex
+	head := prefix + ":" + central.Version + ":b:{"
+	scan := func(ctx context.Context, c *redis.Client) error {
+		var names []string
+		iter := c.Scan(ctx, 0, head+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			names = append(names, iter.Val())
 		}
-		_, _ = pipe.Exec(ctx)
-		for i, c := range cmds {
-			v, err := c.Int64()
-			if err == redis.Nil {
-				continue
+		if err := iter.Err(); err != nil {
+			return err
+		}
+		for lo := 0; lo < len(names); lo += 1000 {
+			hi := min(lo+1000, len(names))
+			pipe := c.Pipeline()
+			cmds := make([]*redis.StringCmd, hi-lo)
+			for i := lo; i < hi; i++ {
+				cmds[i-lo] = pipe.HGet(ctx, names[i], "c")
 			}
-			require.NoError(t, err, keys[lo+i])
-			out[lo+i] = v
+			_, _ = pipe.Exec(ctx)
+			for i, cmd := range cmds {
+				v, err := cmd.Int64()
+				if err == redis.Nil {
+					continue
+				}
+				if err != nil {
+					return err
+				}
+				name := names[lo+i]
+				// "<head><key>}:<rate>:<burst>": the key is what lies before the last "}:".
+				rest := name[len(head):]
+				k := rest[:strings.LastIndex(rest[:strings.LastIndex(rest[:strings.LastIndex(rest, ":")], ":")], "}")]
+				mu.Lock()
+				out[k] += v
+				mu.Unlock()
+			}
 		}
+		return nil
+	}
+	switch c := rdb.(type) {
+	case *redis.ClusterClient:
+		require.NoError(t, c.ForEachMaster(ctx, scan))
+	case *redis.Client:
+		require.NoError(t, scan(ctx, c))
+	default:
+		t.Fatalf("consumedByKey: unsupported client %T", rdb)
 	}
 	return out
 }
@@ -399,8 +441,9 @@ func TestRestartLosesScriptCacheWhileReconcileIsDue(t *testing.T) {
 		// acknowledged, so the new bucket gets exactly the consumption not applied before.
 		assert.EqualValues(t, perKey, got[i], "key %s", k)
 	}
-	// Decisions that need Redis work on the restarted server too.
-	d, err := lim.Allow(ctx, "restart:new", hybrid.Limit{Rate: 1, Burst: 1})
+	// Decisions that need Redis work on the restarted server too (2 tokens: more than a new key's
+	// cold-start credit of 1).
+	d, err := lim.AllowN(ctx, "restart:new", hybrid.Limit{Rate: 1, Burst: 2}, 2)
 	require.NoError(t, err)
 	assert.Equal(t, hybrid.SourceCentral, d.Source)
 	assert.True(t, d.Allowed)
@@ -461,7 +504,7 @@ func TestSlowRedisCoalescesFlushes(t *testing.T) {
 	t.Logf("goroutines before=%d max=%d; pending max=%d; central decisions while slow=%d; hot: %v; cold: %v",
 		g0, gMax, pendingMax, central1-central0, hl, cl)
 	assert.LessOrEqual(t, float64(flushes), elapsed.Seconds()/latency.Seconds()+1, "at most one flush per round trip")
-	assert.GreaterOrEqual(t, float64(flushes), 0.5*elapsed.Seconds()/(latency+interval).Seconds(), "flushes keep going")
+	assert.Positive(t, flushes, "flushes keep going (only keys whose lease runs low, or with debt, are sent)")
 	assert.LessOrEqual(t, pendingMax, int64(len(hotKeys)+len(coldKeys)), "one pending record per key at most")
 	assert.LessOrEqual(t, gMax, g0+5, "no goroutine growth")
 	assert.Positive(t, central1-central0, "central decisions continue at Redis's pace")
@@ -517,7 +560,7 @@ func TestClockJumpsDoNotRefill(t *testing.T) {
 	now, err := rdb.Time(context.Background()).Result()
 	require.NoError(t, err)
 	for _, k := range keys {
-		ts, err := rdb.HGet(context.Background(), "hr:v1:{"+k+"}", "ts").Int64()
+		ts, err := rdb.HGet(context.Background(), central.BucketKey(hybrid.DefaultKeyPrefix, k, central.Limit{Rate: limit.Rate, Burst: limit.Burst}), "s").Int64()
 		require.NoError(t, err)
 		skew := now.Sub(time.UnixMicro(ts))
 		assert.Less(t, skew.Abs(), 10*time.Second, "%s: bucket time %v vs Redis TIME %v", k, time.UnixMicro(ts), now)
@@ -680,7 +723,8 @@ func TestCloseWaitsOutAnOpenBreaker(t *testing.T) {
 	srv.Pause(t)
 	for i := 0; !lim.Stats().BreakerOpen; i++ {
 		require.Less(t, i, 100, "the breaker opens after a few timeouts")
-		_, err := lim.Allow(ctx, "breaker:cold:"+strconv.Itoa(i), hybrid.Limit{Rate: 1, Burst: 1})
+		// Two tokens of a new key: more than its cold-start credit, so the decision needs Redis.
+		_, err := lim.AllowN(ctx, "breaker:cold:"+strconv.Itoa(i), hybrid.Limit{Rate: 1, Burst: 2}, 2)
 		require.NoError(t, err)
 	}
 	srv.Resume(t)

@@ -7,39 +7,69 @@ import (
 	"sync/atomic"
 )
 
-// Entry is one key's local state. Its consumption counters are cumulative for its incarnation: Redis
-// applies Total-Acked, and a re-sent reconcile is recognised by the script. All methods are safe for
-// concurrent use.
+// Entry is one key's local state under one limit. Its counters are cumulative for its incarnation:
+//
+//   - total: tokens consumed (admitted, plus unused lease written off when the lease expired);
+//   - charged: tokens Redis has charged to this incarnation (leases taken in advance, and debt);
+//   - mark: total may grow up to mark without asking Redis: charged plus a small overdraft credit.
+//
+// Consumption up to charged is paid for; beyond it, it is debt that the next reconcile reports. All
+// methods are safe for concurrent use.
 type Entry struct {
 	// The hot path reads the first cache line (hash … used) and, for the decision's estimates, the
 	// second; keep the fields in this order.
 	hash    uint64
 	key     string
-	total   atomic.Int64  // tokens consumed by this incarnation (local admissions and granted takes)
-	mark    atomic.Int64  // total may grow up to mark without asking Redis
-	rate    atomic.Uint64 // math.Float64bits of the last limit's rate
-	burst   atomic.Int64  // the last limit's burst
-	dirty   atomic.Bool   // on the shard's dirty list
-	evicted atomic.Bool   // removed from the store; see tryEvict
-	used    atomic.Bool   // CLOCK reference bit
+	total   atomic.Int64 // tokens consumed by this incarnation
+	mark    atomic.Int64 // total may grow up to mark without asking Redis
+	lid     uint64       // the limit's identity (LimitID)
+	burst   int64        // the limit's burst
+	dirty   atomic.Bool  // on the shard's dirty list
+	evicted atomic.Bool  // removed from the store; see tryEvict
+	used    atomic.Bool  // CLOCK reference bit
 
-	grantBase   atomic.Int64 // Applied of the reply that set mark; written under mu
+	rate        float64      // the limit's rate, tokens/s
+	nsPerToken  int64        // refill time of one token, in ns (capped)
+	charged     atomic.Int64 // tokens Redis has charged to this incarnation (last answer applied)
 	globalMicro atomic.Int64 // global micro-tokens in the last answer
-	nsPerToken  atomic.Int64 // refill time of one token at the last rate, in ns (capped)
-	acked       atomic.Int64 // the part of total Redis has applied
+	denied      atomic.Int64 // tokens this node denied locally (demand it could not serve), cumulative
+	burned      atomic.Int64 // unused lease written off at expiry, cumulative (part of total)
 	store       *Store
 	sh          *shard
 	inc         uint64
-	active      atomic.Int64
 
-	mu          sync.Mutex // serialises Grant
+	fly         sync.Mutex   // held by the one caller whose synchronous call is in flight; see Fly
+	waiters     atomic.Int64 // tokens the callers waiting for that call want
+	mu          sync.Mutex   // serialises Grant, Expire and Next; guards the fields below
+	seq         uint64       // last call number issued
+	applied     uint64       // call number of the last answer applied
+	uacked      atomic.Int64 // admitted tokens Redis has counted
+	active      atomic.Int64 // nodes active on the key, by the last answer
 	resetMicros atomic.Int64
-	grantedAt   atomic.Int64 // time of the last Grant, caller's monotonic clock
+	grantedAt   atomic.Int64 // time of the last answer applied, caller's monotonic clock; 0 if none
+	leaseUntil  atomic.Int64 // the unused lease may be used until then (caller's clock)
+	retryAt     atomic.Int64 // a lease shorter than wanted: do not ask again before then (caller's clock)
+	retryMicros atomic.Int64 // the last answer's retry-after, µs
+	demand      float64      // estimated demand on this node, tokens/s (admitted + denied)
+	sentUsed    int64        // used (admitted) tokens at the last call
+	ackCum      int64        // total sent by the last call Redis applied
+	sentDenied  int64        // denied tokens at the last call
+	sentAt      int64        // time of the last call (caller's clock); 0 if none
+	bornAt      int64        // time the syncer first saw the entry (caller's clock)
 	next        *Entry       // dirty-list link; written only by the goroutine that set dirty
+}
+
+// LimitID returns the identity of a limit as the store keys entries by it: two limits with the same
+// rate and burst have the same id.
+func LimitID(rate float64, burst int64) uint64 {
+	return (math.Float64bits(rate)*0x9E3779B97F4A7C15 ^ uint64(burst)*0xC2B2AE3D27D4EB4F) | 1
 }
 
 // Key returns the entry's key.
 func (e *Entry) Key() string { return e.key }
+
+// Limit returns the entry's limit.
+func (e *Entry) Limit() (rate float64, burst int64) { return e.rate, e.burst }
 
 // Incarnation returns the entry's incarnation, unique within its store.
 func (e *Entry) Incarnation() uint64 { return e.inc }
@@ -47,8 +77,8 @@ func (e *Entry) Incarnation() uint64 { return e.inc }
 // Total returns the tokens consumed by this incarnation so far.
 func (e *Entry) Total() int64 { return e.total.Load() }
 
-// Acked returns the part of Total that Redis has applied.
-func (e *Entry) Acked() int64 { return e.acked.Load() }
+// Charged returns the tokens Redis has charged to this incarnation, by the last answer applied.
+func (e *Entry) Charged() int64 { return e.charged.Load() }
 
 // Mark returns the consumption up to which local takes are allowed.
 func (e *Entry) Mark() int64 { return e.mark.Load() }
@@ -56,30 +86,13 @@ func (e *Entry) Mark() int64 { return e.mark.Load() }
 // Evicted reports whether the entry has left its store.
 func (e *Entry) Evicted() bool { return e.evicted.Load() }
 
-// SetLimit records the limit the key is used with; the syncer sends the latest one. It writes only
-// when the limit changed.
-func (e *Entry) SetLimit(rate float64, burst int64) {
-	if bits := math.Float64bits(rate); e.rate.Load() != bits {
-		e.rate.Store(bits)
-		e.nsPerToken.Store(int64(min(1e9/rate, maxNsPerToken)))
-	}
-	if e.burst.Load() != burst {
-		e.burst.Store(burst)
-	}
-}
-
-// Limit returns the last limit set with SetLimit.
-func (e *Entry) Limit() (rate float64, burst int64) {
-	return math.Float64frombits(e.rate.Load()), e.burst.Load()
-}
-
 // TakeResult is the outcome of [Entry.TryTake].
 type TakeResult int
 
 // The outcomes of TryTake.
 const (
 	Taken   TakeResult = iota // n tokens were taken from the local allowance
-	Exhaust                   // the allowance cannot cover n: ask Redis
+	Exhaust                   // the allowance cannot cover n
 	Gone                      // the entry was evicted concurrently: look the key up again
 )
 
@@ -122,6 +135,39 @@ func (e *Entry) Add(n int64) TakeResult {
 	return Taken
 }
 
+// Deny records n tokens of demand this node denied locally, so that the next call asks for a lease
+// sized to the demand, and puts the entry on the dirty list.
+func (e *Entry) Deny(n int64) {
+	e.denied.Add(n)
+	if !e.used.Load() {
+		e.used.Store(true)
+	}
+	e.store.markDirty(e)
+}
+
+// Fly makes the caller the one whose synchronous call for the entry is in flight, and reports true;
+// the caller must call Land when its call is answered. When another call is already in flight, Fly
+// registers n tokens of demand for it, waits until it is answered (a call is bounded by its
+// timeout), and reports false: the caller should then look at the renewed allowance. One call at a
+// time per key keeps concurrent callers from sending calls that Redis would see as stale.
+func (e *Entry) Fly(n int64) bool {
+	if e.fly.TryLock() {
+		return true
+	}
+	e.waiters.Add(n)
+	e.fly.Lock()
+	//lint:ignore SA2001 waiting for the call in flight to land is the point
+	e.fly.Unlock()
+	e.waiters.Add(-n)
+	return false
+}
+
+// Land ends the caller's call in flight (see Fly).
+func (e *Entry) Land() { e.fly.Unlock() }
+
+// Waiters returns the tokens callers waiting for the call in flight want.
+func (e *Entry) Waiters() int64 { return e.waiters.Load() }
+
 // Touch sets the CLOCK reference bit, e.g. after a decision made by Redis.
 func (e *Entry) Touch() {
 	if !e.used.Load() {
@@ -129,90 +175,225 @@ func (e *Entry) Touch() {
 	}
 }
 
-// tryEvict marks a clean entry evicted. A clean entry has nothing pending: Redis has applied all of
-// its consumption. It fails for a dirty entry or one with unapplied consumption.
+// tryEvict marks an entry evicted when Redis has counted all of its consumption (no debt, and every
+// admitted token reported) and it is not on a dirty list. An unused lease is given up.
 func (e *Entry) tryEvict() bool {
-	if e.dirty.Load() || e.total.Load() != e.acked.Load() {
+	if !e.clean() {
 		return false
 	}
 	e.evicted.Store(true)
-	if e.dirty.Load() || e.total.Load() != e.acked.Load() {
+	if !e.clean() {
 		e.evicted.Store(false)
 		return false
 	}
 	return true
 }
 
-// Snapshot is what a reconcile sends for an entry.
-type Snapshot struct {
-	Inc   uint64
-	Cum   int64
-	Acked int64
-}
-
-// Snapshot reads the entry's counters for a reconcile.
-func (e *Entry) Snapshot() Snapshot {
-	acked := e.acked.Load()
-	cum := e.total.Load()
-	if cum < acked { // a take granted by Redis whose reply we never saw is counted in acked only once we add it
-		cum = acked
+// clean reports whether Redis has counted all of e's consumption and e is not on a dirty list.
+func (e *Entry) clean() bool {
+	if e.dirty.Load() {
+		return false
 	}
-	return Snapshot{Inc: e.inc, Cum: cum, Acked: acked}
+	burned := e.burned.Load() // before total: Expire raises total first, so a race reads used too high
+	t := e.total.Load()
+	return t <= e.charged.Load() && t-burned <= e.uacked.Load()
 }
 
-// AddTaken records n tokens that Redis granted to this node in a synchronous take.
-func (e *Entry) AddTaken(n int64) { e.total.Add(n) }
+// Pending reports whether the entry has consumption Redis has not charged (debt to report).
+func (e *Entry) Pending() bool { return e.total.Load() > e.charged.Load() }
 
-// Grant applies Redis's answer for this entry: applied is how much of the incarnation's consumption
-// Redis has applied, allowance the new local allowance in tokens, global the global tokens in
-// micro-tokens, active the nodes active on the key, resetMicros the time to a full bucket, and at the
-// time of the answer on the caller's monotonic clock (see GrantedAt). An answer older than the one
-// already applied (smaller applied) only advances acked.
-//
-// The mark becomes min(applied, total) + allowance: applied may already include takes of concurrent
-// callers whose AddTaken has not run yet, and counting them as consumed keeps a zero allowance zero.
-func (e *Entry) Grant(applied, allowance, global, active, resetMicros, at int64) {
+// Unused returns the unused part of the lease, in tokens.
+func (e *Entry) Unused() int64 { return max(e.charged.Load()-e.total.Load(), 0) }
+
+// Call is what one reconcile sends for an entry; see central.Update.
+type Call struct {
+	Inc    uint64
+	Seq    uint64
+	Cum    int64
+	Acked  int64
+	Used   int64
+	UAcked int64
+	Demand float64 // tokens/s, admitted and denied, on this node
+	Active bool    // the entry admitted or denied anything since the last call
+}
+
+// Next numbers a new call and reads the counters to send, at time now (caller's monotonic clock, ns).
+// It updates the demand estimate: admitted and denied tokens since the last call over the time since
+// (at least minWindow), blended half and half with the previous estimate; the first estimate counts
+// from the time the syncer first saw the entry, over at least one second.
+func (e *Entry) Next(now, minWindow int64) Call {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.seq++
 	total := e.total.Load()
-	ack := min(applied, total)
-	for {
-		old := e.acked.Load()
-		if ack <= old || e.acked.CompareAndSwap(old, ack) {
-			break
+	burned := e.burned.Load()
+	used := total - burned
+	den := e.denied.Load()
+	got := float64(used - e.sentUsed + den - e.sentDenied)
+	active := got > 0
+	if e.sentAt == 0 {
+		if e.bornAt == 0 {
+			e.bornAt = now
 		}
+		e.demand = got / (float64(max(now-e.bornAt, int64(1e9))) / 1e9)
+	} else {
+		obs := got / (float64(max(now-e.sentAt, minWindow, 1)) / 1e9)
+		e.demand = (e.demand + obs) / 2
 	}
-	if applied < e.grantBase.Load() {
+	e.sentUsed, e.sentDenied, e.sentAt = used, den, now
+	return Call{
+		Inc: e.inc, Seq: e.seq, Cum: total, Acked: e.charged.Load(), Used: used, UAcked: e.uacked.Load(),
+		Demand: e.demand, Active: active,
+	}
+}
+
+// Seen notes the first time the syncer sees the entry, for the first demand estimate.
+func (e *Entry) Seen(now int64) {
+	e.mu.Lock()
+	if e.bornAt == 0 {
+		e.bornAt = now
+	}
+	e.mu.Unlock()
+}
+
+// Active reports whether the entry admitted or denied anything since its last call.
+func (e *Entry) Active() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.total.Load()-e.burned.Load() != e.sentUsed || e.denied.Load() != e.sentDenied
+}
+
+// HeldByRedis reports whether Redis's record, as of the last call it applied, counts part of the
+// lease as unused (the total sent was below the tokens charged).
+func (e *Entry) HeldByRedis() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.ackCum < e.charged.Load()
+}
+
+// Unreported reports whether the entry admitted tokens Redis has not counted yet.
+func (e *Entry) Unreported() bool {
+	burned := e.burned.Load()
+	return e.total.Load()-burned > e.uacked.Load()
+}
+
+// Demand returns the entry's demand estimate, tokens/s.
+func (e *Entry) Demand() float64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.demand
+}
+
+// LastCall returns the time of the last call (caller's clock; 0 if none).
+func (e *Entry) LastCall() int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.sentAt
+}
+
+// Answer is Redis's answer to a call, as [Entry.Grant] applies it.
+type Answer struct {
+	Seq        uint64 // the record's call number (the call's own unless the call was stale)
+	Stale      bool   // the call was not applied; the values are Redis's record
+	Charged    int64  // tokens charged to the incarnation
+	Global     int64  // global micro-tokens
+	Active     int64  // nodes active on the key
+	Reset      int64  // time to a full bucket, µs
+	Retry      int64  // the answer's retry-after, µs
+	SentUsed   int64  // the call's Used (Redis has counted it unless Stale)
+	SentCum    int64  // the call's Cum
+	Credit     int64  // overdraft allowed beyond Charged
+	At         int64  // time of the answer (caller's clock)
+	LeaseUntil int64  // the unused lease may be used until then
+	RetryAt    int64  // do not ask for more before then
+}
+
+// Grant applies an answer. An answer older than the one already applied (smaller Seq) is ignored.
+// The mark becomes Charged + Credit: consumption since the call (debt not yet reported) counts
+// against the new credit.
+func (e *Entry) Grant(a Answer) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if a.Seq < e.applied || a.Seq > e.seq {
 		return
 	}
-	e.grantBase.Store(applied)
-	e.mark.Store(min(applied, total) + allowance)
-	e.globalMicro.Store(global)
-	e.active.Store(active)
-	e.resetMicros.Store(resetMicros)
-	e.grantedAt.Store(at)
+	e.applied = a.Seq
+	if a.Charged > e.charged.Load() {
+		e.charged.Store(a.Charged)
+	}
+	if !a.Stale {
+		if a.SentUsed > e.uacked.Load() {
+			e.uacked.Store(a.SentUsed)
+		}
+		e.ackCum = max(e.ackCum, a.SentCum)
+	}
+	e.mark.Store(e.charged.Load() + a.Credit)
+	e.globalMicro.Store(a.Global)
+	e.active.Store(a.Active)
+	e.resetMicros.Store(a.Reset)
+	e.retryMicros.Store(a.Retry)
+	e.grantedAt.Store(a.At)
+	e.leaseUntil.Store(a.LeaseUntil)
+	e.retryAt.Store(a.RetryAt)
+}
+
+// Expire writes off the unused lease once its time has passed (now ≥ LeaseUntil): total is raised
+// to charged, so those tokens can never be admitted, and the credit above charged stays. It reports
+// the tokens written off.
+func (e *Entry) Expire(now int64) int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if now < e.leaseUntil.Load() {
+		return 0
+	}
+	c := e.charged.Load()
+	for {
+		t := e.total.Load()
+		if t >= c {
+			return 0
+		}
+		if e.total.CompareAndSwap(t, c) {
+			e.burned.Add(c - t)
+			return c - t
+		}
+	}
 }
 
 // GrantedAt returns the time of the last answer applied with Grant, on the caller's clock; 0 if none.
 func (e *Entry) GrantedAt() int64 { return e.grantedAt.Load() }
 
-// Remaining estimates the global tokens left, in tokens: the global count at the last answer less what
-// this node consumed since. Lock-free; the estimate may mix two answers.
+// LeaseUntil returns the time until which the unused lease may be used (caller's clock).
+func (e *Entry) LeaseUntil() int64 { return e.leaseUntil.Load() }
+
+// RetryAt returns the time before which the node should not ask for more (caller's clock).
+func (e *Entry) RetryAt() int64 { return e.retryAt.Load() }
+
+// RetryMicros returns the last answer's retry-after, µs.
+func (e *Entry) RetryMicros() int64 { return e.retryMicros.Load() }
+
+// Denied returns the tokens this node denied locally so far.
+func (e *Entry) Denied() int64 { return e.denied.Load() }
+
+// Burned returns the unused lease written off so far, in tokens.
+func (e *Entry) Burned() int64 { return e.burned.Load() }
+
+// Remaining estimates the global tokens left, in tokens: the global count at the last answer plus
+// this node's unused lease. Lock-free; the estimate may mix two answers.
 func (e *Entry) Remaining() int64 {
-	g := e.globalMicro.Load()/1_000_000 - (e.total.Load() - e.grantBase.Load())
+	g := e.globalMicro.Load()/1_000_000 + e.charged.Load() - e.total.Load()
 	return max(g, 0)
 }
 
 const maxNsPerToken = 1 << 40 // about 18 minutes per token; slower rates report capped estimates
 
 // ResetAfterNanos estimates how long, in ns, until a bucket of burst tokens with rem left is full
-// again, at the rate last set with SetLimit. It uses no division, for the hot path.
+// again, at the entry's rate. It uses no division, for the hot path.
 func (e *Entry) ResetAfterNanos(burst, rem int64) int64 {
 	missing := burst - rem
 	if missing <= 0 {
 		return 0
 	}
-	hi, lo := bits.Mul64(uint64(missing), uint64(e.nsPerToken.Load()))
+	hi, lo := bits.Mul64(uint64(missing), uint64(e.nsPerToken))
 	if hi != 0 || lo > 1<<62 {
 		return 1 << 62
 	}

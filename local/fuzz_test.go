@@ -42,10 +42,10 @@ func FuzzStore(f *testing.F) {
 			n = min(n, len(data))
 			key := string(data[:n])
 			data = data[n:]
-			h := s.Hash(key)
+			h := s.Hash(key, LimitID(10, 10))
 			switch op {
 			case 0: // insert, and give it an allowance as a reconcile would
-				e := s.Insert(key, h)
+				e := s.Insert(key, h, 10, 10, 1)
 				if e == nil {
 					break // the shard is full of pending entries
 				}
@@ -56,32 +56,33 @@ func FuzzStore(f *testing.F) {
 					t.Fatalf("Insert(%q) made a second live entry", key)
 				}
 				known[key] = e
-				e.Grant(e.Acked(), 3, 3_000_000, 1, 0, 1)
+				c := e.Next(1, 1)
+				e.Grant(Answer{Seq: c.Seq, Charged: e.Charged(), Credit: 3, Global: 3_000_000, Active: 1, At: 1})
 			case 1: // a local take
-				if e := s.Lookup(key, h); e != nil {
+				if e := s.Lookup(key, LimitID(10, 10), h); e != nil {
 					e.TryTake(1)
 				}
 			case 2: // an admission by the failure policy
-				if e := s.Lookup(key, h); e != nil {
+				if e := s.Lookup(key, LimitID(10, 10), h); e != nil {
 					e.Add(1)
 				}
 			case 3: // a reconcile: collect the dirty entries and acknowledge them
 				pending := map[*Entry]bool{}
 				for _, e := range known {
-					if e.Total() != e.Acked() {
+					if e.Total() > e.Charged() {
 						pending[e] = true
 					}
 				}
 				for _, e := range s.Collect(nil) {
 					delete(pending, e)
-					snap := e.Snapshot()
-					e.Grant(snap.Cum, 3, 3_000_000, 1, 0, 1)
+					c := e.Next(1, 1)
+					e.Grant(Answer{Seq: c.Seq, Charged: c.Cum, Credit: 3, Global: 3_000_000, Active: 1, At: 1})
 				}
 				for e := range pending {
-					t.Fatalf("Collect missed %q with %d unacknowledged tokens", e.Key(), e.Total()-e.Acked())
+					t.Fatalf("Collect missed %q with %d unacknowledged tokens", e.Key(), e.Total()-e.Charged())
 				}
 			case 4: // a lookup
-				if e := s.Lookup(key, h); e != nil && e.Key() != key {
+				if e := s.Lookup(key, LimitID(10, 10), h); e != nil && e.Key() != key {
 					t.Fatalf("Lookup(%q) returned the entry of %q", key, e.Key())
 				}
 			}
@@ -89,8 +90,8 @@ func FuzzStore(f *testing.F) {
 				t.Fatalf("%d keys in a store capped at %d", l, maxKeys)
 			}
 			for k, e := range known {
-				if e.Total() != e.Acked() && (e.Evicted() || s.Lookup(k, s.Hash(k)) != e) {
-					t.Fatalf("%q was evicted with %d unacknowledged tokens", k, e.Total()-e.Acked())
+				if e.Total() > e.Charged() && (e.Evicted() || s.Lookup(k, LimitID(10, 10), s.Hash(k, LimitID(10, 10))) != e) {
+					t.Fatalf("%q was evicted with %d unacknowledged tokens", k, e.Total()-e.Charged())
 				}
 			}
 		}

@@ -3,7 +3,6 @@ package local
 import (
 	"errors"
 	"hash/maphash"
-	"math"
 	"sync"
 	"sync/atomic"
 )
@@ -84,19 +83,23 @@ func newTable(size int) *table {
 // Stats returns the store's counters.
 func (s *Store) Stats() *Stats { return &s.stats }
 
-// Hash returns the hash the store uses for key; [Store.Lookup] and [Store.Insert] take it so callers
-// hash once.
-func (s *Store) Hash(key string) uint64 { return maphash.String(s.seed, key) }
+// Hash returns the hash the store uses for key under the limit lid ([LimitID]); [Store.Lookup] and
+// [Store.Insert] take it so callers hash once.
+func (s *Store) Hash(key string, lid uint64) uint64 {
+	h := maphash.String(s.seed, key) ^ lid
+	h ^= h >> 29 // mix the limit's bits into the shard and slot bits
+	return h
+}
 
-// Lookup returns the entry for key, or nil. It never blocks and never allocates.
-func (s *Store) Lookup(key string, h uint64) *Entry {
+// Lookup returns the entry for key under the limit lid, or nil. It never blocks and never allocates.
+func (s *Store) Lookup(key string, lid, h uint64) *Entry {
 	t := s.shards[h&(numShards-1)].tab.Load()
 	for i := (h >> shardBits) & t.mask; ; i = (i + 1) & t.mask {
 		e := t.slots[i].Load()
 		if e == nil {
 			return nil
 		}
-		if e.hash == h && e.key == key && e != tomb {
+		if e.hash == h && e.lid == lid && e.key == key && e != tomb {
 			return e
 		}
 	}
@@ -114,10 +117,12 @@ func (s *Store) Len() int {
 	return n
 }
 
-// Insert returns the entry for key, creating it if needed. A new entry has no allowance: every take
-// goes to Redis until a reconcile grants one. It returns nil when the shard is at its cap and every
-// key in it has pending consumption; the caller then decides without local state.
-func (s *Store) Insert(key string, h uint64) *Entry {
+// Insert returns the entry for key under the limit (rate, burst), creating it if needed with an
+// allowance of credit tokens (its cold-start credit: 0 sends every take to Redis until a reconcile
+// answers). h is Hash(key, LimitID(rate, burst)). It returns nil when the shard is at its cap and
+// every key in it has pending consumption; the caller then decides without local state.
+func (s *Store) Insert(key string, h uint64, rate float64, burst, credit int64) *Entry {
+	lid := LimitID(rate, burst)
 	sh := &s.shards[h&(numShards-1)]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -134,7 +139,7 @@ func (s *Store) Insert(key string, h uint64) *Entry {
 			}
 			continue
 		}
-		if e.hash == h && e.key == key {
+		if e.hash == h && e.lid == lid && e.key == key {
 			return e
 		}
 	}
@@ -142,8 +147,10 @@ func (s *Store) Insert(key string, h uint64) *Entry {
 		s.stats.Full.Add(1)
 		return nil
 	}
-	e := &Entry{key: key, hash: h, inc: s.inc.Add(1), store: s, sh: sh}
-	e.mark.Store(0)
+	e := &Entry{key: key, hash: h, lid: lid, rate: rate, burst: burst, inc: s.inc.Add(1), store: s, sh: sh,
+		nsPerToken: int64(min(1e9/rate, maxNsPerToken))}
+	e.mark.Store(max(credit, 0))
+	e.globalMicro.Store(burst * 1_000_000) // until Redis answers, Remaining assumes a full bucket
 	if (sh.live+sh.tombs+1)*4 > len(t.slots)*3 {
 		t = sh.rebuildLocked(sh.live + 1)
 		free = -1
@@ -218,9 +225,6 @@ func (s *Store) evictLocked(sh *shard) bool {
 	return false
 }
 
-// NewIncarnation returns an incarnation number no entry has used, for a one-off take without an entry.
-func (s *Store) NewIncarnation() uint64 { return s.inc.Add(1) }
-
 // Notify returns a channel that receives a value when the first entry becomes dirty after the dirty
 // lists were emptied. The syncer waits on it so that an idle limiter never ticks.
 func (s *Store) Notify() <-chan struct{} { return s.notify }
@@ -271,34 +275,4 @@ func (s *Store) Collect(buf []*Entry) []*Entry {
 		}
 	}
 	return buf
-}
-
-// Allowance returns the number of tokens a node may consume locally before it asks Redis again:
-//
-//	floor(max(0, drift·max(G, 0) + rate·interval + min(G, 0)) / active + u)
-//
-// where G is the global token count Redis returned (tokens; negative is debt). Each node gets its
-// share of the refill one interval brings plus its share of drift times the tokens in the bucket;
-// debt is repaid before anything is granted. u in [0, 1) rounds the share: a uniformly random u
-// makes the expected allowance exact (a refill share of 2.5 tokens is 2 or 3, not always 2, so at the
-// limit the fleet's shares add up to the refill instead of leaving a fifth of it to synchronous
-// checks); u = 0 rounds down. A zero drift means every decision goes to Redis: the allowance is 0.
-func Allowance(drift, global, rate, intervalSeconds float64, active int64, u float64) int64 {
-	if !(drift > 0) {
-		return 0
-	}
-	if active < 1 {
-		active = 1
-	}
-	if !(u >= 0 && u < 1) {
-		u = 0
-	}
-	a := max(0, drift*max(global, 0)+rate*intervalSeconds+min(global, 0))/float64(active) + u
-	if !(a >= 1) { // also false for NaN
-		return 0
-	}
-	if a > 1<<52 {
-		return 1 << 52
-	}
-	return int64(math.Floor(a))
 }

@@ -21,11 +21,24 @@ func newStore(t *testing.T, maxKeys int) *Store {
 	return s
 }
 
+// lid is the limit every test entry uses.
+var lid = LimitID(100, 100)
+
+func hash(s *Store, key string) uint64 { return s.Hash(key, lid) }
+
 func insert(t *testing.T, s *Store, key string) *Entry {
 	t.Helper()
-	e := s.Insert(key, s.Hash(key))
+	e := s.Insert(key, hash(s, key), 100, 100, 0)
 	require.NotNil(t, e, key)
 	return e
+}
+
+// grant applies an answer as a reconcile would: charged tokens charged, credit on top, global
+// micro-tokens in the bucket.
+func grant(e *Entry, charged, credit, global int64) {
+	c := e.Next(1, 1)
+	e.Grant(Answer{Seq: c.Seq, Charged: charged, Credit: credit, Global: global, Active: 1, SentUsed: c.Used,
+		At: 1, LeaseUntil: math.MaxInt64})
 }
 
 func TestNewRejectsTinyCap(t *testing.T) {
@@ -39,24 +52,24 @@ func TestInsertLookupGrow(t *testing.T) {
 	for i := range n {
 		k := "key-" + strconv.Itoa(i)
 		e := insert(t, s, k)
-		assert.Same(t, e, s.Insert(k, s.Hash(k)), "insert is idempotent")
+		assert.Same(t, e, s.Insert(k, hash(s, k), 100, 100, 0), "insert is idempotent")
 	}
 	assert.Equal(t, n, s.Len())
 	for i := range n {
 		k := "key-" + strconv.Itoa(i)
-		e := s.Lookup(k, s.Hash(k))
+		e := s.Lookup(k, lid, hash(s, k))
 		require.NotNil(t, e, k)
 		assert.Equal(t, k, e.Key())
 	}
-	assert.Nil(t, s.Lookup("absent", s.Hash("absent")))
-	assert.Nil(t, s.Lookup("", s.Hash("")), "the tombstone's empty key never matches")
+	assert.Nil(t, s.Lookup("absent", lid, hash(s, "absent")))
+	assert.Nil(t, s.Lookup("", lid, hash(s, "")), "the tombstone's empty key never matches")
 }
 
 func TestTakeWithinMark(t *testing.T) {
 	s := newStore(t, 64)
 	e := insert(t, s, "k")
-	assert.Equal(t, Exhaust, e.TryTake(1), "a new entry has no allowance")
-	e.Grant(0, 5, 50_000_000, 1, 0, 1)
+	assert.Equal(t, Exhaust, e.TryTake(1), "a new entry without cold-start credit has no allowance")
+	grant(e, 4, 1, 50_000_000) // a lease of 4 and a credit of 1
 	steps := []struct {
 		n    int64
 		want TakeResult
@@ -65,14 +78,67 @@ func TestTakeWithinMark(t *testing.T) {
 		assert.Equal(t, st.want, e.TryTake(st.n), "step %d", i)
 	}
 	assert.Equal(t, int64(5), e.Total())
-	assert.Equal(t, int64(45), e.Remaining(), "50 global less 5 consumed since the answer")
-	// A reconcile answer: Redis applied 5; new allowance 3 on top.
-	e.Grant(5, 3, 45_000_000, 2, 0, 1)
-	assert.Equal(t, int64(5), e.Acked())
+	assert.True(t, e.Pending(), "one token of credit used: debt to report")
+	assert.Equal(t, int64(49), e.Remaining(), "50 global less the token consumed beyond the lease")
+	// The next answer charges the debt and grants a new lease: charged 8, credit 0.
+	grant(e, 8, 0, 45_000_000)
+	assert.Equal(t, int64(8), e.Charged())
 	assert.Equal(t, int64(8), e.Mark())
-	// An older answer (applied 4) arriving late does not move the mark back.
-	e.Grant(4, 100, 0, 1, 0, 1)
+	assert.False(t, e.Pending())
+	// An older answer arriving late does not move the mark.
+	e.Grant(Answer{Seq: 1, Charged: 100, Credit: 100})
 	assert.Equal(t, int64(8), e.Mark())
+}
+
+func TestColdStartCredit(t *testing.T) {
+	s := newStore(t, 64)
+	e := s.Insert("cold", hash(s, "cold"), 100, 100, 2)
+	require.NotNil(t, e)
+	assert.Equal(t, Taken, e.TryTake(2), "a new key is admitted from its cold-start credit")
+	assert.Equal(t, Exhaust, e.TryTake(1))
+	assert.True(t, e.Pending(), "the credit used is debt for the first reconcile")
+}
+
+func TestLimitIsPartOfTheIdentity(t *testing.T) {
+	s := newStore(t, 1024)
+	a := s.Insert("k", s.Hash("k", LimitID(100, 10)), 100, 10, 0)
+	b := s.Insert("k", s.Hash("k", LimitID(10, 10)), 10, 10, 0)
+	require.NotNil(t, a)
+	require.NotNil(t, b)
+	assert.NotSame(t, a, b, "one key under two limits has two entries")
+	assert.Same(t, a, s.Lookup("k", LimitID(100, 10), s.Hash("k", LimitID(100, 10))))
+	assert.Same(t, b, s.Lookup("k", LimitID(10, 10), s.Hash("k", LimitID(10, 10))))
+}
+
+func TestExpireWritesOffTheUnusedLease(t *testing.T) {
+	s := newStore(t, 64)
+	e := insert(t, s, "k")
+	c := e.Next(1, 1)
+	e.Grant(Answer{Seq: c.Seq, Charged: 10, Credit: 1, Active: 1, At: 1, LeaseUntil: 100})
+	require.Equal(t, Taken, e.TryTake(3))
+	assert.Equal(t, int64(0), e.Expire(99), "not yet")
+	assert.Equal(t, int64(7), e.Expire(100), "7 unused tokens written off")
+	assert.Equal(t, int64(10), e.Total())
+	assert.Equal(t, int64(7), e.Burned())
+	assert.False(t, e.Pending(), "written-off tokens were charged: no debt")
+	assert.Equal(t, Taken, e.TryTake(1), "the credit above the charge stays")
+	assert.Equal(t, Exhaust, e.TryTake(1))
+}
+
+func TestDemandEstimate(t *testing.T) {
+	s := newStore(t, 64)
+	e := insert(t, s, "k")
+	e.Seen(1)
+	e.Add(4)
+	c := e.Next(2e9, 1e6) // 4 tokens in 2s
+	assert.InDelta(t, 2.0, c.Demand, 1e-6)
+	assert.True(t, c.Active)
+	e.Deny(6) // denied demand counts too
+	c = e.Next(3e9, 1e6)
+	assert.InDelta(t, (2.0+6.0)/2, c.Demand, 1e-6, "blended half and half")
+	c = e.Next(4e9, 1e6)
+	assert.False(t, c.Active)
+	assert.InDelta(t, 2.0, c.Demand, 1e-6, "idle: the estimate halves")
 }
 
 func TestDirtyListCollectsEachEntryOnce(t *testing.T) {
@@ -80,7 +146,7 @@ func TestDirtyListCollectsEachEntryOnce(t *testing.T) {
 	var es []*Entry
 	for i := range 100 {
 		e := insert(t, s, "d"+strconv.Itoa(i))
-		e.Grant(0, 10, 0, 1, 0, 1)
+		grant(e, 10, 0, 0)
 		es = append(es, e)
 	}
 	for _, e := range es {
@@ -107,26 +173,26 @@ func TestEvictionSkipsPendingEntries(t *testing.T) {
 	pending := map[string]*Entry{}
 	for i := 0; len(pending) < 64 && i < 100_000; i++ {
 		k := "p" + strconv.Itoa(i)
-		if s.Lookup(k, s.Hash(k)) != nil {
+		if s.Lookup(k, lid, hash(s, k)) != nil {
 			continue
 		}
-		e := s.Insert(k, s.Hash(k))
+		e := s.Insert(k, hash(s, k), 100, 100, 0)
 		if e == nil {
 			continue // its shard is already taken by a pending key
 		}
-		e.Grant(0, 1, 0, 1, 0, 1)
+		grant(e, 0, 1, 0) // credit only: a take is debt
 		require.Equal(t, Taken, e.TryTake(1))
 		pending[k] = e
 	}
 	require.Len(t, pending, 64)
 	// Every shard is full of pending keys: a new key gets no entry, and nothing was evicted.
 	full := s.Stats().Full.Load()
-	assert.Nil(t, s.Insert("new", s.Hash("new")))
+	assert.Nil(t, s.Insert("new", hash(s, "new"), 100, 100, 0))
 	assert.Equal(t, int64(0), s.Stats().Evictions.Load())
 	assert.Equal(t, full+1, s.Stats().Full.Load())
 	// Once a reconcile applied the consumption, the entries are clean and can be evicted.
 	for _, e := range s.Collect(nil) {
-		e.Grant(e.Total(), 0, 0, 1, 0, 1)
+		grant(e, e.Total(), 0, 0)
 	}
 	e := insert(t, s, "new")
 	assert.Equal(t, int64(1), s.Stats().Evictions.Load())
@@ -137,8 +203,8 @@ func TestEvictionSkipsPendingEntries(t *testing.T) {
 func TestEvictedEntryRefusesTakes(t *testing.T) {
 	s := newStore(t, 64)
 	e := insert(t, s, "x")
-	e.Grant(0, 10, 0, 1, 0, 1)
-	require.True(t, e.tryEvict())
+	grant(e, 10, 0, 0)
+	require.True(t, e.tryEvict(), "an unused lease does not keep an entry")
 	assert.Equal(t, Gone, e.TryTake(1))
 	assert.Equal(t, int64(0), e.Total(), "the refused take was undone")
 	assert.Equal(t, Gone, e.Add(1))
@@ -161,23 +227,23 @@ func TestConcurrentTakesAndEvictionsLoseNothing(t *testing.T) {
 			defer wg.Done()
 			for i := range 5000 {
 				k := "c" + strconv.Itoa((g*7919+i)%300)
-				h := s.Hash(k)
-				e := s.Lookup(k, h)
+				h := hash(s, k)
+				e := s.Lookup(k, lid, h)
 				if e == nil {
-					if e = s.Insert(k, h); e == nil {
+					if e = s.Insert(k, h, 100, 100, 0); e == nil {
 						continue
 					}
 					mu.Lock()
 					all[e] = true
 					mu.Unlock()
-					e.Grant(e.Total(), 4, 0, 1, 0, 1)
+					grant(e, e.Total(), 4, 0)
 				}
 				if e.TryTake(1) == Taken {
 					granted.Add(1)
 				}
 				if i%3 == 0 { // a reconcile that applies everything, making entries clean again
 					for _, d := range s.Collect(nil) {
-						d.Grant(d.Total(), 4, 0, 1, 0, 1)
+						grant(d, d.Total(), 4, 0)
 					}
 				}
 			}
@@ -188,9 +254,9 @@ func TestConcurrentTakesAndEvictionsLoseNothing(t *testing.T) {
 	for e := range all {
 		total += e.Total()
 		if e.Evicted() {
-			// Nothing pending: Redis applied all of it. acked may exceed total by a take that a
+			// Nothing pending: Redis charged all of it. charged may exceed total by a take that a
 			// reconcile counted and the eviction handshake then undid: an over-count, never a loss.
-			assert.GreaterOrEqual(t, e.Acked(), e.Total(), "an evicted entry had nothing pending")
+			assert.GreaterOrEqual(t, e.Charged(), e.Total(), "an evicted entry had nothing pending")
 		}
 	}
 	assert.Equal(t, granted.Load(), total)
@@ -200,33 +266,13 @@ func TestConcurrentTakesAndEvictionsLoseNothing(t *testing.T) {
 func TestHotPathAllocatesNothing(t *testing.T) {
 	s := newStore(t, 1024)
 	e := insert(t, s, "hot")
-	e.Grant(0, math.MaxInt32, 0, 1, 0, 1)
-	h := s.Hash("hot")
+	grant(e, math.MaxInt32, 0, 0)
+	h := hash(s, "hot")
 	allocs := testing.AllocsPerRun(1000, func() {
-		if s.Lookup("hot", s.Hash("hot")).TryTake(1) != Taken {
+		if s.Lookup("hot", lid, hash(s, "hot")).TryTake(1) != Taken {
 			t.Fatal("take failed")
 		}
 		_ = h
 	})
 	assert.Equal(t, 0.0, allocs)
-}
-
-func TestAllowance(t *testing.T) {
-	for _, tc := range []struct {
-		drift, global, rate, interval float64
-		active                        int64
-		want                          int64
-	}{
-		{0.1, 1000, 100, 0.02, 1, 102}, // 0.1·1000 + 100·0.02
-		{0.1, 1000, 100, 0.02, 8, 12},  // split across 8 nodes
-		{0.1, 5, 100, 0.02, 1, 2},      // near empty: the refill share remains (0.5 + 2)
-		{0.1, -1, 100, 0.02, 1, 1},     // debt is repaid first: 2 - 1
-		{0.1, -5, 100, 0.02, 1, 0},     // deeper debt: nothing
-		{0, 1000, 100, 0.02, 1, 0},     // drift 0: strict central
-		{1, 3, 0, 0.02, 0, 3},          // active 0 treated as 1
-		{0.1, math.NaN(), 1, 1, 1, 0},  // never trust a NaN
-		{1, 1e300, 1, 1, 1, 1 << 52},   // capped
-	} {
-		assert.Equal(t, tc.want, Allowance(tc.drift, tc.global, tc.rate, tc.interval, tc.active, 0), "%+v", tc)
-	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/policy"
@@ -86,12 +87,20 @@ func (e *env) snapshot(t *testing.T, pattern string) map[string]string {
 // consumed returns the tokens a hybrid counter has consumed in total, as Redis knows it.
 func (e *env) consumed(t *testing.T, key string) int64 {
 	t.Helper()
-	v, err := e.rdb.HGet(context.Background(), "hr:v1:{"+key+"}", "c").Int64()
-	if errors.Is(err, redis.Nil) {
-		return 0
-	}
+	// The bucket's key includes the limit (central.BucketKey): sum over every limit used with key.
+	ctx := context.Background()
+	names, err := e.rdb.Keys(ctx, "hr:"+central.Version+":b:{"+key+"}:*").Result()
 	require.NoError(t, err)
-	return v
+	var total int64
+	for _, n := range names {
+		v, err := e.rdb.HGet(ctx, n, "c").Int64()
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
+		require.NoError(t, err)
+		total += v
+	}
+	return total
 }
 
 func req(method, route string, kv ...string) *policy.Request {

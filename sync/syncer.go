@@ -3,7 +3,7 @@ package sync
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,53 +25,80 @@ type Config struct {
 	Store *local.Store
 	// Central sends the batches; *central.Client satisfies it.
 	Central port
-	// Interval is the wait between the first pending consumption and its flush.
+	// Interval is how often due keys are reconciled, and the unit of the prefetch margin: a key asks
+	// for a new lease when what is left of it would last less than three intervals.
 	Interval time.Duration
 	// MaxBatch is the largest number of keys handed to Central in one call.
 	MaxBatch int
-	// Drift is the fraction of the projected global tokens (global + rate·Interval) that this node's
-	// share of may be consumed locally; 0 to 1.
+	// Drift sizes the overdraft credit each answer grants beyond the lease: max(1, Drift·G/A) tokens
+	// when the global bucket G holds at least one token (A active nodes), else none; 0 to 1. Zero
+	// means no credit and no lease: every decision goes to Redis.
 	Drift float64
+	// Horizon is how long a lease should last at the node's demand on the key (its size is demand ×
+	// Horizon, within the node's demand-weighted share of the burst).
+	Horizon time.Duration
+	// LeaseLife is how long, from the call that obtained it, a lease may be used; unused tokens are
+	// then written off. It must be shorter than central's LeaseLife by more than a call's duration.
+	LeaseLife time.Duration
 	// OnState, if not nil, is called after an entry's answer was applied. It must not block.
 	OnState func(e *local.Entry, st central.State)
 	// OnError, if not nil, receives flush errors. It must not block.
 	OnError func(error)
-	// Now returns the time on a monotonic clock, in nanoseconds; it stamps each answer applied to an
-	// entry (local.Entry.GrantedAt).
+	// Now returns the time on a monotonic clock, in nanoseconds (positive).
 	Now func() int64
-	// Round returns a number in [0, 1) that rounds allowances (see local.Allowance); nil means
-	// uniformly random (math/rand/v2). Tests pin it.
-	Round func() float64
 }
 
-// Stats counts the syncer's work. All fields only grow, except LastFlushMicros.
+// Stats counts the syncer's work. All fields only grow, except LastFlushMicros and Waiting.
 type Stats struct {
-	Flushes         atomic.Int64 // flushes that had something to send
+	Flushes         atomic.Int64 // rounds that sent something
 	Keys            atomic.Int64 // keys sent
 	FailedKeys      atomic.Int64 // keys whose reconcile failed and stay pending
+	BadKeys         atomic.Int64 // keys Redis refused (central.ErrBadKey); retried after a pause
+	Burned          atomic.Int64 // unused lease tokens written off at expiry
 	FlushMicros     atomic.Int64 // total flush time in µs
 	LastFlushMicros atomic.Int64 // duration of the last flush in µs
+	Waiting         atomic.Int64 // keys the syncer watches (consumed since their last call, or holding a lease)
+	Pending         atomic.Int64 // keys with consumption Redis has not counted, after the last round
 }
 
-// Syncer reconciles a local store with Redis. Create it with [New]; it is safe for concurrent use.
+// Syncer reconciles a local store with Redis: it reports consumption beyond the leases (debt), renews
+// leases before they run out, and writes off leases that expired. A key far from its limit holding a
+// lease costs nothing until the lease is nearly spent. Create it with [New]; it is safe for concurrent use.
 type Syncer struct {
 	cfg   Config
 	stats Stats
 
-	mu      sync.Mutex // serialises flushes; guards the buffers below
+	mu      sync.Mutex // serialises flushes; guards the fields below
+	waiting map[*local.Entry]*watch
 	entries []*local.Entry
+	batch   []*local.Entry
+	idle    []bool // per batch entry: no requests for idleAfter
 	updates []central.Update
 	states  []central.State
 	errs    []error
 }
+
+// watch is what the syncer remembers of a key it watches.
+type watch struct {
+	notBefore int64 // no call before then (a key Redis refused)
+	seen      int64 // consumed plus denied at the last round
+	changedAt int64 // when seen last changed
+}
+
+// badKeyPause is how long a key Redis refused waits before it is sent again.
+const badKeyPause = time.Second
+
+// idleAfter is how long a key must see no requests to count as idle: an idle key's call reports its
+// consumption without asking for a new lease.
+const idleAfter = time.Second
 
 // New validates cfg and returns a syncer. It starts nothing.
 func New(cfg Config) (*Syncer, error) {
 	switch {
 	case cfg.Store == nil || cfg.Central == nil:
 		return nil, errors.New("ratesync: Store and Central are required")
-	case cfg.Interval <= 0:
-		return nil, errors.New("ratesync: Interval must be positive")
+	case cfg.Interval <= 0 || cfg.Horizon <= 0 || cfg.LeaseLife <= 0:
+		return nil, errors.New("ratesync: Interval, Horizon and LeaseLife must be positive")
 	case cfg.MaxBatch < 1:
 		return nil, errors.New("ratesync: MaxBatch must be at least 1")
 	case !(cfg.Drift >= 0 && cfg.Drift <= 1):
@@ -79,27 +106,20 @@ func New(cfg Config) (*Syncer, error) {
 	case cfg.Now == nil:
 		return nil, errors.New("ratesync: Now is required")
 	}
-	return &Syncer{cfg: cfg}, nil
-}
-
-func (s *Syncer) round() float64 {
-	if s.cfg.Round != nil {
-		return s.cfg.Round()
-	}
-	return rand.Float64()
+	return &Syncer{cfg: cfg, waiting: make(map[*local.Entry]*watch)}, nil
 }
 
 // Stats returns the syncer's counters.
 func (s *Syncer) Stats() *Stats { return &s.stats }
 
-// Run flushes pending consumption one Interval after it appears, until ctx ends. An idle store costs
-// nothing: Run waits for the store's notification before it starts a timer.
+// Run reconciles due keys every Interval until ctx ends. An idle store costs nothing: when no key is
+// dirty or watched, Run waits for the store's notification before it starts a timer.
 func (s *Syncer) Run(ctx context.Context) {
 	t := time.NewTimer(s.cfg.Interval)
 	t.Stop()
 	defer t.Stop()
 	for {
-		if s.cfg.Store.Dirty() == 0 {
+		if s.cfg.Store.Dirty() == 0 && s.stats.Waiting.Load() == 0 {
 			select {
 			case <-ctx.Done():
 				return
@@ -112,47 +132,140 @@ func (s *Syncer) Run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if err := s.Flush(ctx); err != nil && s.cfg.OnError != nil && ctx.Err() == nil {
+		if err := s.flush(ctx, due); err != nil && s.cfg.OnError != nil && ctx.Err() == nil {
 			s.cfg.OnError(err)
 		}
 	}
 }
 
-// Flush reconciles every dirty entry now. Entries whose reconcile fails become dirty again and are
-// retried by the next flush; the first error is returned. Concurrent calls run one after another.
-func (s *Syncer) Flush(ctx context.Context) error {
+// mode says which keys a flush sends.
+type mode int
+
+const (
+	due     mode = iota // keys with debt, and active keys whose lease is nearly spent
+	pending             // every key with debt or consumption Redis has not counted, now (Flush)
+	final               // every key with debt or a lease: leases are written off and reported (Close)
+)
+
+// Flush reports to Redis now every key's consumption since its last call: debt beyond the lease is
+// charged, and consumption within the lease (already charged in advance) is counted. Keys whose
+// reconcile fails stay pending for a later round; the first error is returned. Concurrent calls run
+// one after another.
+func (s *Syncer) Flush(ctx context.Context) error { return s.flush(ctx, pending) }
+
+// Release writes off every unused lease and reports it with any debt, so that Redis can lend those
+// tokens to other nodes at once; for Close. It returns the first error.
+func (s *Syncer) Release(ctx context.Context) error { return s.flush(ctx, final) }
+
+// Want returns the unused lease a call for e should ask for: the node's demand over the horizon,
+// at least n and 1, at most the burst.
+func (s *Syncer) Want(e *local.Entry, demand float64, n int64) int64 {
+	_, burst := e.Limit()
+	w := math.Ceil(demand * s.cfg.Horizon.Seconds())
+	if !(w >= 1) {
+		w = 1
+	}
+	return min(max(int64(min(w, 1e9)), n), burst)
+}
+
+// lowWater returns the unused lease below which an active key asks for more: about three intervals
+// of its demand, rounded; 0 for a key whose demand is below one token per three intervals (the
+// answer's credit covers the next request while the lease is renewed).
+func (s *Syncer) lowWater(demand float64) int64 {
+	return int64(math.Round(demand * 3 * s.cfg.Interval.Seconds()))
+}
+
+func (s *Syncer) flush(ctx context.Context, m mode) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := s.cfg.Now()
 	s.entries = s.cfg.Store.Collect(s.entries[:0])
-	if len(s.entries) == 0 {
+	for _, e := range s.entries {
+		if _, ok := s.waiting[e]; !ok {
+			s.waiting[e] = &watch{seen: -1}
+			e.Seen(now)
+		}
+	}
+	clear(s.entries)
+	s.batch = s.batch[:0]
+	s.idle = s.idle[:0]
+	for e, w := range s.waiting {
+		if e.Evicted() {
+			delete(s.waiting, e)
+			continue
+		}
+		if m == final {
+			e.Expire(math.MaxInt64)
+		} else if e.Unused() > 0 && now >= e.LeaseUntil() {
+			s.stats.Burned.Add(e.Expire(now))
+		}
+		if seen := e.Total() - e.Burned() + e.Denied(); seen != w.seen {
+			w.seen, w.changedAt = seen, now
+		}
+		idle := now-w.changedAt >= int64(idleAfter)
+		debt := e.Pending()
+		unused := e.Unused()
+		active := e.Active()
+		send := false
+		switch m {
+		case due:
+			send = now >= w.notBefore && (debt || active && unused <= s.lowWater(e.Demand()) && now >= e.RetryAt())
+		case pending:
+			send = debt || e.Unreported()
+		case final:
+			send = debt || e.Unreported() || e.HeldByRedis()
+		}
+		if send {
+			s.batch = append(s.batch, e)
+			s.idle = append(s.idle, idle)
+			continue
+		}
+		if unused == 0 && !debt && !active && !e.Unreported() {
+			delete(s.waiting, e)
+		}
+	}
+	defer s.count()
+	if len(s.batch) == 0 {
 		return nil
 	}
 	start := time.Now()
 	s.stats.Flushes.Add(1)
 	var first error
-	for lo := 0; lo < len(s.entries); lo += s.cfg.MaxBatch {
-		hi := min(lo+s.cfg.MaxBatch, len(s.entries))
-		if err := s.flushBatch(ctx, s.entries[lo:hi]); err != nil && first == nil {
+	for lo := 0; lo < len(s.batch); lo += s.cfg.MaxBatch {
+		hi := min(lo+s.cfg.MaxBatch, len(s.batch))
+		if err := s.flushBatch(ctx, s.batch[lo:hi], s.idle[lo:hi], now, m); err != nil && first == nil {
 			first = err
 		}
 	}
-	clear(s.entries) // drop references so evicted entries can be collected
+	clear(s.batch) // drop references so evicted entries can be collected
 	us := time.Since(start).Microseconds()
 	s.stats.FlushMicros.Add(us)
 	s.stats.LastFlushMicros.Store(us)
 	return first
 }
 
-func (s *Syncer) flushBatch(ctx context.Context, batch []*local.Entry) error {
+// count updates Waiting and Pending; s.mu must be held.
+func (s *Syncer) count() {
+	s.stats.Waiting.Store(int64(len(s.waiting)))
+	n := int64(0)
+	for e := range s.waiting {
+		if e.Pending() || e.Unreported() {
+			n++
+		}
+	}
+	s.stats.Pending.Store(n)
+}
+
+func (s *Syncer) flushBatch(ctx context.Context, batch []*local.Entry, idle []bool, now int64, m mode) error {
 	n := len(batch)
 	s.updates = s.updates[:0]
 	for _, e := range batch {
-		snap := e.Snapshot()
-		rate, burst := e.Limit()
-		s.updates = append(s.updates, central.Update{
-			Key: e.Key(), Limit: central.Limit{Rate: rate, Burst: burst},
-			Inc: snap.Inc, Cum: snap.Cum, Acked: snap.Acked,
-		})
+		c := e.Next(now, int64(s.cfg.Interval))
+		want := int64(0)
+		if m == due && c.Active && !idle[len(s.updates)] && s.cfg.Drift > 0 {
+			want = s.Want(e, c.Demand, 0)
+		}
+		s.updates = append(s.updates, Update(e, c, want, 0))
 	}
 	s.states = append(s.states[:0], make([]central.State, n)...)
 	s.errs = append(s.errs[:0], make([]error, n)...)
@@ -161,27 +274,54 @@ func (s *Syncer) flushBatch(ctx context.Context, batch []*local.Entry) error {
 	for i, e := range batch {
 		if s.errs[i] != nil {
 			s.stats.FailedKeys.Add(1)
-			s.cfg.Store.MarkDirty(e) // keep it pending for the next round
+			if w := s.waiting[e]; w != nil && errors.Is(s.errs[i], central.ErrBadKey) {
+				s.stats.BadKeys.Add(1)
+				w.notBefore = now + int64(badKeyPause)
+			}
 			continue
 		}
-		s.Apply(e, s.updates[i].Limit, s.states[i], true)
+		s.Apply(e, s.updates[i], s.states[i], now)
 	}
 	clear(s.errs)
 	return err
 }
 
-// Apply turns Redis's answer for e into e's new local allowance and reports it to OnState. A
-// reconcile's answer (reconcile true) grants this node's share of the next interval's refill; a
-// synchronous take's answer grants only the drift share of the bucket, so that frequent takes near
-// the limit cannot claim the refill share again and again.
-func (s *Syncer) Apply(e *local.Entry, lim central.Limit, st central.State, reconcile bool) {
-	interval, u := 0.0, 0.0 // a take's answer rounds down: no share, no chance
-	if reconcile {
-		interval, u = s.cfg.Interval.Seconds(), s.round()
+// Update builds the central update for a call of e.
+func Update(e *local.Entry, c local.Call, want, n int64) central.Update {
+	rate, burst := e.Limit()
+	return central.Update{
+		Key: e.Key(), Limit: central.Limit{Rate: rate, Burst: burst},
+		Inc: c.Inc, Seq: c.Seq, Cum: c.Cum, Acked: c.Acked, Used: c.Used, UAcked: c.UAcked,
+		Demand: c.Demand, Want: want, N: n,
 	}
-	a := local.Allowance(s.cfg.Drift, float64(st.Tokens)/1e6, lim.Rate, interval, st.Active, u)
-	e.Grant(st.Applied, a, st.Tokens, st.Active, st.ResetAfter.Microseconds(), s.cfg.Now())
+}
+
+// Apply turns Redis's answer to u, a call sent at time sent, into e's new lease and credit, and
+// reports it to OnState.
+func (s *Syncer) Apply(e *local.Entry, u central.Update, st central.State, sent int64) {
+	credit := int64(0)
+	if s.cfg.Drift > 0 && st.Tokens >= 1_000_000 {
+		credit = max(1, int64(s.cfg.Drift*float64(st.Tokens)/1e6/float64(max(st.Active, 1))))
+	}
+	at := s.cfg.Now()
+	counted := u.Used
+	if st.Status == central.StatusCovered {
+		counted += u.N // Redis counted the n the caller takes now
+	}
+	retryAt := int64(0)
+	if st.RetryAfter > 0 {
+		retryAt = at + int64(st.RetryAfter)
+	}
+	e.Grant(local.Answer{
+		Seq: st.Seq, Stale: st.Status == central.StatusStale, Charged: st.Charged, Global: st.Tokens,
+		Active: st.Active, Reset: st.ResetAfter.Microseconds(), Retry: st.RetryAfter.Microseconds(),
+		SentUsed: counted, SentCum: u.Cum, Credit: credit, At: at, LeaseUntil: sent + int64(s.cfg.LeaseLife), RetryAt: retryAt,
+	})
 	if s.cfg.OnState != nil {
 		s.cfg.OnState(e, st)
 	}
 }
+
+// Watch makes the syncer watch e (a synchronous call gave it a lease), so that the lease is renewed
+// or written off in time.
+func (s *Syncer) Watch(e *local.Entry) { s.cfg.Store.MarkDirty(e) }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strconv"
 	stdsync "sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -19,20 +20,21 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// fakeCentral is an in-memory port: a global bucket per key without refill, applying cumulative
-// consumption exactly like the script (cum - applied when positive).
+// fakeCentral is an in-memory port with the script's lease semantics, without refill: consumption
+// beyond the charge is debt; a call with Want or N tops the node's unused lease up from the bucket.
 type fakeCentral struct {
 	mu      stdsync.Mutex
 	tokens  map[string]int64 // micro-tokens
-	applied map[string]int64
+	charged map[string]int64
+	cum     map[string]int64
 	calls   int
-	fail    bool
+	fail    error         // when not nil, every key fails with it
 	block   chan struct{} // when not nil, Reconcile waits on it
 	sent    [][]central.Update
 }
 
 func newFake() *fakeCentral {
-	return &fakeCentral{tokens: map[string]int64{}, applied: map[string]int64{}}
+	return &fakeCentral{tokens: map[string]int64{}, charged: map[string]int64{}, cum: map[string]int64{}}
 }
 
 func (f *fakeCentral) Reconcile(ctx context.Context, ups []central.Update, out []central.State, errs []error) error {
@@ -47,21 +49,35 @@ func (f *fakeCentral) Reconcile(ctx context.Context, ups []central.Update, out [
 	defer f.mu.Unlock()
 	f.calls++
 	f.sent = append(f.sent, append([]central.Update(nil), ups...))
-	if f.fail {
+	if f.fail != nil {
 		for i := range errs {
-			errs[i] = central.ErrUnavailable
+			errs[i] = f.fail
 		}
-		return central.ErrUnavailable
+		return f.fail
 	}
 	for i, u := range ups {
 		if _, ok := f.tokens[u.Key]; !ok {
 			f.tokens[u.Key] = u.Limit.Burst * 1_000_000
 		}
-		if d := u.Cum - f.applied[u.Key]; d > 0 {
+		f.cum[u.Key] = max(f.cum[u.Key], u.Cum)
+		if d := f.cum[u.Key] - f.charged[u.Key]; d > 0 {
 			f.tokens[u.Key] -= d * 1_000_000
-			f.applied[u.Key] = u.Cum
+			f.charged[u.Key] = f.cum[u.Key]
 		}
-		out[i] = central.State{Taken: -1, Applied: f.applied[u.Key], Tokens: f.tokens[u.Key], Active: 1}
+		status := central.StatusDone
+		if have, target := f.charged[u.Key]-f.cum[u.Key], max(u.Want, u.N); target > have {
+			g := min(target-have, max(f.tokens[u.Key]/1_000_000, 0))
+			if u.N > 0 && have+g < u.N {
+				g, status = 0, central.StatusDenied
+			} else if u.N > 0 {
+				status = central.StatusCovered
+			}
+			f.tokens[u.Key] -= g * 1_000_000
+			f.charged[u.Key] += g
+		} else if u.N > 0 {
+			status = central.StatusCovered
+		}
+		out[i] = central.State{Status: status, Seq: u.Seq, Charged: f.charged[u.Key], Tokens: f.tokens[u.Key], Active: 1}
 	}
 	return nil
 }
@@ -72,129 +88,201 @@ func (f *fakeCentral) n() int {
 	return f.calls
 }
 
-func mono() int64 { return time.Now().UnixNano() }
+func (f *fakeCentral) last() []central.Update {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.sent) == 0 {
+		return nil
+	}
+	return f.sent[len(f.sent)-1]
+}
 
-func setup(t *testing.T, f *fakeCentral) (*local.Store, *Syncer) {
+// clock is a settable monotonic clock.
+type clock struct{ ns atomic.Int64 }
+
+func (c *clock) now() int64          { return c.ns.Load() }
+func (c *clock) add(d time.Duration) { c.ns.Add(int64(d)) }
+func newClock() *clock               { c := &clock{}; c.ns.Store(int64(time.Hour)); return c }
+func mono() int64                    { return time.Now().UnixNano() }
+
+var lim = central.Limit{Rate: 50, Burst: 100}
+
+func setup(t *testing.T, f *fakeCentral, now func() int64) (*local.Store, *Syncer) {
 	t.Helper()
 	st, err := local.New(local.Config{MaxKeys: 1024})
 	require.NoError(t, err)
-	s, err := New(Config{Store: st, Central: f, Interval: 20 * time.Millisecond, MaxBatch: 3, Drift: 0.5, Now: mono, Round: func() float64 { return 0 }})
+	s, err := New(Config{Store: st, Central: f, Interval: 20 * time.Millisecond, MaxBatch: 3, Drift: 0.5,
+		Horizon: time.Second, LeaseLife: 2 * time.Second, Now: now})
 	require.NoError(t, err)
 	return st, s
 }
 
-func entry(t *testing.T, st *local.Store, key string) *local.Entry {
+// entry inserts key with a cold-start credit of credit tokens.
+func entry(t *testing.T, st *local.Store, key string, credit int64) *local.Entry {
 	t.Helper()
-	e := st.Insert(key, st.Hash(key))
+	e := st.Insert(key, st.Hash(key, local.LimitID(lim.Rate, lim.Burst)), lim.Rate, lim.Burst, credit)
 	require.NotNil(t, e)
-	e.SetLimit(50, 100)
-	e.Grant(0, 10, 100_000_000, 1, 0, 1)
 	return e
 }
 
 func TestNewValidates(t *testing.T) {
 	st, _ := local.New(local.Config{MaxKeys: 64})
-	for _, cfg := range []Config{
-		{},
-		{Store: st, Central: newFake(), Interval: 0, MaxBatch: 1},
-		{Store: st, Central: newFake(), Interval: time.Second, MaxBatch: 0},
-		{Store: st, Central: newFake(), Interval: time.Second, MaxBatch: 1, Drift: 1.5, Now: mono},
-		{Store: st, Central: newFake(), Interval: time.Second, MaxBatch: 1, Drift: 0.5},
+	ok := Config{Store: st, Central: newFake(), Interval: time.Second, MaxBatch: 1, Drift: 0.5, Horizon: time.Second,
+		LeaseLife: time.Second, Now: mono}
+	_, err := New(ok)
+	require.NoError(t, err)
+	for _, bad := range []func(*Config){
+		func(c *Config) { c.Store = nil },
+		func(c *Config) { c.Interval = 0 },
+		func(c *Config) { c.MaxBatch = 0 },
+		func(c *Config) { c.Drift = 1.5 },
+		func(c *Config) { c.Horizon = 0 },
+		func(c *Config) { c.LeaseLife = 0 },
+		func(c *Config) { c.Now = nil },
 	} {
+		cfg := ok
+		bad(&cfg)
 		_, err := New(cfg)
 		assert.Error(t, err, "%+v", cfg)
 	}
 }
 
-func TestFlushAppliesAndGrants(t *testing.T) {
+func TestColdStartDebtIsReportedAndALeaseGranted(t *testing.T) {
 	f := newFake()
-	st, s := setup(t, f)
+	c := newClock()
+	st, s := setup(t, f, c.now)
 	var es []*local.Entry
 	for i := range 7 { // three batches of at most 3
-		e := entry(t, st, "k"+strconv.Itoa(i))
+		e := entry(t, st, "k"+strconv.Itoa(i), 10)
 		for range i + 1 {
 			require.Equal(t, local.Taken, e.TryTake(1))
 		}
 		es = append(es, e)
 	}
-	require.NoError(t, s.Flush(context.Background()))
+	c.add(time.Second)
+	require.NoError(t, s.flush(context.Background(), due))
 	assert.Equal(t, 3, f.n())
 	for i, e := range es {
 		used := int64(i + 1)
-		assert.Equal(t, used, e.Acked(), i)
-		// allowance = floor(0.5·(100 - used) + 50·0.02)
-		want := used + int64(0.5*float64(100-used)+1)
-		assert.Equal(t, want, e.Mark(), i)
+		assert.False(t, e.Pending(), i)
+		assert.Equal(t, used, f.cum["k"+strconv.Itoa(i)], "the cold-start consumption is charged once")
+		assert.Greater(t, e.Charged(), used, "a lease on top of it")
+		assert.Greater(t, e.Mark(), e.Charged(), "and a credit")
 	}
-	assert.Equal(t, int64(0), st.Dirty())
-	require.NoError(t, s.Flush(context.Background()))
-	assert.Equal(t, 3, f.n(), "nothing dirty, nothing sent")
+	require.NoError(t, s.flush(context.Background(), due))
+	assert.Equal(t, 3, f.n(), "leases far from spent: nothing sent")
+}
+
+func TestLeaseIsRenewedBeforeItRunsOut(t *testing.T) {
+	f := newFake()
+	c := newClock()
+	st, s := setup(t, f, c.now)
+	e := entry(t, st, "k", 1)
+	require.Equal(t, local.Taken, e.TryTake(1))
+	c.add(time.Second)
+	require.NoError(t, s.flush(context.Background(), due))
+	lease := e.Unused()
+	require.Positive(t, lease)
+	// Spend the lease down to its low-water mark at a steady demand: the next flush renews it.
+	for e.Unused() > s.lowWater(e.Demand()) {
+		require.Equal(t, local.Taken, e.TryTake(1))
+	}
+	n := f.n()
+	c.add(100 * time.Millisecond)
+	require.NoError(t, s.flush(context.Background(), due))
+	assert.Equal(t, n+1, f.n())
+	assert.Positive(t, f.last()[0].Want, "the call asks for a lease")
+	assert.Greater(t, e.Unused(), s.lowWater(e.Demand()))
 }
 
 func TestFailedFlushKeepsConsumption(t *testing.T) {
 	f := newFake()
-	st, s := setup(t, f)
-	e := entry(t, st, "k")
+	c := newClock()
+	st, s := setup(t, f, c.now)
+	e := entry(t, st, "k", 5)
 	for range 4 {
 		require.Equal(t, local.Taken, e.TryTake(1))
 	}
-	f.fail = true
+	f.fail = central.ErrUnavailable
 	require.Error(t, s.Flush(context.Background()))
-	assert.Equal(t, int64(1), st.Dirty(), "the entry stays pending")
-	assert.Equal(t, int64(0), e.Acked())
+	assert.True(t, e.Pending(), "the debt stays pending")
 	require.Equal(t, local.Taken, e.TryTake(1))
-	f.fail = false
+	f.fail = nil
 	require.NoError(t, s.Flush(context.Background()))
-	assert.Equal(t, int64(5), f.applied["k"], "all consumption applied once")
+	assert.Equal(t, int64(5), f.charged["k"], "all consumption charged once")
 	assert.Equal(t, int64(95_000_000), f.tokens["k"])
 	assert.Equal(t, int64(1), s.Stats().FailedKeys.Load())
 }
 
-func TestRunFlushesOneIntervalAfterConsumption(t *testing.T) {
+func TestBadKeyWaitsAndOthersProceed(t *testing.T) {
+	f := newFake()
+	c := newClock()
+	st, s := setup(t, f, c.now)
+	e := entry(t, st, "k", 5)
+	require.Equal(t, local.Taken, e.TryTake(1))
+	f.fail = central.ErrBadKey
+	require.Error(t, s.flush(context.Background(), due))
+	f.fail = nil
+	n := f.n()
+	c.add(100 * time.Millisecond)
+	require.NoError(t, s.flush(context.Background(), due))
+	assert.Equal(t, n, f.n(), "a refused key pauses")
+	c.add(time.Second)
+	require.NoError(t, s.flush(context.Background(), due))
+	assert.Equal(t, n+1, f.n(), "then is sent again")
+	assert.False(t, e.Pending())
+	assert.Equal(t, int64(1), s.Stats().BadKeys.Load())
+}
+
+func TestExpiredLeaseIsWrittenOffWithoutRedis(t *testing.T) {
+	f := newFake()
+	c := newClock()
+	st, s := setup(t, f, c.now)
+	e := entry(t, st, "k", 1)
+	require.Equal(t, local.Taken, e.TryTake(1))
+	require.NoError(t, s.flush(context.Background(), due))
+	unused := e.Unused()
+	require.Positive(t, unused)
+	n := f.n()
+	c.add(3 * time.Second) // past LeaseLife
+	require.NoError(t, s.flush(context.Background(), due))
+	assert.Equal(t, n, f.n(), "no call")
+	assert.Equal(t, int64(0), e.Unused())
+	assert.Equal(t, unused, s.Stats().Burned.Load())
+	assert.Equal(t, int64(0), s.Stats().Waiting.Load(), "nothing left to watch")
+}
+
+func TestReleaseReportsUnusedLeases(t *testing.T) {
+	f := newFake()
+	c := newClock()
+	st, s := setup(t, f, c.now)
+	e := entry(t, st, "k", 1)
+	require.Equal(t, local.Taken, e.TryTake(1))
+	require.NoError(t, s.flush(context.Background(), due))
+	require.Positive(t, e.Unused())
+	require.NoError(t, s.Release(context.Background()))
+	assert.Equal(t, f.charged["k"], f.cum["k"], "Redis knows the lease is given up")
+}
+
+func TestRunIdleNeverFlushes(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFake()
-		st, s := setup(t, f)
+		st, s := setup(t, f, mono)
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { s.Run(ctx); close(done) }()
 		time.Sleep(time.Second)
 		synctest.Wait()
 		assert.Equal(t, 0, f.n(), "an idle store never flushes")
-		e := entry(t, st, "k")
+		e := entry(t, st, "k", 1)
 		require.Equal(t, local.Taken, e.TryTake(1))
 		time.Sleep(19 * time.Millisecond)
 		synctest.Wait()
 		assert.Equal(t, 0, f.n())
 		time.Sleep(2 * time.Millisecond)
 		synctest.Wait()
-		assert.Equal(t, 1, f.n())
-		assert.Equal(t, int64(1), e.Acked())
-		cancel()
-		<-done
-	})
-}
-
-func TestSlowFlushesCoalesce(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f := newFake()
-		f.block = make(chan struct{})
-		st, s := setup(t, f)
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { s.Run(ctx); close(done) }()
-		e := entry(t, st, "k")
-		require.Equal(t, local.Taken, e.TryTake(1))
-		time.Sleep(25 * time.Millisecond) // the first flush is stuck in Redis
-		for range 5 {                     // meanwhile consumption continues for many intervals
-			require.Equal(t, local.Taken, e.TryTake(1))
-			time.Sleep(20 * time.Millisecond)
-		}
-		synctest.Wait()
-		close(f.block) // Redis answers; the next flush carries everything at once
-		time.Sleep(100 * time.Millisecond)
-		synctest.Wait()
-		assert.Equal(t, 2, f.n(), "one stuck flush, then one that carries the rest")
-		assert.Equal(t, int64(6), f.applied["k"])
+		assert.Equal(t, 1, f.n(), "the cold-start debt is reported one interval later")
+		assert.False(t, e.Pending())
 		cancel()
 		<-done
 	})
@@ -202,17 +290,17 @@ func TestSlowFlushesCoalesce(t *testing.T) {
 
 func TestOnErrorAndOnState(t *testing.T) {
 	f := newFake()
-	st, _ := setup(t, f)
-	var states, errs int
+	st, _ := setup(t, f, mono)
+	var states int
 	s, err := New(Config{Store: st, Central: f, Interval: time.Millisecond, MaxBatch: 10, Drift: 0.1, Now: mono,
-		OnState: func(*local.Entry, central.State) { states++ },
-		OnError: func(error) { errs++ }})
+		Horizon: time.Second, LeaseLife: time.Second,
+		OnState: func(*local.Entry, central.State) { states++ }})
 	require.NoError(t, err)
-	e := entry(t, st, "k")
+	e := entry(t, st, "k", 2)
 	require.Equal(t, local.Taken, e.TryTake(1))
 	require.NoError(t, s.Flush(context.Background()))
 	assert.Equal(t, 1, states)
-	f.fail = true
+	f.fail = central.ErrUnavailable
 	require.Equal(t, local.Taken, e.TryTake(1))
 	assert.True(t, errors.Is(s.Flush(context.Background()), central.ErrUnavailable))
 }

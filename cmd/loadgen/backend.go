@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"maps"
 	"strconv"
 	"strings"
 	"sync"
@@ -138,51 +137,99 @@ func (b *backend) info(ctx context.Context, section string) (string, error) {
 	return b.admin.Info(ctx, section).Result()
 }
 
-// commandStats returns the calls per command from INFO commandstats, summed over the masters of a
-// Cluster; for the embedded miniredis, which keeps none, the counts of its dispatch hook.
-func (b *backend) commandStats(ctx context.Context) (map[string]int64, error) {
+// serverStats is what the load generator reads from the server before and after a mode: the calls
+// and time per command (INFO commandstats) and the CPU time used so far (INFO cpu), summed over
+// the masters of a Cluster.
+type serverStats struct {
+	cmds map[string]cmdStat
+	cpu  *report.CPUTimes // nil when the server keeps none (the embedded miniredis)
+}
+
+// calls returns the calls per command.
+func (s serverStats) calls() map[string]int64 {
+	if s.cmds == nil {
+		return nil
+	}
+	out := make(map[string]int64, len(s.cmds))
+	for n, c := range s.cmds {
+		out[n] = c.calls
+	}
+	return out
+}
+
+// usecs returns the time per command, µs.
+func (s serverStats) usecs() map[string]int64 {
+	if s.cmds == nil {
+		return nil
+	}
+	out := make(map[string]int64, len(s.cmds))
+	for n, c := range s.cmds {
+		out[n] = c.usec
+	}
+	return out
+}
+
+// serverStats reads INFO commandstats and INFO cpu; for the embedded miniredis, which keeps
+// neither, the counts of its dispatch hook and no CPU time.
+func (b *backend) serverStats(ctx context.Context) (serverStats, error) {
 	if b.embedded != nil {
 		b.mu.Lock()
 		defer b.mu.Unlock()
-		return maps.Clone(b.embedCmd), nil
+		st := serverStats{cmds: make(map[string]cmdStat, len(b.embedCmd))}
+		for n, v := range b.embedCmd {
+			st.cmds[n] = cmdStat{calls: v}
+		}
+		return st, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	if cc, ok := b.admin.(*redis.ClusterClient); ok {
-		var mu sync.Mutex
-		total := map[string]int64{}
-		err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-			s, err := c.Info(ctx, "commandstats").Result()
-			if err != nil {
-				return err
-			}
-			m, err := parseCommandStats(s)
-			if err != nil {
-				return err
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			for k, v := range m {
-				total[k] += v
-			}
-			return nil
-		})
+	st := serverStats{cmds: map[string]cmdStat{}, cpu: &report.CPUTimes{}}
+	var mu sync.Mutex
+	read := func(ctx context.Context, c redis.Cmdable) error {
+		s, err := c.Info(ctx, "commandstats").Result()
 		if err != nil {
-			return nil, err
+			return err
 		}
-		return total, nil
+		cmds, err := parseCommandStats(s)
+		if err != nil {
+			return err
+		}
+		s, err = c.Info(ctx, "cpu").Result()
+		if err != nil {
+			return err
+		}
+		cpu, err := parseCPU(s)
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for n, v := range cmds {
+			t := st.cmds[n]
+			t.calls += v.calls
+			t.usec += v.usec
+			st.cmds[n] = t
+		}
+		st.cpu.Add(cpu)
+		return nil
 	}
-	s, err := b.admin.Info(ctx, "commandstats").Result()
-	if err != nil {
-		return nil, err
+	if cc, ok := b.admin.(*redis.ClusterClient); ok {
+		err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return read(ctx, c) })
+		return st, err
 	}
-	return parseCommandStats(s)
+	return st, read(ctx, b.admin)
+}
+
+// cmdStat is one command's line of INFO commandstats.
+type cmdStat struct {
+	calls int64
+	usec  int64 // total time in the command, µs (a script's includes the commands it ran)
 }
 
 // parseCommandStats parses INFO commandstats lines "cmdstat_evalsha:calls=3,usec=42,..." into calls
-// per lower-case command name ("evalsha", "script|load").
-func parseCommandStats(info string) (map[string]int64, error) {
-	out := map[string]int64{}
+// and time per lower-case command name ("evalsha", "script|load").
+func parseCommandStats(info string) (map[string]cmdStat, error) {
+	out := map[string]cmdStat{}
 	sc := bufio.NewScanner(strings.NewReader(info))
 	for sc.Scan() {
 		line := strings.TrimSpace(sc.Text())
@@ -191,24 +238,59 @@ func parseCommandStats(info string) (map[string]int64, error) {
 			continue
 		}
 		name = strings.ToLower(strings.TrimPrefix(name, "cmdstat_"))
+		var st cmdStat
 		found := false
 		for _, kv := range strings.Split(rest, ",") {
 			k, v, _ := strings.Cut(kv, "=")
-			if k != "calls" {
+			if k != "calls" && k != "usec" {
 				continue
 			}
 			n, err := strconv.ParseInt(v, 10, 64)
 			if err != nil {
-				return nil, fmt.Errorf("INFO commandstats: bad calls in %q", line)
+				return nil, fmt.Errorf("INFO commandstats: bad %s in %q", k, line)
 			}
-			out[name] = n
-			found = true
+			if k == "calls" {
+				st.calls, found = n, true
+			} else {
+				st.usec = n
+			}
 		}
 		if !found {
 			return nil, fmt.Errorf("INFO commandstats: no calls in %q", line)
 		}
+		out[name] = st
 	}
 	return out, sc.Err()
+}
+
+// parseCPU parses INFO cpu: used_cpu_sys and used_cpu_user (seconds, the whole server), and the
+// _main_thread variants when the server reports them.
+func parseCPU(info string) (report.CPUTimes, error) {
+	var t report.CPUTimes
+	fields := map[string]*float64{
+		"used_cpu_sys": &t.Sys, "used_cpu_user": &t.User,
+		"used_cpu_sys_main_thread": &t.MainSys, "used_cpu_user_main_thread": &t.MainUser,
+	}
+	seen := map[string]bool{}
+	sc := bufio.NewScanner(strings.NewReader(info))
+	for sc.Scan() {
+		k, v, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":")
+		p := fields[k]
+		if !ok || p == nil {
+			continue
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f < 0 {
+			return t, fmt.Errorf("INFO cpu: bad %s %q", k, v)
+		}
+		*p = f
+		seen[k] = true
+	}
+	if !seen["used_cpu_sys"] || !seen["used_cpu_user"] {
+		return t, fmt.Errorf("INFO cpu: no used_cpu_sys and used_cpu_user")
+	}
+	t.HasMain = seen["used_cpu_sys_main_thread"] && seen["used_cpu_user_main_thread"]
+	return t, sc.Err()
 }
 
 // infoField returns the value of "name:value" in an INFO reply, or "".

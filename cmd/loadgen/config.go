@@ -41,6 +41,7 @@ const (
 
 // config is the parsed and validated command line.
 type config struct {
+	scenario       string // the --scenario preset, or ""
 	modes          []string
 	redisAddrs     []string
 	sentinelMaster string
@@ -49,6 +50,8 @@ type config struct {
 	keys        int
 	pattern     workload.Pattern
 	zipfS       float64
+	affinity    float64 // share of each key's requests sent to its home node, when routed
+	routed      bool    // --affinity given or set by --scenario: requests go to nodes by key, not by worker
 	rate        float64 // tokens per second per key
 	burst       int64
 	cost        int64
@@ -69,6 +72,35 @@ type config struct {
 	progress                    string // auto, always or never
 }
 
+// presets are the --scenario workloads, as flag values: the figures of issue 10's table come from
+// these. Each sets every flag it cares about, so that presets do not depend on the defaults.
+var presets = map[string][][2]string{
+	"hot":    honest("16", "2000", "400", "0.8"),
+	"medium": honest("200", "100", "100", "0.8"),
+	"sparse": honest("2000", "10", "20", "0.5"),
+	"sticky": append(honest("2000", "10", "20", "0.5"), [2]string{"affinity", "0.9"}),
+	"zipf":   append(honest("2000", "10", "20", "0.5"), [2]string{"pattern", "zipf"}, [2]string{"zipf-s", "1.1"}),
+	"overload": {
+		{"mode", "hybrid,central"}, {"nodes", "8"}, {"duration", "10s"}, {"pattern", "uniform"},
+		{"keys", "200"}, {"rate", "100"}, {"burst", "100"}, {"load", "4"},
+	},
+	"churn": {
+		{"mode", "hybrid,central"}, {"nodes", "8"}, {"duration", "10s"}, {"pattern", "churn"},
+		{"keys", "100000"}, {"rate", "10"}, {"burst", "20"}, {"rps", "4000"},
+	},
+}
+
+// presetNames lists the presets in the order --help gives them.
+var presetNames = []string{"hot", "medium", "sparse", "sticky", "zipf", "overload", "churn"}
+
+// honest returns a preset of keys uniform keys at load × their limit rate/s, burst burst.
+func honest(keys, rate, burst, load string) [][2]string {
+	return [][2]string{
+		{"mode", "hybrid,central"}, {"nodes", "8"}, {"duration", "10s"}, {"pattern", "uniform"},
+		{"keys", keys}, {"rate", rate}, {"burst", burst}, {"load", load},
+	}
+}
+
 // usageError is a bad command line: main prints it on one line and exits with status 2.
 type usageError struct{ msg string }
 
@@ -80,13 +112,30 @@ func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(f
 var errHelp = errors.New("help requested")
 
 const usageHeader = `loadgen drives a simulated fleet of rate-limiter nodes and compares hybridrate with the
-limiters it replaces, on the same workload: accuracy against an exact token bucket, decision
-latency and Redis commands per decision.
+limiters it replaces, on the same workload: accuracy against an exact token bucket, the share of
+decisions made locally, decision latency, and Redis commands and CPU time per decision.
 
 Usage: loadgen [flags]
 
 With no flags it runs every mode for 2s on an embedded Redis (miniredis) and prints the table.
 Point --redis at a real redis-server for figures that mean something.
+
+Scenarios (--scenario NAME): hybrid and central, 8 nodes, 10s per mode, library defaults, and
+  hot       16 keys, rate 2000/s, burst 400, load 0.8
+  medium    200 keys, rate 100/s, burst 100, load 0.8
+  sparse    2000 keys, rate 10/s, burst 20, load 0.5
+  sticky    sparse with --affinity 0.9
+  zipf      sparse with Zipf (s=1.1) key popularity; the total demand is still 0.5 × the sum of
+            the limits, so the top keys run far over their limit and the tail barely asks
+  overload  200 keys, rate 100/s, burst 100, load 4
+  churn     a stream of new keys (--pattern churn): 4,000 req/s over a 100,000-key space, rate
+            10/s, burst 20: about 2,400 new keys/s, each seen once or twice, and 4 hot keys
+            taking 10% of the requests
+Flags given with --scenario override its values. A verdict line under the table checks hybrid
+against central in the same run on the scenario's targets (issue 10); a run without --scenario
+is checked on the honest-load, overload or churn targets it resembles, without a Redis CPU one.
+
+  go run ./cmd/loadgen --redis HOST:PORT --scenario sparse
 
 Flags:
 `
@@ -97,31 +146,33 @@ func parseConfig(args []string, out io.Writer) (*config, error) {
 	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	var (
-		mode       = fs.String("mode", "all", "`modes` to run, comma-separated: hybrid, central, local, xrate, redisrate, or all")
-		redisAddrs = fs.String("redis", "", "Redis `addresses`, comma-separated: one = standalone, several = Cluster seeds, or Sentinels with --sentinel-master; none = an embedded miniredis")
-		sentinel   = fs.String("sentinel-master", "", "Sentinel master `name`; --redis then lists the Sentinels")
-		nodes      = fs.Int("nodes", defaultNodes, "limiter `nodes` in the simulated fleet, each with its own Redis client")
-		keys       = fs.Int("keys", defaultKeys, "distinct `keys` (rate-limited clients)")
-		pattern    = fs.String("pattern", "uniform", "key access `pattern`: uniform, zipf or hot (every request to one key)")
-		zipfS      = fs.Float64("zipf-s", defaultZipfS, "Zipf `exponent` (above 1) for --pattern zipf")
-		rateF      = fs.Float64("rate", defaultRate, "limit `rate` per key, tokens per second")
-		burst      = fs.Int64("burst", defaultBurst, "limit `burst` per key, tokens")
-		cost       = fs.Int64("cost", 1, "`tokens` each request takes")
-		load       = fs.Float64("load", defaultLoad, "demand as a `multiple` of the keys' limit (4 = 4× overload, 0.9 = honest)")
-		rps        = fs.String("rps", "", "total `requests/s` instead of --load, or \"max\" for as fast as possible")
-		duration   = fs.Duration("duration", defaultDuration, "run `time` per mode (0 with --requests: no time limit)")
-		requests   = fs.Int64("requests", 0, "stop each mode after this many `requests` (0 = use --duration)")
-		conc       = fs.Int("concurrency", 0, "worker `goroutines`, spread over the nodes (0 = 2 per node)")
-		seed       = fs.Uint64("seed", 1, "random `seed` of the key sequence (the same for every mode)")
-		syncInt    = fs.Duration("sync-interval", hybrid.DefaultSyncInterval, "hybrid: `interval` between reconciles")
-		drift      = fs.Float64("drift", hybrid.DefaultDriftThreshold, "hybrid: drift `threshold`, 0 to 1 (0 = every decision in Redis)")
-		policy     = fs.String("policy", "local-fallback", "hybrid: failure `policy`: local-fallback, fail-open or fail-closed")
-		syncTO     = fs.Duration("sync-timeout", hybrid.DefaultSyncTimeout, "hybrid: `timeout` of a synchronous Redis check (50ms on the embedded miniredis)")
-		maxKeys    = fs.Int("max-keys", hybrid.DefaultMaxKeys, "hybrid: local key `cap` per node")
-		jsonPath   = fs.String("json", "", "write the full report as JSON to `file`")
-		csvPath    = fs.String("csv", "", "write one summary row per mode as CSV to `file`")
-		plotPath   = fs.String("plot", "", "write the admitted rate over time per mode as an SVG to `file`")
-		progress   = fs.String("progress", "auto", "live progress line on stderr: `auto` (on a terminal), always or never")
+		scenarioName = fs.String("scenario", "", "preset `workload`: "+strings.Join(presetNames, ", ")+" (see below); flags given as well override its values")
+		mode         = fs.String("mode", "all", "`modes` to run, comma-separated: hybrid, central, local, xrate, redisrate, or all")
+		redisAddrs   = fs.String("redis", "", "Redis `addresses`, comma-separated: one = standalone, several = Cluster seeds, or Sentinels with --sentinel-master; none = an embedded miniredis")
+		sentinel     = fs.String("sentinel-master", "", "Sentinel master `name`; --redis then lists the Sentinels")
+		nodes        = fs.Int("nodes", defaultNodes, "limiter `nodes` in the simulated fleet, each with its own Redis client")
+		keys         = fs.Int("keys", defaultKeys, "distinct `keys` (rate-limited clients)")
+		pattern      = fs.String("pattern", "uniform", "key access `pattern`: uniform, zipf, hot (every request to one key) or churn (new keys, each seen once or twice, and 4 hot keys taking 10% of the requests; needs --rps)")
+		zipfS        = fs.Float64("zipf-s", defaultZipfS, "Zipf `exponent` (above 1) for --pattern zipf")
+		affinity     = fs.Float64("affinity", 0, "`share` (0 to 1) of each key's requests sent to its home node (a hash of the key mod --nodes), the rest spread evenly over the other nodes; unset: each worker sticks to one node and picks keys at random (no affinity)")
+		rateF        = fs.Float64("rate", defaultRate, "limit `rate` per key, tokens per second")
+		burst        = fs.Int64("burst", defaultBurst, "limit `burst` per key, tokens")
+		cost         = fs.Int64("cost", 1, "`tokens` each request takes")
+		load         = fs.Float64("load", defaultLoad, "demand as a `multiple` of the keys' limit (4 = 4× overload, 0.9 = honest)")
+		rps          = fs.String("rps", "", "total `requests/s` instead of --load, or \"max\" for as fast as possible")
+		duration     = fs.Duration("duration", defaultDuration, "run `time` per mode (0 with --requests: no time limit)")
+		requests     = fs.Int64("requests", 0, "stop each mode after this many `requests` (0 = use --duration)")
+		conc         = fs.Int("concurrency", 0, "worker `goroutines`, spread over the nodes (0 = 2 per node)")
+		seed         = fs.Uint64("seed", 1, "random `seed` of the key sequence (the same for every mode)")
+		syncInt      = fs.Duration("sync-interval", hybrid.DefaultSyncInterval, "hybrid: `interval` between reconciles")
+		drift        = fs.Float64("drift", hybrid.DefaultDriftThreshold, "hybrid: drift `threshold`, 0 to 1 (0 = every decision in Redis)")
+		policy       = fs.String("policy", "local-fallback", "hybrid: failure `policy`: local-fallback, fail-open or fail-closed")
+		syncTO       = fs.Duration("sync-timeout", hybrid.DefaultSyncTimeout, "hybrid: `timeout` of a synchronous Redis check (50ms on the embedded miniredis)")
+		maxKeys      = fs.Int("max-keys", hybrid.DefaultMaxKeys, "hybrid: local key `cap` per node")
+		jsonPath     = fs.String("json", "", "write the full report as JSON to `file`")
+		csvPath      = fs.String("csv", "", "write one summary row per mode as CSV to `file`")
+		plotPath     = fs.String("plot", "", "write the admitted rate over time per mode as an SVG to `file`")
+		progress     = fs.String("progress", "auto", "live progress line on stderr: `auto` (on a terminal), always or never")
 	)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -135,11 +186,30 @@ func parseConfig(args []string, out io.Writer) (*config, error) {
 	if fs.NArg() > 0 {
 		return nil, usagef("unexpected argument %q (flags only; see --help)", fs.Arg(0))
 	}
-	set := map[string]bool{}
+	set := map[string]bool{} // the flags given on the command line
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if *scenarioName != "" {
+		p, ok := presets[*scenarioName]
+		if !ok {
+			return nil, usagef("--scenario %q: want one of %s", *scenarioName, strings.Join(presetNames, ", "))
+		}
+		for _, kv := range p {
+			name, v := kv[0], kv[1]
+			// A preset's demand gives way to either demand flag.
+			if set[name] || (name == "rps" || name == "load") && (set["rps"] || set["load"]) {
+				continue
+			}
+			if err := fs.Set(name, v); err != nil {
+				return nil, fmt.Errorf("scenario %s: %s=%s: %w", *scenarioName, name, v, err) // a bug in presets
+			}
+		}
+	}
+	routed := false // --affinity given or set by the scenario
+	fs.Visit(func(f *flag.Flag) { routed = routed || f.Name == "affinity" })
 
 	c := &config{
-		nodes: *nodes, keys: *keys, zipfS: *zipfS, rate: *rateF, burst: *burst, cost: *cost,
+		scenario: *scenarioName, nodes: *nodes, keys: *keys, zipfS: *zipfS, affinity: *affinity, routed: routed,
+		rate: *rateF, burst: *burst, cost: *cost,
 		duration: *duration, requests: *requests, concurrency: *conc, seed: *seed,
 		syncInterval: *syncInt, drift: *drift, syncTimeout: *syncTO, maxKeys: *maxKeys,
 		sentinelMaster: *sentinel, jsonPath: *jsonPath, csvPath: *csvPath, plotPath: *plotPath,
@@ -171,6 +241,12 @@ func parseConfig(args []string, out io.Writer) (*config, error) {
 		return nil, usagef("--keys %d: want 1 to 100000000", c.keys)
 	case c.pattern == workload.Hot && set["keys"] && c.keys != 1:
 		return nil, usagef("--pattern hot drives a single key; drop --keys %d", c.keys)
+	case c.routed && !(c.affinity >= 0 && c.affinity <= 1):
+		return nil, usagef("--affinity %v: want a share from 0 to 1", c.affinity)
+	case c.pattern == workload.Churn && c.keys <= workload.ChurnHotKeys:
+		return nil, usagef("--pattern churn: want --keys above %d (the hot keys), e.g. --scenario churn", workload.ChurnHotKeys)
+	case c.pattern == workload.Churn && *rps == "":
+		return nil, usagef("--pattern churn needs --rps: --load would count every key of its key space as busy")
 	case c.pattern == workload.Zipf && !(c.zipfS > 1 && c.zipfS < 100):
 		return nil, usagef("--zipf-s %v: want above 1 (and below 100)", c.zipfS)
 	case !(c.rate > 0 && c.rate <= 1e9):

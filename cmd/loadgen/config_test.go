@@ -83,6 +83,21 @@ func TestParseConfigFlags(t *testing.T) {
 			assert.Equal(t, 2*time.Millisecond, c.syncTimeout)
 			assert.Equal(t, 1000, c.maxKeys)
 		}},
+		{"churn takes its demand in requests per second", []string{"--pattern", "churn", "--keys", "1000", "--rps", "500"}, func(t *testing.T, c *config) {
+			assert.Equal(t, workload.Churn, c.pattern)
+			assert.InDelta(t, 500, c.rps, 1e-9)
+		}},
+		{"no affinity by default: each worker keeps its node", nil, func(t *testing.T, c *config) {
+			assert.False(t, c.routed)
+		}},
+		{"affinity routes requests by key", []string{"--affinity", "0.9"}, func(t *testing.T, c *config) {
+			assert.True(t, c.routed)
+			assert.Equal(t, 0.9, c.affinity)
+		}},
+		{"affinity 0 is a share like any other", []string{"--affinity", "0"}, func(t *testing.T, c *config) {
+			assert.True(t, c.routed)
+			assert.Zero(t, c.affinity)
+		}},
 		{"double-dash and single-dash flags both work", []string{"-nodes=3", "--concurrency=3"}, func(t *testing.T, c *config) {
 			assert.Equal(t, 3, c.nodes)
 			assert.Equal(t, 3, c.concurrency)
@@ -96,6 +111,97 @@ func TestParseConfigFlags(t *testing.T) {
 			tt.check(t, c)
 		})
 	}
+}
+
+func TestParseConfigScenarios(t *testing.T) {
+	t.Parallel()
+	type want struct {
+		keys            int
+		rate            float64
+		burst           int64
+		load, rps       float64
+		pattern         workload.Pattern
+		routed          bool
+		affinity, zipfS float64
+	}
+	tests := []struct {
+		name string
+		want want
+	}{
+		{"hot", want{keys: 16, rate: 2000, burst: 400, load: 0.8, rps: 0.8 * 16 * 2000, pattern: workload.Uniform}},
+		{"medium", want{keys: 200, rate: 100, burst: 100, load: 0.8, rps: 0.8 * 200 * 100, pattern: workload.Uniform}},
+		{"sparse", want{keys: 2000, rate: 10, burst: 20, load: 0.5, rps: 0.5 * 2000 * 10, pattern: workload.Uniform}},
+		{"sticky", want{keys: 2000, rate: 10, burst: 20, load: 0.5, rps: 0.5 * 2000 * 10, pattern: workload.Uniform, routed: true, affinity: 0.9}},
+		{"zipf", want{keys: 2000, rate: 10, burst: 20, load: 0.5, rps: 0.5 * 2000 * 10, pattern: workload.Zipf, zipfS: 1.1}},
+		{"overload", want{keys: 200, rate: 100, burst: 100, load: 4, rps: 4 * 200 * 100, pattern: workload.Uniform}},
+		{"churn", want{keys: 100_000, rate: 10, burst: 20, rps: 4000, pattern: workload.Churn}},
+	}
+	require.Len(t, tests, len(presets), "every preset is tested")
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c, err := parseConfig([]string{"--scenario", tt.name}, nil)
+			require.NoError(t, err)
+			w := tt.want
+			assert.Equal(t, tt.name, c.scenario)
+			assert.Equal(t, []string{"hybrid", "central"}, c.modes)
+			assert.Equal(t, 8, c.nodes)
+			assert.Equal(t, 10*time.Second, c.duration)
+			assert.Equal(t, w.keys, c.keys)
+			assert.Equal(t, w.rate, c.rate)
+			assert.Equal(t, w.burst, c.burst)
+			assert.InDelta(t, w.load, c.load, 1e-12)
+			assert.InDelta(t, w.rps, c.rps, 1e-9)
+			assert.Equal(t, w.pattern, c.pattern)
+			assert.Equal(t, w.routed, c.routed)
+			assert.Equal(t, w.affinity, c.affinity)
+			if w.pattern == workload.Zipf {
+				assert.Equal(t, w.zipfS, c.zipfS)
+			}
+			// The library's defaults.
+			assert.Equal(t, hybrid.DefaultSyncInterval, c.syncInterval)
+			assert.Equal(t, hybrid.DefaultDriftThreshold, c.drift)
+		})
+	}
+
+	t.Run("flags given override the preset", func(t *testing.T) {
+		t.Parallel()
+		c, err := parseConfig([]string{"--scenario", "sticky", "--affinity", "0.5", "--duration", "3s", "--keys", "100", "--mode", "hybrid"}, nil)
+		require.NoError(t, err)
+		assert.Equal(t, 0.5, c.affinity)
+		assert.Equal(t, 3*time.Second, c.duration)
+		assert.Equal(t, 100, c.keys)
+		assert.Equal(t, []string{"hybrid"}, c.modes)
+		assert.InDelta(t, 0.5*100*10, c.rps, 1e-9, "the preset's load over the keys given")
+	})
+	t.Run("either demand flag replaces the preset's demand", func(t *testing.T) {
+		t.Parallel()
+		c, err := parseConfig([]string{"--scenario", "overload", "--rps", "100"}, nil)
+		require.NoError(t, err)
+		assert.InDelta(t, 100, c.rps, 1e-9)
+		assert.Zero(t, c.load)
+		c, err = parseConfig([]string{"--scenario", "churn", "--rps", "1000"}, nil)
+		require.NoError(t, err)
+		assert.InDelta(t, 1000, c.rps, 1e-9)
+		c, err = parseConfig([]string{"--scenario", "sparse", "--load", "2"}, nil)
+		require.NoError(t, err)
+		assert.InDelta(t, 2*2000*10, c.rps, 1e-9)
+	})
+	t.Run("requests alone still lift the preset's time limit", func(t *testing.T) {
+		t.Parallel()
+		c, err := parseConfig([]string{"--scenario", "hot", "--requests", "1000"}, nil)
+		require.NoError(t, err)
+		assert.Zero(t, c.duration)
+	})
+	t.Run("every preset is in the help", func(t *testing.T) {
+		t.Parallel()
+		var out bytes.Buffer
+		_, err := parseConfig([]string{"-h"}, &out)
+		require.ErrorIs(t, err, errHelp)
+		for _, n := range presetNames {
+			assert.Regexp(t, `(?m)^  `+n+` +\S`, out.String())
+		}
+	})
 }
 
 func TestParseConfigRejects(t *testing.T) {
@@ -115,6 +221,14 @@ func TestParseConfigRejects(t *testing.T) {
 		{[]string{"--pattern", "hot", "--keys", "5"}, "single key"},
 		{[]string{"--pattern", "gauss"}, `unknown pattern "gauss"`},
 		{[]string{"--pattern", "zipf", "--zipf-s", "1"}, "--zipf-s 1"},
+		{[]string{"--affinity", "-0.1"}, "--affinity -0.1"},
+		{[]string{"--affinity", "1.5"}, "--affinity 1.5"},
+		{[]string{"--affinity", "NaN"}, "--affinity NaN"},
+		{[]string{"--pattern", "churn", "--rps", "100"}, "want --keys above 4"},
+		{[]string{"--pattern", "churn", "--keys", "1000"}, "needs --rps"},
+		{[]string{"--scenario", "spiky"}, `--scenario "spiky": want one of hot, medium, sparse, sticky, zipf, overload, churn`},
+		{[]string{"--scenario", "churn", "--load", "0.5"}, "needs --rps"},
+		{[]string{"--scenario", "sticky", "--affinity", "2"}, "--affinity 2"},
 		{[]string{"--rate", "0"}, "--rate 0"},
 		{[]string{"--rate", "NaN"}, "--rate NaN"},
 		{[]string{"--rate", "2e9"}, "--rate 2e+09"},

@@ -16,9 +16,10 @@ import (
 )
 
 // node is one member of the simulated fleet: one process's limiter. allow decides one request of the
-// configured cost for key number k; now is the time since the run started (monotonic).
+// configured cost for key number k; now is the time since the run started (monotonic). local reports
+// that the decision was made without a Redis round trip on the caller's path.
 type node interface {
-	allow(ctx context.Context, k int, now time.Duration) (bool, error)
+	allow(ctx context.Context, k int, now time.Duration) (allowed, local bool, err error)
 }
 
 // fleet is the nodes of one mode, with what they own.
@@ -105,6 +106,7 @@ func (f *fleet) hybridStats() (report.Sources, report.Sync) {
 	for _, l := range f.lims {
 		s := l.Stats()
 		src.Local += s.Local
+		src.LocalDenied += s.LocalDenied
 		src.Central += s.Central
 		src.CentralDenied += s.CentralDenied
 		src.DenyCache += s.DenyCache
@@ -150,9 +152,11 @@ type hybridNode struct {
 	cost  int64
 }
 
-func (n *hybridNode) allow(ctx context.Context, k int, _ time.Duration) (bool, error) {
+// allow counts a decision as local when it came from the node's own state: its local allowance (or a
+// local denial) or its deny cache.
+func (n *hybridNode) allow(ctx context.Context, k int, _ time.Duration) (bool, bool, error) {
 	d, err := n.lim.AllowN(ctx, n.keys[k], n.limit, n.cost)
-	return d.Allowed, err
+	return d.Allowed, d.Source == hybrid.SourceLocal || d.Source == hybrid.SourceDenyCache, err
 }
 
 type strictNode struct {
@@ -161,9 +165,9 @@ type strictNode struct {
 	cost int64
 }
 
-func (n *strictNode) allow(ctx context.Context, k int, _ time.Duration) (bool, error) {
+func (n *strictNode) allow(ctx context.Context, k int, _ time.Duration) (bool, bool, error) {
 	r, err := n.s.AllowN(ctx, n.keys[k], n.cost)
-	return r.Allowed, err
+	return r.Allowed, false, err
 }
 
 type redisRateNode struct {
@@ -173,12 +177,12 @@ type redisRateNode struct {
 	cost  int
 }
 
-func (n *redisRateNode) allow(ctx context.Context, k int, _ time.Duration) (bool, error) {
+func (n *redisRateNode) allow(ctx context.Context, k int, _ time.Duration) (bool, bool, error) {
 	r, err := n.rl.AllowN(ctx, n.keys[k], n.limit, n.cost)
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
-	return r.Allowed > 0, nil
+	return r.Allowed > 0, false, nil
 }
 
 type localNode struct {
@@ -187,8 +191,8 @@ type localNode struct {
 	cost int64
 }
 
-func (n *localNode) allow(_ context.Context, k int, now time.Duration) (bool, error) {
-	return n.l.AllowN(n.keys[k], now, n.cost), nil
+func (n *localNode) allow(_ context.Context, k int, now time.Duration) (bool, bool, error) {
+	return n.l.AllowN(n.keys[k], now, n.cost), true, nil
 }
 
 type xrateNode struct {
@@ -197,6 +201,6 @@ type xrateNode struct {
 	cost int64
 }
 
-func (n *xrateNode) allow(_ context.Context, k int, _ time.Duration) (bool, error) {
-	return n.x.AllowN(n.keys[k], n.cost), nil
+func (n *xrateNode) allow(_ context.Context, k int, _ time.Duration) (bool, bool, error) {
+	return n.x.AllowN(n.keys[k], n.cost), true, nil
 }

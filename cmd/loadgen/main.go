@@ -1,14 +1,18 @@
 // Command loadgen measures hybridrate on a simulated fleet, side by side with the limiters it
 // replaces: a strict central Redis token bucket, independent in-process buckets, a per-key map of
 // golang.org/x/time/rate limiters, and go-redis/redis_rate. For each it reports decisions per
-// second, what was admitted against an exact global token bucket, false denials, decision latency
-// percentiles and Redis commands per 1,000 decisions, counted by Redis itself.
+// second, the share made without a Redis round trip, what was admitted against an exact global
+// token bucket, false denials, decision latency percentiles, and Redis commands (INFO commandstats)
+// and Redis CPU time (INFO cpu) per 1,000 decisions, as Redis itself counts them.
 //
 // With no flags it runs every mode for 2s against an embedded Redis-compatible server (miniredis)
-// and prints the comparison table; point --redis at a real redis-server for figures worth keeping:
+// and prints the comparison table; point --redis at a real redis-server for figures worth keeping.
+// --scenario runs one of issue 10's workloads (hot, medium, sparse, sticky, zipf, overload, churn)
+// for hybrid and central, and a verdict line under the table checks hybrid against its targets:
 //
 //	go run ./cmd/loadgen
 //	go run ./cmd/loadgen --redis 127.0.0.1:16379 --nodes 8 --load 4 --duration 10s --plot out.svg
+//	go run ./cmd/loadgen --redis 127.0.0.1:16379 --scenario sparse
 //
 // Exit status: 0 on success, 1 when Redis cannot be reached or an output cannot be written, 2 for a
 // bad command line, 130 when interrupted (the partial report is still printed).
@@ -104,6 +108,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, tty bool)
 		}
 	}
 	rep.Interrupted = ctx.Err() != nil
+	v := report.Judge(rep)
+	rep.Verdict = &v
 
 	status := 0
 	if err := report.WriteTable(stdout, rep); err != nil {
@@ -159,7 +165,7 @@ func newRunID() string {
 
 func scenario(c *config, be *backend) report.Scenario {
 	s := report.Scenario{
-		Modes: c.modes, Backend: "none (in-process modes only)",
+		Name: c.scenario, Modes: c.modes, Backend: "none (in-process modes only)",
 		Nodes: c.nodes, Keys: c.keys, Pattern: c.pattern.String(), Rate: c.rate, Burst: c.burst, Cost: c.cost,
 		Load: c.load, TargetRPS: c.rps, Duration: report.Duration(c.duration), Requests: c.requests,
 		Concurrency: c.concurrency, Seed: c.seed, SyncInterval: report.Duration(c.syncInterval), Drift: c.drift,
@@ -168,6 +174,9 @@ func scenario(c *config, be *backend) report.Scenario {
 	}
 	if c.pattern.String() == "zipf" {
 		s.ZipfS = c.zipfS
+	}
+	if c.routed {
+		s.Affinity = &c.affinity
 	}
 	if be != nil {
 		s.Backend, s.RedisVersion = be.desc, be.version

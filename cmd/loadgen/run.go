@@ -33,9 +33,12 @@ type request struct {
 	k int32
 }
 
-// worker drives one node with its share of the demand.
+// worker makes its share of the demand: on one node, or with --affinity on the node its router picks
+// for each request's key.
 type worker struct {
-	node   node
+	node   node             // this worker's node, when router is nil
+	nodes  []node           // the fleet, for router
+	router *workload.Router // nil: every request goes to node
 	picker *workload.Picker
 	pacer  *workload.Pacer
 	cost   int64
@@ -51,7 +54,11 @@ type worker struct {
 	binAdm, binDem []int64
 
 	decisions, allowed, errs int64
+	local                    int64 // decisions made without a Redis round trip
 	pub                      published
+
+	seen                         *keySet // keys some worker has had a decision on
+	firsts, firstLocal, firstAdm int64   // the first decisions on a key that this worker recorded
 
 	rec     []request // every request, in time order, up to recCap
 	recCap  int
@@ -78,7 +85,11 @@ func (w *worker) run(ctx context.Context, start time.Time, stop *atomic.Bool) {
 			continue
 		}
 		k := w.picker.Next()
-		ok, err := w.node.allow(ctx, k, now)
+		n := w.node
+		if w.router != nil {
+			n = w.nodes[w.router.Node(k)]
+		}
+		ok, local, err := n.allow(ctx, k, now)
 		lat := time.Since(start) - now
 		if w.budget > 0 {
 			w.budget--
@@ -104,6 +115,18 @@ func (w *worker) run(ctx context.Context, start time.Time, stop *atomic.Bool) {
 			w.errs++
 		} else {
 			w.decisions++
+			if local {
+				w.local++
+			}
+			if w.seen.add(k) {
+				w.firsts++
+				if local {
+					w.firstLocal++
+				}
+				if ok {
+					w.firstAdm++
+				}
+			}
 			report.Record(w.hist, lat)
 			w.maxLat = max(w.maxLat, lat)
 			if ok {
@@ -122,6 +145,21 @@ func (w *worker) run(ctx context.Context, start time.Time, stop *atomic.Bool) {
 		}
 	}
 	w.publish(admitted, demand)
+}
+
+// keySet is a set of key numbers, safe for concurrent use.
+type keySet struct{ words []atomic.Uint64 }
+
+func newKeySet(keys int) *keySet { return &keySet{words: make([]atomic.Uint64, (keys+63)/64)} }
+
+// add adds k and reports whether it was new.
+func (s *keySet) add(k int) bool {
+	bit := uint64(1) << (k % 64)
+	w := &s.words[k/64]
+	if w.Load()&bit != 0 {
+		return false
+	}
+	return w.Or(bit)&bit == 0
 }
 
 func (w *worker) publish(admitted, demand int64) {
@@ -152,10 +190,10 @@ type runOptions struct {
 // result partial, when ctx is cancelled.
 func runMode(ctx context.Context, c *config, mode string, o runOptions) (report.Result, error) {
 	res := report.Result{Mode: mode, TargetRPS: c.rps}
-	var before map[string]int64
+	var before serverStats
 	var statsErr error
 	if redisModes[mode] {
-		before, statsErr = o.be.commandStats(ctx)
+		before, statsErr = o.be.serverStats(ctx)
 	}
 	f, err := newFleet(mode, c, o.be, o.names, o.runID)
 	if err != nil {
@@ -167,26 +205,41 @@ func runMode(ctx context.Context, c *config, mode string, o runOptions) (report.
 	if c.keys*c.concurrency > sharedTallyLimit {
 		shared = &sharedTally{adm: make([]atomic.Int64, c.keys), dem: make([]atomic.Int64, c.keys)}
 	}
+	seen := newKeySet(c.keys)
 	bin := 100 * time.Millisecond
 	if c.duration > 0 {
 		bin = max(10*time.Millisecond, (c.duration / 100).Round(time.Millisecond))
 	}
 	for i := range workers {
-		pk, err := workload.NewPicker(c.pattern, c.keys, c.zipfS, c.seed, uint64(i))
+		var pk *workload.Picker
+		var err error
+		if c.pattern == workload.Churn {
+			pk, err = workload.NewChurnPicker(c.keys, c.seed, uint64(i), c.concurrency)
+		} else {
+			pk, err = workload.NewPicker(c.pattern, c.keys, c.zipfS, c.seed, uint64(i))
+		}
 		if err != nil {
 			_ = f.close(context.Background())
 			return res, err
 		}
 		w := &worker{
 			node:   f.nodes[i%len(f.nodes)],
+			nodes:  f.nodes,
 			picker: pk,
 			pacer:  workload.NewPacer(c.rps / float64(c.concurrency)),
 			cost:   c.cost,
 			budget: -1,
 			shared: shared,
+			seen:   seen,
 			hist:   report.NewHistogram(),
 			bin:    bin,
 			recCap: maxRecords / c.concurrency,
+		}
+		if c.routed {
+			if w.router, err = workload.NewRouter(len(f.nodes), c.affinity, c.seed, uint64(i)); err != nil {
+				_ = f.close(context.Background())
+				return res, err
+			}
 		}
 		if c.requests > 0 {
 			w.budget = c.requests / int64(c.concurrency)
@@ -260,6 +313,10 @@ wait:
 		res.Decisions += w.decisions
 		res.Allowed += w.allowed
 		res.Errors += w.errs
+		res.Local += w.local
+		res.First.Keys += w.firsts
+		res.First.Local += w.firstLocal
+		res.First.Allowed += w.firstAdm
 		hist.Merge(w.hist)
 		maxLat = max(maxLat, w.maxLat)
 		skipped += w.pacer.Skipped()
@@ -283,6 +340,8 @@ wait:
 			keys[k] = report.KeyTally{Admitted: shared.adm[k].Load(), Demand: shared.dem[k].Load()}
 		}
 	}
+	res.LocalShare = ratioOf(res.Local, res.Decisions)
+	res.First.LocalShare = ratioOf(res.First.Local, res.First.Keys)
 	res.DecisionsPerSec = float64(res.Decisions) / elapsed.Seconds()
 	res.AchievedRPS = float64(res.Decisions+res.Errors) / elapsed.Seconds()
 	res.Accuracy = report.ComputeAccuracy(keys, c.rate, c.burst, elapsed)
@@ -293,21 +352,32 @@ wait:
 
 	if redisModes[mode] {
 		counts, pipes, phist, pmax := mergeHooks(f.hooks)
-		var after map[string]int64
+		var after serverStats
 		if statsErr == nil {
-			after, statsErr = o.be.commandStats(context.WithoutCancel(ctx))
+			after, statsErr = o.be.serverStats(context.WithoutCancel(ctx))
 		}
-		server := report.DiffCounts(before, after)
+		server := report.DiffCounts(before.calls(), after.calls())
+		if statsErr == nil {
+			res.Scripts = report.ScriptStats(server, report.DiffCounts(before.usecs(), after.usecs()))
+			if before.cpu != nil && after.cpu != nil {
+				cpu := report.CPUDelta(*before.cpu, *after.cpu, res.Decisions)
+				res.RedisCPU = &cpu
+			}
+		}
 		countedBy := report.CountedByServer
 		switch {
 		case statsErr != nil:
-			res.Notes = append(res.Notes, fmt.Sprintf("INFO commandstats failed (%v): Redis commands counted by a go-redis hook instead, which misses what the library sends through WithTimeout clones", oneLine(statsErr.Error())))
+			res.Notes = append(res.Notes, fmt.Sprintf("INFO commandstats or cpu failed (%v): Redis commands counted by a go-redis hook instead, which misses what the library sends through WithTimeout clones", oneLine(statsErr.Error())))
 			server, countedBy = nil, report.CountedByHook
 		case o.be.embedded != nil:
 			countedBy = report.CountedByMiniredis
 		}
 		cmds := report.SplitCommands(server, counts, res.Decisions, countedBy)
 		res.Redis = &cmds
+		res.First.RedisCmdsPerThousand = report.PerThousand(cmds.ClientIssued, res.First.Keys)
+		if res.RedisCPU != nil && res.First.Keys > 0 {
+			res.First.RedisCPUMsPerThousand = 1e6 * res.RedisCPU.Seconds / float64(res.First.Keys)
+		}
 		if mode == "hybrid" {
 			src, sy := f.hybridStats()
 			sy.Pipelines = pipes
@@ -387,7 +457,7 @@ func printProgress(w io.Writer, label string, c *config, workers []*worker, star
 		total = c.duration.String()
 	}
 	line := fmt.Sprintf("[%s] %.1fs/%s  %s decisions/s  admitted/demand %.3f", label, now.Seconds(), total, fmtCount(int64(rate)), ratioOf(adm, dem))
-	if c.pattern != workload.Zipf {
+	if c.pattern != workload.Zipf && c.pattern != workload.Churn {
 		exact := min(float64(dem), float64(c.keys)*report.Allowance(c.rate, c.burst, now))
 		if exact > 0 {
 			line += fmt.Sprintf("  admitted/exact %.3f", float64(adm)/exact)

@@ -140,3 +140,70 @@ func DiffCounts(before, after map[string]int64) map[string]int64 {
 	}
 	return d
 }
+
+// CPUTimes is the CPU time a Redis server has used since it started, from INFO cpu, in seconds,
+// summed over the servers read (the masters of a Cluster). Sys and User cover the whole process:
+// its I/O threads and background jobs, and the work of any other client of the same server. The
+// main-thread figures (Redis 7+) cover only the thread that runs commands and scripts.
+type CPUTimes struct {
+	Sys, User         float64
+	MainSys, MainUser float64
+	HasMain           bool // the server reported the main-thread figures
+	Servers           int
+}
+
+// Add adds the times of one more server to t.
+func (t *CPUTimes) Add(u CPUTimes) {
+	t.HasMain = u.HasMain && (t.Servers == 0 || t.HasMain)
+	t.Sys += u.Sys
+	t.User += u.User
+	t.MainSys += u.MainSys
+	t.MainUser += u.MainUser
+	t.Servers += max(u.Servers, 1)
+}
+
+// RedisCPU is the CPU time Redis used during one mode's run: the INFO cpu difference from just before
+// the mode's fleet was built to just after it was closed (its final flush included).
+type RedisCPU struct {
+	Seconds       float64 `json:"seconds"`               // used_cpu_sys + used_cpu_user
+	MsPerThousand float64 `json:"ms_per_1000_decisions"` // Seconds in ms per 1,000 decisions
+	// The main thread's share, when the server reports it (Redis 7+); 0 otherwise.
+	MainThreadSeconds       float64 `json:"main_thread_seconds,omitempty"`
+	MainThreadMsPerThousand float64 `json:"main_thread_ms_per_1000_decisions,omitempty"`
+	Servers                 int     `json:"servers"`
+}
+
+// CPUDelta returns the CPU time Redis used between before and after, per 1,000 decisions. A
+// counter that went backwards (a restarted server) counts as zero.
+func CPUDelta(before, after CPUTimes, decisions int64) RedisCPU {
+	d := func(b, a float64) float64 { return max(a-b, 0) }
+	c := RedisCPU{Seconds: d(before.Sys, after.Sys) + d(before.User, after.User), Servers: after.Servers}
+	c.MsPerThousand = 1000 * ratio(1000*c.Seconds, float64(decisions))
+	if before.HasMain && after.HasMain {
+		c.MainThreadSeconds = d(before.MainSys, after.MainSys) + d(before.MainUser, after.MainUser)
+		c.MainThreadMsPerThousand = 1000 * ratio(1000*c.MainThreadSeconds, float64(decisions))
+	}
+	return c
+}
+
+// ScriptStat is the time Redis spent in one script command over a mode's run, from INFO
+// commandstats; a script's time includes the commands it ran.
+type ScriptStat struct {
+	Name        string  `json:"name"` // evalsha, eval, fcall, …
+	Calls       int64   `json:"calls"`
+	Usec        int64   `json:"usec"`
+	UsecPerCall float64 `json:"usec_per_call"`
+}
+
+// ScriptStats returns the script commands among the per-command call and time differences of a run
+// (calls and usec, by INFO commandstats name), busiest first.
+func ScriptStats(calls, usec map[string]int64) []ScriptStat {
+	var out []ScriptStat
+	for _, n := range []string{"evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro"} {
+		if c := calls[n]; c > 0 {
+			out = append(out, ScriptStat{Name: n, Calls: c, Usec: usec[n], UsecPerCall: ratio(float64(usec[n]), float64(c))})
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Usec > out[j].Usec })
+	return out
+}

@@ -16,14 +16,23 @@ import (
 func WriteTable(w io.Writer, r Report) error {
 	ew := &errWriter{w: w}
 	s := r.Scenario
-	ew.printf("hybridrate loadgen: %d nodes, %s, limit %s/s burst %s per key, cost %d, %s, %s per mode\n",
-		s.Nodes, keysDesc(s), fmtNum(s.Rate), fmtInt(s.Burst), s.Cost, demandDesc(s), runDesc(s))
+	name := ""
+	if s.Name != "" {
+		name = " scenario " + s.Name + ":"
+	}
+	ew.printf("hybridrate loadgen:%s %d nodes, %s, limit %s/s burst %s per key, cost %d, %s, %s per mode\n",
+		name, s.Nodes, keysDesc(s), fmtNum(s.Rate), fmtInt(s.Burst), s.Cost, demandDesc(s), runDesc(s))
 	ew.printf("backend: %s; hybrid: sync interval %s, drift %g, policy %s; concurrency %d, seed %d; %s, GOMAXPROCS %d\n",
 		s.Backend, time.Duration(s.SyncInterval), s.Drift, s.Policy, s.Concurrency, s.Seed, s.GoVersion, s.GOMAXPROCS)
 	ew.printf("\n")
 
 	tw := tabwriter.NewWriter(ew, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\tdecisions/s\tadmitted/exact\tover exact\tfalse denials\tmax key\tp50\tp99\tp99.9\tmax\tredis cmds/1k\tin-script/1k\t")
+	churn := s.Pattern == "churn"
+	hdr := "mode\tdecisions/s\tlocal\tadmitted/exact\tover exact\tfalse denials\tmax key\tp50\tp99\tp99.9\tmax\tredis cmds/1k\tin-script/1k\tredis cpu ms/1k\t"
+	if churn {
+		hdr += "new keys\tfirst local\tcpu ms/1k new\t"
+	}
+	fmt.Fprintln(tw, hdr)
 	partial, approx := false, false
 	for _, res := range r.Results {
 		name := res.Mode
@@ -46,8 +55,12 @@ func WriteTable(w io.Writer, r Report) error {
 				fd = fmt.Sprintf("~%.2f%%", 100*a.FalseDenialRate)
 			}
 		}
-		cmds, script := "-", "-"
+		cmds, script, cpu := "-", "-", "-"
 		if res.Redis != nil {
+			cpu = "n/a"
+			if res.RedisCPU != nil {
+				cpu = fmt.Sprintf("%.3f", res.RedisCPU.MsPerThousand)
+			}
 			cmds = fmt.Sprintf("%.2f", res.Redis.PerThousand)
 			if res.Redis.ServerSide() {
 				script = fmt.Sprintf("%.2f", res.Redis.InScriptPerThousand)
@@ -56,20 +69,38 @@ func WriteTable(w io.Writer, r Report) error {
 			}
 		}
 		l := res.Latency
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.3f\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
-			name, fmtInt(int64(math.Round(res.DecisionsPerSec))), exact, over, fd, a.MaxKeyRatio,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.3f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t",
+			name, fmtInt(int64(math.Round(res.DecisionsPerSec))), fmtPct(res.LocalShare, res.Decisions), exact, over, fd, a.MaxKeyRatio,
 			FmtDur(time.Duration(l.P50)), FmtDur(time.Duration(l.P99)), FmtDur(time.Duration(l.P999)), FmtDur(time.Duration(l.Max)),
-			cmds, script)
+			cmds, script, cpu)
+		if churn {
+			newCPU := "-"
+			if res.Redis != nil {
+				newCPU = "n/a"
+				if res.RedisCPU != nil {
+					newCPU = fmt.Sprintf("%.3f", res.First.RedisCPUMsPerThousand)
+				}
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t", fmtInt(res.First.Keys), fmtPct(res.First.LocalShare, res.First.Keys), newCPU)
+		}
+		fmt.Fprintln(tw)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	ew.printf("%s\n", Judge(r))
 	ew.printf("\n")
+	ew.printf("local: decisions made without a Redis round trip on the caller's path (hybrid: local allowance, local denial or deny cache).\n")
 	ew.printf("admitted/exact: tokens admitted ÷ tokens an exact token bucket per key admits for the same requests at the same times, all nodes\n")
 	ew.printf("  together (1 = exact). over exact: tokens admitted beyond it; false denials: tokens it admitted that this mode denied (both ÷ its total).\n")
 	ew.printf("max key: the largest admitted ÷ (Burst + Rate·T) of any key: above 1, a key got more than any exact limiter can give in T.\n")
 	ew.printf("latency: one decision as the caller sees it (includes ~30ns of clock reads). redis cmds/1k: commands the clients sent per 1,000\n")
-	ew.printf("  decisions, counted by the server; in-script/1k: commands Redis ran inside those scripts.\n")
+	ew.printf("  decisions, counted by the server; in-script/1k: commands Redis ran inside those scripts. redis cpu ms/1k: CPU time\n")
+	ew.printf("  of the whole Redis server (INFO cpu, sys + user, any client's work) during the mode, per 1,000 decisions; n/a: no INFO cpu.\n")
+	if churn {
+		ew.printf("new keys: distinct keys decided; first local: their first decisions made without a Redis round trip; cpu ms/1k new:\n")
+		ew.printf("  the mode's whole Redis CPU per 1,000 new keys (repeat and hot keys' work included: an upper bound per new key).\n")
+	}
 	if approx {
 		ew.printf("~: too many requests to replay exactly; compared with Σ per key min(demand, Burst + Rate·T) instead.\n")
 	}
@@ -87,8 +118,8 @@ func details(ew *errWriter, s Scenario, res Result) {
 	if src := res.Sources; src != nil && src.Total() > 0 {
 		t := float64(src.Total())
 		pct := func(n int64) string { return fmt.Sprintf("%.1f%%", 100*float64(n)/t) }
-		lines = append(lines, fmt.Sprintf("decisions: local %s, central %s allowed + %s denied, deny-cache %s, fallback %s allowed + %s denied",
-			pct(src.Local), pct(src.Central), pct(src.CentralDenied), pct(src.DenyCache), pct(src.FallbackAllowed), pct(src.FallbackDenied)))
+		lines = append(lines, fmt.Sprintf("decisions: local %s allowed + %s denied, central %s allowed + %s denied, deny-cache %s, fallback %s allowed + %s denied",
+			pct(src.Local), pct(src.LocalDenied), pct(src.Central), pct(src.CentralDenied), pct(src.DenyCache), pct(src.FallbackAllowed), pct(src.FallbackDenied)))
 	}
 	if sy := res.Sync; sy != nil {
 		per := 0.0
@@ -130,6 +161,23 @@ func details(ew *errWriter, s Scenario, res Result) {
 		fmt.Fprintf(&b, " [%s]", strings.Join(parts, ", "))
 		lines = append(lines, b.String())
 	}
+	if c := res.RedisCPU; c != nil {
+		line := fmt.Sprintf("redis cpu (INFO cpu, whole server): %.1f ms", 1000*c.Seconds)
+		if c.MainThreadSeconds > 0 {
+			line += fmt.Sprintf(", main thread %.1f ms (%.3f ms/1k)", 1000*c.MainThreadSeconds, c.MainThreadMsPerThousand)
+		}
+		if c.Servers > 1 {
+			line += fmt.Sprintf(", %d servers", c.Servers)
+		}
+		lines = append(lines, line)
+	}
+	if len(res.Scripts) > 0 {
+		var parts []string
+		for _, sc := range res.Scripts {
+			parts = append(parts, fmt.Sprintf("%s %s calls, %.1f µs/call", sc.Name, fmtInt(sc.Calls), sc.UsecPerCall))
+		}
+		lines = append(lines, "scripts (INFO commandstats): "+strings.Join(parts, "; "))
+	}
 	if res.Errors > 0 {
 		lines = append(lines, fmt.Sprintf("errors: %s requests got an error instead of a decision", fmtInt(res.Errors)))
 	}
@@ -156,11 +204,18 @@ func demandMultiple(a Accuracy, s Scenario, elapsed time.Duration) float64 {
 func keysDesc(s Scenario) string {
 	switch s.Pattern {
 	case "zipf":
-		return fmt.Sprintf("%s keys (zipf s=%g)", fmtInt(int64(s.Keys)), s.ZipfS)
+		return fmt.Sprintf("%s keys (zipf s=%g)", fmtInt(int64(s.Keys)), s.ZipfS) + affinityDesc(s)
 	case "hot":
-		return "1 hot key"
+		return "1 hot key" + affinityDesc(s)
 	}
-	return fmt.Sprintf("%s keys (%s)", fmtInt(int64(s.Keys)), s.Pattern)
+	return fmt.Sprintf("%s keys (%s)", fmtInt(int64(s.Keys)), s.Pattern) + affinityDesc(s)
+}
+
+func affinityDesc(s Scenario) string {
+	if s.Affinity == nil {
+		return ""
+	}
+	return fmt.Sprintf(", affinity %g", *s.Affinity)
 }
 
 func demandDesc(s Scenario) string {
@@ -181,6 +236,14 @@ func runDesc(s Scenario) string {
 		return fmt.Sprintf("%s requests", fmtInt(s.Requests))
 	}
 	return time.Duration(s.Duration).String()
+}
+
+// fmtPct formats a share as a percentage, or "-" when there was nothing to share (n == 0).
+func fmtPct(share float64, n int64) string {
+	if n == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f%%", 100*share)
 }
 
 // FmtDur formats a latency compactly: 85ns, 1.2µs, 340µs, 2.1ms, 1.20s.
@@ -247,6 +310,10 @@ var CSVHeader = []string{
 	"latency_p50_ns", "latency_p99_ns", "latency_p999_ns", "latency_max_ns",
 	"redis_counted_by", "redis_client_issued", "redis_per_1000", "redis_in_script", "redis_in_script_per_1000",
 	"sync_flushes", "sync_flushed_keys", "sync_pipelines", "sync_pipeline_p50_ns", "sync_pipeline_p99_ns",
+	"redis_cpu_s", "redis_cpu_ms_per_1000", "redis_cpu_main_thread_s", "redis_cpu_main_thread_ms_per_1000",
+	"script_calls", "script_usec_per_call",
+	"local_decisions", "local_share", "first_keys", "first_local", "first_local_share",
+	"first_redis_cpu_ms_per_1000_keys", "first_redis_cmds_per_1000_keys",
 }
 
 // WriteCSV writes one row per result under CSVHeader. Fields that do not apply to a mode are empty.
@@ -278,6 +345,24 @@ func WriteCSV(w io.Writer, r Report) error {
 		} else {
 			row = append(row, "", "", "", "", "")
 		}
+		if c := res.RedisCPU; c != nil {
+			row = append(row, f(c.Seconds), f(c.MsPerThousand), f(c.MainThreadSeconds), f(c.MainThreadMsPerThousand))
+		} else {
+			row = append(row, "", "", "", "")
+		}
+		if len(res.Scripts) > 0 {
+			var calls, usec int64
+			for _, sc := range res.Scripts {
+				calls += sc.Calls
+				usec += sc.Usec
+			}
+			row = append(row, i(calls), f(ratio(float64(usec), float64(calls))))
+		} else {
+			row = append(row, "", "")
+		}
+		fd := res.First
+		row = append(row, i(res.Local), f(res.LocalShare), i(fd.Keys), i(fd.Local), f(fd.LocalShare),
+			f(fd.RedisCPUMsPerThousand), f(fd.RedisCmdsPerThousand))
 		if err := cw.Write(row); err != nil {
 			return err
 		}

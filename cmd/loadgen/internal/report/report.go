@@ -15,12 +15,16 @@ import (
 
 // Scenario describes the workload every mode of one run was given.
 type Scenario struct {
-	Modes        []string `json:"modes"`
-	Backend      string   `json:"backend"` // e.g. "redis standalone 127.0.0.1:16379" or "embedded miniredis"
-	Nodes        int      `json:"nodes"`
-	Keys         int      `json:"keys"`
-	Pattern      string   `json:"pattern"`
-	ZipfS        float64  `json:"zipf_s,omitempty"`
+	Name    string   `json:"name,omitempty"` // the --scenario preset; "" when none
+	Modes   []string `json:"modes"`
+	Backend string   `json:"backend"` // e.g. "redis standalone 127.0.0.1:16379" or "embedded miniredis"
+	Nodes   int      `json:"nodes"`
+	Keys    int      `json:"keys"`
+	Pattern string   `json:"pattern"`
+	ZipfS   float64  `json:"zipf_s,omitempty"`
+	// Affinity is the share of each key's requests sent to its home node; nil when requests were not
+	// routed by key (each worker kept one node).
+	Affinity     *float64 `json:"affinity,omitempty"`
 	Rate         float64  `json:"rate"`  // tokens per second per key
 	Burst        int64    `json:"burst"` // bucket capacity per key
 	Cost         int64    `json:"cost"`  // tokens per request
@@ -263,6 +267,7 @@ func (t Timeline) Rates(elapsed time.Duration) []float64 {
 // Sources counts hybrid decisions by who made them (hybrid.Stats).
 type Sources struct {
 	Local           int64 `json:"local"`
+	LocalDenied     int64 `json:"local_denied"`
 	Central         int64 `json:"central"`
 	CentralDenied   int64 `json:"central_denied"`
 	DenyCache       int64 `json:"deny_cache"`
@@ -272,7 +277,7 @@ type Sources struct {
 
 // Total returns the number of decisions counted.
 func (s Sources) Total() int64 {
-	return s.Local + s.Central + s.CentralDenied + s.DenyCache + s.FallbackAllowed + s.FallbackDenied
+	return s.Local + s.LocalDenied + s.Central + s.CentralDenied + s.DenyCache + s.FallbackAllowed + s.FallbackDenied
 }
 
 // Sync describes the background reconcile work of a hybrid fleet.
@@ -303,14 +308,38 @@ type Result struct {
 	DecisionsPerSec float64 `json:"decisions_per_sec"`
 	TargetRPS       float64 `json:"target_rps"` // 0 = as fast as possible
 	AchievedRPS     float64 `json:"achieved_rps"`
+	// Local is the decisions made without a Redis round trip on the caller's path (for hybrid: its
+	// local allowance, a local denial or its deny cache), and LocalShare that ÷ Decisions.
+	Local      int64   `json:"local_decisions"`
+	LocalShare float64 `json:"local_share"`
+	// First is the first decision the fleet made on each key: a key new to the limiters.
+	First FirstDecisions `json:"first_decisions"`
 
 	Accuracy Accuracy  `json:"accuracy"`
 	Latency  Latency   `json:"latency"`
 	Redis    *Commands `json:"redis,omitempty"` // nil for modes that use no Redis
-	Sources  *Sources  `json:"sources,omitempty"`
-	Sync     *Sync     `json:"sync,omitempty"`
-	Timeline Timeline  `json:"timeline"`
-	Notes    []string  `json:"notes,omitempty"`
+	// RedisCPU is the CPU time the whole Redis server used during the run (INFO cpu), whoever asked
+	// for it; nil for modes that use no Redis and on the embedded miniredis, which keeps none.
+	RedisCPU *RedisCPU    `json:"redis_cpu,omitempty"`
+	Scripts  []ScriptStat `json:"scripts,omitempty"` // script commands' time, from INFO commandstats
+	Sources  *Sources     `json:"sources,omitempty"`
+	Sync     *Sync        `json:"sync,omitempty"`
+	Timeline Timeline     `json:"timeline"`
+	Notes    []string     `json:"notes,omitempty"`
+}
+
+// FirstDecisions describes the first decision the fleet made on each key of a run, a key the
+// limiters had never seen: what the churn scenario measures. When two nodes decide a new key at
+// once, the one that records it first counts.
+type FirstDecisions struct {
+	Keys       int64   `json:"keys"`    // distinct keys decided
+	Local      int64   `json:"local"`   // their first decisions made without a Redis round trip
+	Allowed    int64   `json:"allowed"` // their first decisions that allowed
+	LocalShare float64 `json:"local_share"`
+	// What the whole mode cost Redis per 1,000 new keys: every decision's share, the repeat and hot
+	// keys' included, so an upper bound on the cost of a new key. 0 when not measured.
+	RedisCPUMsPerThousand float64 `json:"redis_cpu_ms_per_1000_keys,omitempty"`
+	RedisCmdsPerThousand  float64 `json:"redis_cmds_per_1000_keys,omitempty"`
 }
 
 // Report is everything one run produced; it is what --json writes.
@@ -319,4 +348,6 @@ type Report struct {
 	Started     time.Time `json:"started"`
 	Interrupted bool      `json:"interrupted,omitempty"`
 	Results     []Result  `json:"results"`
+	// Verdict is Judge of the rest of the report, filled in before it is written.
+	Verdict *Verdict `json:"verdict,omitempty"`
 }

@@ -237,6 +237,52 @@ func TestSplitCommands(t *testing.T) {
 	})
 }
 
+func TestCPUDelta(t *testing.T) {
+	t.Parallel()
+	before := CPUTimes{Sys: 10, User: 20, MainSys: 8, MainUser: 16, HasMain: true, Servers: 1}
+	after := CPUTimes{Sys: 10.25, User: 20.5, MainSys: 8.2, MainUser: 16.4, HasMain: true, Servers: 1}
+	c := CPUDelta(before, after, 50_000)
+	assert.InDelta(t, 0.75, c.Seconds, 1e-9)
+	assert.InDelta(t, 15, c.MsPerThousand, 1e-9, "750 ms over 50 thousand decisions")
+	assert.InDelta(t, 0.6, c.MainThreadSeconds, 1e-9)
+	assert.InDelta(t, 12, c.MainThreadMsPerThousand, 1e-9)
+	assert.Equal(t, 1, c.Servers)
+
+	t.Run("no main-thread figure unless both readings have it", func(t *testing.T) {
+		t.Parallel()
+		after := after
+		after.HasMain = false
+		assert.Zero(t, CPUDelta(before, after, 50_000).MainThreadSeconds)
+	})
+	t.Run("a counter that went back counts zero", func(t *testing.T) {
+		t.Parallel()
+		assert.Zero(t, CPUDelta(after, before, 50_000).Seconds)
+	})
+	t.Run("no decisions, no ratio", func(t *testing.T) {
+		t.Parallel()
+		assert.Zero(t, CPUDelta(before, after, 0).MsPerThousand)
+	})
+	t.Run("servers add up", func(t *testing.T) {
+		t.Parallel()
+		var sum CPUTimes
+		sum.Add(CPUTimes{Sys: 1, User: 2, MainSys: 1, MainUser: 1, HasMain: true})
+		sum.Add(CPUTimes{Sys: 3, User: 4})
+		assert.Equal(t, CPUTimes{Sys: 4, User: 6, MainSys: 1, MainUser: 1, HasMain: false, Servers: 2}, sum)
+	})
+}
+
+func TestScriptStats(t *testing.T) {
+	t.Parallel()
+	got := ScriptStats(
+		map[string]int64{"evalsha": 100, "eval": 2, "hset": 300, "fcall": 0},
+		map[string]int64{"evalsha": 750, "eval": 1000, "hset": 300})
+	assert.Equal(t, []ScriptStat{
+		{Name: "eval", Calls: 2, Usec: 1000, UsecPerCall: 500},
+		{Name: "evalsha", Calls: 100, Usec: 750, UsecPerCall: 7.5},
+	}, got, "scripts only, most time first")
+	assert.Nil(t, ScriptStats(nil, nil))
+}
+
 func TestDiffCounts(t *testing.T) {
 	t.Parallel()
 	d := DiffCounts(map[string]int64{"evalsha": 10, "info": 3, "get": 5}, map[string]int64{"evalsha": 25, "info": 4, "get": 5, "hset": 7})
@@ -286,7 +332,8 @@ func sampleReport() Report {
 		Results: []Result{
 			{
 				Mode: "hybrid", Elapsed: Duration(2 * time.Second), Decisions: 8000, Allowed: 2121, DecisionsPerSec: 4000,
-				TargetRPS: 4000, AchievedRPS: 4000,
+				TargetRPS: 4000, AchievedRPS: 4000, Local: 7000, LocalShare: 0.875,
+				First: FirstDecisions{Keys: 1, Local: 1, Allowed: 1, LocalShare: 1, RedisCPUMsPerThousand: 4000, RedisCmdsPerThousand: 80_000},
 				Accuracy: func() Accuracy {
 					keys := []KeyTally{{Admitted: 2121, Demand: 8000}}
 					a := ComputeAccuracy(keys, 1000, 100, 2*time.Second)
@@ -296,6 +343,8 @@ func sampleReport() Report {
 				Latency:  Latency{Count: 8000, P50: 200, P99: 900, P999: Duration(40 * time.Microsecond), Max: Duration(3 * time.Millisecond)},
 				Redis:    &Commands{CountedBy: CountedByServer, ClientIssued: 80, PerThousand: 10, ByName: []NameCount{{Name: "evalsha", Server: 80, Client: 80}}},
 				Sources:  &Sources{Local: 7000, Central: 1000},
+				RedisCPU: &RedisCPU{Seconds: 0.004, MsPerThousand: 0.5, MainThreadSeconds: 0.003, MainThreadMsPerThousand: 0.375, Servers: 1},
+				Scripts:  []ScriptStat{{Name: "evalsha", Calls: 80, Usec: 1000, UsecPerCall: 12.5}},
 				Sync:     &Sync{Flushes: 100, FlushedKeys: 100, Pipelines: 100},
 				Timeline: tl,
 			},
@@ -319,10 +368,13 @@ func TestWriteTable(t *testing.T) {
 		"demand 4× the limit = 4,000 req/s",
 		"admitted/exact", "redis cmds/1k", "~: too many requests to replay",
 		"hybrid", "local*", "* interrupted",
-		"10.00",       // hybrid's Redis commands per 1,000
-		"evalsha 80",  // by name
-		"local 87.5%", // hybrid's sources
+		"10.00",                             // hybrid's Redis commands per 1,000
+		"evalsha 80",                        // by name
+		"local 87.5% allowed + 0.0% denied", // hybrid's sources
 		"achieved 2,000 req/s of the 4,000 targeted",
+		"redis cpu ms/1k", "0.500", // hybrid's Redis CPU per 1,000 decisions
+		"redis cpu (INFO cpu, whole server): 4.0 ms, main thread 3.0 ms (0.375 ms/1k)",
+		"scripts (INFO commandstats): evalsha 80 calls, 12.5 µs/call",
 	} {
 		assert.Contains(t, out, want)
 	}
@@ -338,7 +390,32 @@ func TestWriteTable(t *testing.T) {
 	}
 	require.NotEmpty(t, header)
 	assert.Contains(t, hyb, "1.010", "hybrid admitted 2,121 where the exact bucket admitted 2,100")
+	assert.Contains(t, hyb, " 87.5% ", "local share")
+	assert.NotContains(t, header, "first local", "churn columns only for churn")
 	assert.Contains(t, hyb, "1.00%", "21 tokens over exact")
+}
+
+func TestWriteTableChurnColumns(t *testing.T) {
+	t.Parallel()
+	r := sampleReport()
+	r.Scenario.Pattern = "churn"
+	var b bytes.Buffer
+	require.NoError(t, WriteTable(&b, r))
+	out := b.String()
+	assert.Contains(t, out, "new keys")
+	assert.Contains(t, out, "first local")
+	assert.Regexp(t, `(?m)^\s+hybrid\s.*\s1\s+100\.0%\s+4000\.000\s*$`, out, "new keys, first local, cpu per 1,000 new keys")
+	assert.Regexp(t, `(?m)^\s+local\*\s.*\s0\s+-\s+-\s*$`, out, "no first decisions, no Redis")
+}
+
+func TestWriteTableShowsAffinity(t *testing.T) {
+	t.Parallel()
+	r := sampleReport()
+	f := 0.9
+	r.Scenario.Affinity = &f
+	var b bytes.Buffer
+	require.NoError(t, WriteTable(&b, r))
+	assert.Contains(t, b.String(), "1 keys (uniform), affinity 0.9, limit")
 }
 
 func TestWriteTableReportsWriteErrors(t *testing.T) {
@@ -383,6 +460,11 @@ func TestWriteCSV(t *testing.T) {
 		return -1
 	}
 	assert.Equal(t, "10", rows[1][col("redis_per_1000")])
+	assert.Equal(t, "0.5", rows[1][col("redis_cpu_ms_per_1000")])
+	assert.Equal(t, "12.5", rows[1][col("script_usec_per_call")])
+	assert.Equal(t, "", rows[2][col("redis_cpu_ms_per_1000")], "local has no Redis")
+	assert.Equal(t, "0.875", rows[1][col("local_share")])
+	assert.Equal(t, "4000", rows[1][col("first_redis_cpu_ms_per_1000_keys")])
 	assert.Equal(t, "", rows[2][col("redis_per_1000")], "local has no Redis")
 	assert.Equal(t, "true", rows[2][col("partial")])
 }

@@ -1,6 +1,7 @@
 // Package workload generates the load generator's request stream: which key each request is for
-// (uniform, Zipf or one hot key) and when it is sent (token pacing toward a target rate, or as fast
-// as possible). It reads no clock: callers pass the time since the run started.
+// (uniform, Zipf or one hot key), which node it goes to (key affinity) and when it is sent (token
+// pacing toward a target rate, or as fast as possible). It reads no clock: callers pass the time
+// since the run started.
 package workload
 
 import (
@@ -20,9 +21,20 @@ const (
 	Zipf
 	// Hot sends every request to key 0.
 	Hot
+	// Churn is a stream of new keys: ChurnHotShare of the requests go to the ChurnHotKeys first
+	// keys, the rest to cold keys each requested once or twice (twice with probability 1/2, the
+	// second time right after the first), every worker walking its own part of the key space. A
+	// worker that has walked all of it starts over. Use [NewChurnPicker].
+	Churn
 )
 
-// ParsePattern parses "uniform", "zipf" or "hot".
+// The shape of the Churn pattern.
+const (
+	ChurnHotKeys  = 4
+	ChurnHotShare = 0.1
+)
+
+// ParsePattern parses "uniform", "zipf", "hot" or "churn".
 func ParsePattern(s string) (Pattern, error) {
 	switch s {
 	case "uniform":
@@ -31,8 +43,10 @@ func ParsePattern(s string) (Pattern, error) {
 		return Zipf, nil
 	case "hot":
 		return Hot, nil
+	case "churn":
+		return Churn, nil
 	}
-	return 0, fmt.Errorf("unknown pattern %q (want uniform, zipf or hot)", s)
+	return 0, fmt.Errorf("unknown pattern %q (want uniform, zipf, hot or churn)", s)
 }
 
 // String returns the name ParsePattern accepts.
@@ -44,6 +58,8 @@ func (p Pattern) String() string {
 		return "zipf"
 	case Hot:
 		return "hot"
+	case Churn:
+		return "churn"
 	}
 	return fmt.Sprintf("Pattern(%d)", int(p))
 }
@@ -54,6 +70,11 @@ type Picker struct {
 	keys int
 	rng  *rand.Rand
 	zipf *rand.Zipf
+
+	// Churn: this worker's walk over the cold keys ChurnHotKeys to keys-1.
+	stride, next int  // the walk visits next, next+stride, … (mod the cold keys)
+	last         int  // the last cold key
+	again        bool // request last once more
 }
 
 // NewPicker returns a picker over keys keys (0 to keys-1). s is the Zipf exponent, above 1 (used
@@ -65,6 +86,8 @@ func NewPicker(p Pattern, keys int, s float64, seed, stream uint64) (*Picker, er
 	pk := &Picker{p: p, keys: keys, rng: rand.New(rand.NewPCG(seed, stream))}
 	switch p {
 	case Uniform, Hot:
+	case Churn:
+		return nil, fmt.Errorf("workload: churn: use NewChurnPicker")
 	case Zipf:
 		if !(s > 1) {
 			return nil, fmt.Errorf("workload: zipf exponent %v: want above 1", s)
@@ -76,9 +99,34 @@ func NewPicker(p Pattern, keys int, s float64, seed, stream uint64) (*Picker, er
 	return pk, nil
 }
 
+// NewChurnPicker returns a picker of the Churn pattern over keys keys for worker stream of
+// streams: the workers' walks over the cold keys do not overlap until they start over.
+func NewChurnPicker(keys int, seed, stream uint64, streams int) (*Picker, error) {
+	if keys <= ChurnHotKeys {
+		return nil, fmt.Errorf("workload: churn over %d keys: want more than %d", keys, ChurnHotKeys)
+	}
+	if streams < 1 || stream >= uint64(streams) {
+		return nil, fmt.Errorf("workload: churn stream %d of %d", stream, streams)
+	}
+	return &Picker{p: Churn, keys: keys, rng: rand.New(rand.NewPCG(seed, stream)), stride: streams, next: int(stream)}, nil
+}
+
 // Next returns the next key number.
 func (pk *Picker) Next() int {
 	switch pk.p {
+	case Churn:
+		if pk.rng.Float64() < ChurnHotShare {
+			return pk.rng.IntN(ChurnHotKeys)
+		}
+		if pk.again {
+			pk.again = false
+			return pk.last
+		}
+		cold := pk.keys - ChurnHotKeys
+		pk.last = ChurnHotKeys + pk.next%cold
+		pk.next += pk.stride
+		pk.again = pk.rng.IntN(2) == 0
+		return pk.last
 	case Zipf:
 		return int(pk.zipf.Uint64())
 	case Hot:
@@ -131,3 +179,48 @@ func (p *Pacer) Next(now time.Duration) time.Duration {
 
 // Skipped returns the requests skipped because the worker was more than MaxLag behind.
 func (p *Pacer) Skipped() int64 { return p.skipped }
+
+// Router picks the node each request goes to under key affinity: a share of each key's requests
+// goes to the key's home node ([Home]), the rest uniformly to the other nodes. It is not safe for
+// concurrent use: give each worker its own.
+type Router struct {
+	nodes    int
+	affinity float64
+	rng      *rand.Rand
+}
+
+// NewRouter returns a router over nodes nodes that sends the fraction affinity (0 to 1) of each
+// key's requests to its home node. The same seed and stream give the same sequence of nodes.
+func NewRouter(nodes int, affinity float64, seed, stream uint64) (*Router, error) {
+	if nodes < 1 {
+		return nil, fmt.Errorf("workload: %d nodes: want at least 1", nodes)
+	}
+	if !(affinity >= 0 && affinity <= 1) {
+		return nil, fmt.Errorf("workload: affinity %v: want 0 to 1", affinity)
+	}
+	// A stream of its own, apart from the Picker's, so that routing does not change the keys.
+	return &Router{nodes: nodes, affinity: affinity, rng: rand.New(rand.NewPCG(seed^0x9e3779b97f4a7c15, stream))}, nil
+}
+
+// Node returns the node of the next request for key k. With one node it is always 0.
+func (r *Router) Node(k int) int {
+	home := Home(k, r.nodes)
+	if r.nodes == 1 || r.rng.Float64() < r.affinity {
+		return home
+	}
+	n := r.rng.IntN(r.nodes - 1) // one of the others
+	if n >= home {
+		n++
+	}
+	return n
+}
+
+// Home returns the home node of key k among nodes nodes: a hash of the key number (splitmix64's
+// finaliser), modulo nodes.
+func Home(k, nodes int) int {
+	z := uint64(k) + 0x9e3779b97f4a7c15
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	z ^= z >> 31
+	return int(z % uint64(nodes))
+}
