@@ -6,8 +6,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // BanEvent is one change of the ban list as published to every node.
@@ -34,7 +32,7 @@ func (c *Client) Unban(ctx context.Context, key string) error {
 func (c *Client) banCall(ctx context.Context, action, key string, ms int64) error {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.FlushTimeout)
 	defer cancel()
-	_, err := c.run(ctx, true, []string{BansKey(c.cfg.Prefix)},
+	_, err := c.run(ctx, true, c.banKeys(),
 		[]any{action, BansChannel(c.cfg.Prefix), key, strconv.FormatInt(ms, 10)})
 	if err != nil {
 		return fmt.Errorf("central: %s %q: %w", action, key, err)
@@ -42,11 +40,13 @@ func (c *Client) banCall(ctx context.Context, action, key string, ms int64) erro
 	return nil
 }
 
-// Bans returns the bans in force, with their remaining time; it also removes expired entries.
+// Bans returns the bans in force, with their remaining time; it also removes expired entries. It
+// reads the whole list in one script call, which blocks Redis for about a second per million bans:
+// large lists are read page by page with [Client.ScanBans].
 func (c *Client) Bans(ctx context.Context) ([]BanEvent, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.FlushTimeout)
 	defer cancel()
-	res, err := c.run(ctx, true, []string{BansKey(c.cfg.Prefix)}, []any{"list", BansChannel(c.cfg.Prefix), "", "0"})
+	res, err := c.run(ctx, true, c.banKeys(), []any{"list", BansChannel(c.cfg.Prefix), "", "0"})
 	if err != nil {
 		return nil, fmt.Errorf("central: list bans: %w", err)
 	}
@@ -90,50 +90,4 @@ func ParseBanMessage(payload string) (BanEvent, error) {
 		return BanEvent{Key: key}, nil
 	}
 	return BanEvent{}, fmt.Errorf("central: bad ban message %q", payload)
-}
-
-// WatchBans delivers ban changes to fn until ctx ends. On every (re)subscription and every refresh
-// interval it reloads the whole list and calls reload with it, so a node that missed messages while
-// disconnected catches up. It blocks; the caller owns the goroutine. Errors go to onErr.
-func (c *Client) WatchBans(ctx context.Context, refresh time.Duration, fn func(BanEvent), reload func([]BanEvent), onErr func(error)) {
-	ps := c.cfg.Client.Subscribe(ctx, BansChannel(c.cfg.Prefix))
-	defer ps.Close()
-	t := time.NewTicker(refresh)
-	defer t.Stop()
-	doReload := func() {
-		bans, err := c.Bans(ctx)
-		if err != nil {
-			if ctx.Err() == nil {
-				onErr(err)
-			}
-			return
-		}
-		reload(bans)
-	}
-	msgs := ps.ChannelWithSubscriptions(redis.WithChannelSize(256), redis.WithChannelHealthCheckInterval(time.Second))
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			doReload()
-		case m, ok := <-msgs:
-			if !ok {
-				return
-			}
-			switch m := m.(type) {
-			case *redis.Subscription:
-				if m.Kind == "subscribe" {
-					doReload()
-				}
-			case *redis.Message:
-				ev, err := ParseBanMessage(m.Payload)
-				if err != nil {
-					onErr(err)
-					continue
-				}
-				fn(ev)
-			}
-		}
-	}
 }

@@ -12,10 +12,29 @@ type BreakerConfig struct {
 	// Cooldown is how long the breaker stays open before it lets one probe through; positive.
 	Cooldown time.Duration
 	// MinSpan is how long a run of consecutive failures must last, from its first failure, before it
-	// can open the breaker; 0 opens at the Threshold-th failure. A momentary stall (a GC pause, a
+	// can open the breaker; 0 opens at the Threshold-th failure. A failure whose error Redis refused
+	// the call with (ClassRefused, reported with Fail) opens it at the Threshold-th failure whatever
+	// the span. A momentary stall (a GC pause, a
 	// starved CPU) makes many concurrent calls time out at once; a span keeps that from switching
 	// every key to the failure policy for a whole Cooldown, while an outage still opens it quickly.
 	MinSpan time.Duration
+	// OnStateChange, if not nil, is called after every change of state, outside the breaker's lock,
+	// one call at a time and in the order of the changes. It must not call the breaker's Success,
+	// Failure, Fail or Cancel (it may call State), and should return quickly: the call that caused
+	// the change waits for it.
+	OnStateChange func(BreakerEvent)
+}
+
+// BreakerEvent is a change of a [Breaker]'s state.
+type BreakerEvent struct {
+	From, To BreakerState
+	// Err is the failure that opened the breaker, when To is BreakerOpen and the failure was
+	// reported with [Breaker.Fail]; nil otherwise. Class(Err) says what kind of failure it was.
+	Err error
+	// Failures is the number of consecutive failures that opened the breaker (1 for a failed probe).
+	Failures int
+	// At is when the change happened, on the breaker's clock.
+	At time.Time
 }
 
 // BreakerState is the state of a [Breaker].
@@ -49,6 +68,8 @@ type Breaker struct {
 	cfg BreakerConfig
 	now func() time.Time
 
+	notify sync.Mutex // held while OnStateChange runs, taken before mu is released: keeps events in order
+
 	mu       sync.Mutex   // guards the fields below
 	state    BreakerState //
 	failures int          // consecutive failures while closed
@@ -69,55 +90,83 @@ func NewBreaker(cfg BreakerConfig, now func() time.Time) *Breaker {
 // Success, Failure or Cancel.
 func (b *Breaker) Allow() bool {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	switch b.state {
 	case BreakerClosed:
+		b.mu.Unlock()
 		return true
 	case BreakerOpen:
-		if b.now().Sub(b.openedAt) < b.cfg.Cooldown {
+		now := b.now()
+		if now.Sub(b.openedAt) < b.cfg.Cooldown {
+			b.mu.Unlock()
 			return false
 		}
 		b.state = BreakerHalfOpen
 		b.probing = true
+		b.unlockNotify(BreakerEvent{From: BreakerOpen, To: BreakerHalfOpen, At: now})
 		return true
 	default: // half-open
-		if b.probing {
-			return false
-		}
+		ok := !b.probing
 		b.probing = true
-		return true
+		b.mu.Unlock()
+		return ok
 	}
+}
+
+// unlockNotify releases mu and, when ev is a change, delivers it to OnStateChange in order.
+func (b *Breaker) unlockNotify(ev BreakerEvent) {
+	if ev.From == ev.To || b.cfg.OnStateChange == nil {
+		b.mu.Unlock()
+		return
+	}
+	b.notify.Lock()
+	b.mu.Unlock()
+	defer b.notify.Unlock()
+	b.cfg.OnStateChange(ev)
 }
 
 // Success records a call that Redis answered.
 func (b *Breaker) Success() {
 	b.mu.Lock()
-	defer b.mu.Unlock()
+	ev := BreakerEvent{From: b.state, To: BreakerClosed}
+	if ev.From != BreakerClosed {
+		ev.At = b.now()
+	}
 	b.failures = 0
 	b.probing = false
 	b.state = BreakerClosed
+	b.unlockNotify(ev)
 }
 
-// Failure records a call that Redis did not answer (network error, timeout).
-func (b *Breaker) Failure() {
+// Failure records a call that Redis did not serve (network error, timeout, a refusal); it is
+// Fail(nil).
+func (b *Breaker) Failure() { b.Fail(nil) }
+
+// Fail records a call that Redis did not serve, with its error, which OnStateChange receives if this
+// failure opens the breaker.
+func (b *Breaker) Fail(err error) {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	b.probing = false
+	now := b.now()
+	ev := BreakerEvent{From: b.state, To: b.state, Err: err, At: now}
 	switch b.state {
 	case BreakerClosed:
-		now := b.now()
 		if b.failures == 0 {
 			b.firstAt = now
 		}
 		b.failures++
-		if b.failures >= b.cfg.Threshold && now.Sub(b.firstAt) >= b.cfg.MinSpan {
+		// A refusal (OOM, WRONGPASS, …) is Redis's answer, not a stall: it need not last MinSpan.
+		if b.failures >= b.cfg.Threshold && (now.Sub(b.firstAt) >= b.cfg.MinSpan || Class(err) == ClassRefused) {
 			b.state = BreakerOpen
 			b.openedAt = now
+			ev.Failures = b.failures
 		}
 	default:
 		b.state = BreakerOpen
-		b.openedAt = b.now()
+		b.openedAt = now
+		ev.Failures = 1
 	}
+	ev.To = b.state
+	b.unlockNotify(ev)
 }
 
 // Cancel records an allowed call that ended without telling anything about Redis (the caller's

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -334,12 +333,12 @@ func (c *Client) record(caller context.Context, err error) {
 	case caller.Err() != nil:
 		c.stats.Errors.Add(1)
 		c.breaker.Cancel() // the caller gave up; says nothing about Redis
-	case isServerReply(err):
+	case !unhealthy(err):
 		c.stats.Errors.Add(1)
-		c.breaker.Success() // Redis answered, with an error: it is up
-	default:
+		c.breaker.Success() // Redis served the call, with a per-key error (ClassBadKey): it is up
+	default: // ClassTransport or ClassRefused: Redis did not serve the call
 		c.stats.Errors.Add(1)
-		c.breaker.Failure()
+		c.breaker.Fail(err)
 		if c.cluster != nil {
 			// go-redis reloads the slot map on MOVED, but not when a dead master refuses connections;
 			// its periodic reload can take a minute (go-redis #3979). Ask for one now; it is
@@ -347,22 +346,6 @@ func (c *Client) record(caller context.Context, err error) {
 			c.cluster.ReloadState(caller)
 		}
 	}
-}
-
-// isServerReply reports whether err is an error reply from a live server (not a transport failure).
-func isServerReply(err error) bool {
-	var re redis.Error
-	if !errors.As(err, &re) {
-		return false
-	}
-	msg := re.Error()
-	// Replies that mean "this node cannot serve you right now" count as failures.
-	for _, p := range []string{"LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "BUSY"} {
-		if strings.HasPrefix(msg, p) {
-			return false
-		}
-	}
-	return true
 }
 
 // run sends one script call (reconcile, or ban when ban is true) with NOSCRIPT and shebang recovery.
@@ -458,6 +441,12 @@ func (c *Client) Reconcile(ctx context.Context, updates []Update, out []State, e
 			var cerr error
 			if gi < len(cmds) {
 				cerr = cmds[gi].Err()
+				if cerr == nil && err != nil && cmds[gi].Val() == nil {
+					// go-redis does not stamp an error reply met while getting a connection (a
+					// WRONGPASS or NOAUTH from the handshake) on the pipeline's commands: they are
+					// left unanswered, with no error of their own.
+					cerr = err
+				}
 			} else {
 				cerr = err
 			}
@@ -488,7 +477,7 @@ func (c *Client) Reconcile(ctx context.Context, updates []Update, out []State, e
 				if first == nil {
 					first = fmt.Errorf("central: reconcile %d keys: %w", len(valid), cerr)
 				}
-				if !isServerReply(cerr) && !errors.Is(cerr, ErrBadReply) {
+				if unhealthy(cerr) {
 					transport = cerr
 				}
 			}
@@ -503,7 +492,7 @@ func (c *Client) Reconcile(ctx context.Context, updates []Update, out []State, e
 				if first == nil {
 					first = fmt.Errorf("central: reload scripts: %w", lerr)
 				}
-				if !isServerReply(lerr) {
+				if unhealthy(lerr) {
 					transport = lerr
 				}
 				retry = nil
@@ -630,22 +619,12 @@ func lenOf(x any) int {
 	return -1
 }
 
-// IsTransport reports whether err means Redis could not be reached or did not answer in time, as
-// opposed to an answer (an error reply), a request refused before sending (ErrInvalid), or a caller
-// that cancelled. Errors it does not recognise count as transport errors.
+// IsTransport reports whether err means Redis could not serve the call, so that the failure policy
+// should decide: [Class] is ClassTransport (unreachable, timed out, breaker open, or an error it does
+// not recognise) or ClassRefused (an error reply with which Redis refuses writes or this client:
+// OOM, READONLY, BUSY, NOAUTH, WRONGPASS, NOPERM, ...). It is false for a nil error, a per-key fault
+// (ClassBadKey), a request refused before sending (ClassInvalid) and a cancelled caller.
 func IsTransport(err error) bool {
-	switch {
-	case err == nil:
-		return false
-	case errors.Is(err, ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
-		return true
-	case errors.Is(err, ErrInvalid), errors.Is(err, ErrBadPrefix), errors.Is(err, ErrBadReply),
-		errors.Is(err, context.Canceled):
-		return false
-	}
-	var ne net.Error
-	if errors.As(err, &ne) {
-		return true
-	}
-	return !isServerReply(err)
+	c := Class(err)
+	return c == ClassTransport || c == ClassRefused
 }

@@ -86,8 +86,27 @@ func TestCluster(t *testing.T) {
 		bans, err := c.Bans(ctx)
 		require.NoError(t, err)
 		require.Len(t, bans, 1)
+		_, _, now, err := c.ScanBans(ctx, "0", 100)
+		require.NoError(t, err)
+		ch, err := c.BanChangesSince(ctx, BanCursor{Since: now - 60_000}, 100)
+		require.NoError(t, err)
+		require.Len(t, ch.Events, 1)
+		rem, err := c.BannedKeys(ctx, []string{"decl:banned", "decl:other"})
+		require.NoError(t, err)
+		assert.Positive(t, rem[0])
+		assert.Zero(t, rem[1])
 		require.NoError(t, c.Unban(ctx, "decl:banned"))
 		assert.False(t, c.legacy.Load(), "the scripts ran with their #!lua header")
+
+		// The eviction policy is read from every master; one unsafe master makes it unsafe.
+		p, err := c.EvictionPolicy(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, "noeviction", p)
+		cl.MasterFor(t, "{x}").Do(t, "CONFIG", "SET", "maxmemory-policy", "volatile-ttl")
+		p, err = c.EvictionPolicy(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, "volatile-ttl", p)
+		cl.MasterFor(t, "{x}").Do(t, "CONFIG", "SET", "maxmemory-policy", "noeviction")
 	})
 
 	t.Run("after a master dies, its slots answer again within seconds", func(t *testing.T) {

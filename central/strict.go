@@ -440,12 +440,12 @@ func (s *Strict) call(ctx context.Context, sc *strictScript, keys []string, args
 	case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
 		s.stats.Errors.Add(1)
 		s.breaker.Cancel()
-	case isServerReply(err):
+	case !unhealthy(err):
 		s.stats.Errors.Add(1)
-		s.breaker.Success()
+		s.breaker.Success() // a per-key fault: Redis is up
 	default:
 		s.stats.Errors.Add(1)
-		s.breaker.Failure()
+		s.breaker.Fail(err)
 	}
 	return res, err
 }

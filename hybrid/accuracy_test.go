@@ -108,7 +108,7 @@ func splitCommandStats(stats map[string]int64) (client, internal int64) {
 		switch {
 		case cmd == "config|resetstat" || cmd == "info": // the test's own
 		case cmd == "evalsha" || cmd == "eval" || strings.HasPrefix(cmd, "script") || cmd == "subscribe" ||
-			cmd == "ping" || cmd == "hello" || strings.HasPrefix(cmd, "client"):
+			cmd == "ping" || cmd == "hello" || strings.HasPrefix(cmd, "client") || cmd == "config|get":
 			client += n
 		default:
 			internal += n

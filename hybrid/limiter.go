@@ -101,6 +101,8 @@ type Limiter struct {
 	metrics  *metrics
 	started  time.Time    // origin of mono
 	fleet    atomic.Int64 // the most nodes Redis has reported active on any key: the fleet size estimate
+	evict    evictionWatch
+	bans     banWatch
 }
 
 // New returns a limiter that keeps its global state in rdb (a *redis.Client, a Sentinel failover
@@ -124,6 +126,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		_, _ = rand.Read(b[:])
 		o.nodeID = hex.EncodeToString(b[:])
 	}
+	logs := newBGLog(o.logger, logSummaryEvery)
 	cc, err := central.New(central.Config{
 		Client:       rdb,
 		Prefix:       o.prefix,
@@ -134,8 +137,9 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		PruneAge:     pruneAge,
 		Recount:      recountPeriod,
 		ActiveWindow: 2 * leaseLife,
-		Breaker:      central.BreakerConfig{Threshold: breakerThreshold, Cooldown: breakerCooldown, MinSpan: breakerMinSpan},
-		Now:          nil, // the breaker measures its cooldown on the monotonic clock, never WithClock's
+		Breaker: central.BreakerConfig{Threshold: breakerThreshold, Cooldown: breakerCooldown, MinSpan: breakerMinSpan,
+			OnStateChange: logs.breaker},
+		Now: nil, // the breaker measures its cooldown on the monotonic clock, never WithClock's
 	})
 	if err != nil {
 		return nil, fmt.Errorf("hybrid: %w", err)
@@ -144,7 +148,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("hybrid: %w", err)
 	}
-	deny, err := denycache.New(denycache.Config{MaxBans: maxBans, MaxDenied: maxDenied})
+	deny, err := denycache.New(denycache.Config{MaxBans: o.maxBans, MaxDenied: maxDenied})
 	if err != nil {
 		return nil, fmt.Errorf("hybrid: %w", err)
 	}
@@ -162,6 +166,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		tracer:   o.tracerProvider.Tracer(instrumentationName),
 		started:  time.Now(),
 	}
+	l.bans.init()
 	l.syncer, err = ratesync.New(ratesync.Config{
 		Store:     store,
 		Central:   cc,
@@ -172,6 +177,9 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		LeaseLife: leaseLife,
 		Now:       l.mono,
 		OnState: func(e *local.Entry, _ central.State) {
+			if l.bansIncomplete() {
+				l.bans.add(e.Key()) // it may be banned beyond the local copy: check it
+			}
 			_, active, _ := e.Global()
 			for {
 				f := l.fleet.Load()
@@ -180,9 +188,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 				}
 			}
 		},
-		OnError: func(err error) {
-			l.opts.logger.Warn("hybridrate: reconcile failed; consumption stays pending", slog.Any("error", err))
-		},
+		OnError: func(err error) { logs.failed(&logs.reconcile, err) },
 	})
 	if err != nil {
 		return nil, fmt.Errorf("hybrid: %w", err)
@@ -200,10 +206,18 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	l.cancel = cancel
-	l.wg.Add(2)
+	l.wg.Add(4)
 	go func() {
 		defer l.wg.Done()
 		l.syncer.Run(ctx)
+	}()
+	go func() {
+		defer l.wg.Done()
+		l.watchEviction(ctx)
+	}()
+	go func() {
+		defer l.wg.Done()
+		l.checkBans(ctx, func(err error) { logs.failed(&logs.bans, err) })
 	}()
 	go func() {
 		defer l.wg.Done()
@@ -212,9 +226,9 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		if err := l.central.Preload(ctx); err != nil && ctx.Err() == nil {
 			l.opts.logger.Warn("hybridrate: preloading scripts", slog.Any("error", err))
 		}
-		l.central.WatchBans(ctx, banRefresh, l.onBan, l.onBanList, func(err error) {
-			l.opts.logger.Warn("hybridrate: ban list", slog.Any("error", err))
-		})
+		l.central.WatchBans(ctx, central.BanWatch{Refresh: l.opts.banRefresh, Page: banPage, Sweep: banSweep,
+			OnEvent: l.onBan, OnLoad: l.onBanList, OnTotal: l.bans.total.Store,
+			OnError: func(err error) { logs.failed(&logs.bans, err) }})
 	}()
 	return l, nil
 }

@@ -8,6 +8,8 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+
+	"github.com/hybridrate/hybridrate/central"
 )
 
 const instrumentationName = "github.com/hybridrate/hybridrate/hybrid"
@@ -42,6 +44,14 @@ type Stats struct {
 	RedisCommands int64 // script calls this limiter sent
 	RedisErrors   int64 // failed Redis calls
 	BreakerOpen   bool  // the circuit breaker is not closed
+
+	// EvictionPolicy is Redis's maxmemory-policy as last read (every minute), "" until read;
+	// EvictionUnsafe reports that it can evict the limiter's keys (it is not noeviction).
+	EvictionPolicy string
+	EvictionUnsafe bool
+
+	Bans        int   // bans held locally (at most 65,536)
+	BanListSize int64 // entries in Redis's ban list, as last read; beyond Bans, keys are checked in Redis
 }
 
 // Stats returns a snapshot of the limiter's counters.
@@ -68,6 +78,11 @@ func (l *Limiter) Stats() Stats {
 	cs := l.central.Stats()
 	s.RedisCommands, s.RedisErrors = cs.Commands.Load(), cs.Errors.Load()
 	s.BreakerOpen = l.central.Breaker().State().String() != "closed"
+	s.Bans, _ = l.deny.Len()
+	s.BanListSize = l.bans.total.Load()
+	if p, ok := l.evictionPolicy(); ok {
+		s.EvictionPolicy, s.EvictionUnsafe = p, central.EvictionUnsafe(p)
+	}
 	return s
 }
 
@@ -89,7 +104,11 @@ func newMetrics(l *Limiter) (*metrics, error) {
 	errs, err8 := m.Int64ObservableCounter("hybridrate.redis.errors", metric.WithDescription("Failed Redis calls."))
 	breaker, err9 := m.Int64ObservableGauge("hybridrate.breaker.open", metric.WithDescription("1 while the circuit breaker is open or half-open."))
 	evictions, err10 := m.Int64ObservableCounter("hybridrate.evictions", metric.WithDescription("Clean keys evicted from local memory."))
-	if err := errors.Join(err1, err2, err3, err4, err5, err6, err7, err8, err9, err10); err != nil {
+	unsafe, err11 := m.Int64ObservableGauge("hybridrate.redis.eviction_policy_unsafe",
+		metric.WithDescription("1 when Redis's maxmemory-policy can evict the limiter's keys (it is not noeviction); absent until read."))
+	bans, err12 := m.Int64ObservableGauge("hybridrate.bans",
+		metric.WithDescription("Bans: held locally (where=local, at most 65,536) and in Redis's ban list (where=redis, as last read)."))
+	if err := errors.Join(err1, err2, err3, err4, err5, err6, err7, err8, err9, err10, err11, err12); err != nil {
 		return nil, err
 	}
 	node := attribute.String("hybridrate.node", l.nodeID)
@@ -119,8 +138,17 @@ func newMetrics(l *Limiter) (*metrics, error) {
 		}
 		o.ObserveInt64(breaker, open, a)
 		o.ObserveInt64(evictions, s.Evictions, a)
+		o.ObserveInt64(bans, int64(s.Bans), metric.WithAttributes(node, attribute.String("where", "local")))
+		o.ObserveInt64(bans, s.BanListSize, metric.WithAttributes(node, attribute.String("where", "redis")))
+		if s.EvictionPolicy != "" {
+			v := int64(0)
+			if s.EvictionUnsafe {
+				v = 1
+			}
+			o.ObserveInt64(unsafe, v, metric.WithAttributes(node, attribute.String("policy", s.EvictionPolicy)))
+		}
 		return nil
-	}, decisions, keys, pending, flushes, flushed, failed, cmds, errs, breaker, evictions)
+	}, decisions, keys, pending, flushes, flushed, failed, cmds, errs, breaker, evictions, unsafe, bans)
 	if err != nil {
 		return nil, err
 	}

@@ -38,10 +38,16 @@ const (
 	leaseLife        = 8 * time.Second        // a node may use a lease this long after asking for it
 	recountPeriod    = time.Minute            // Redis scans a key's node records for departed nodes this often
 	pruneAge         = 10 * time.Minute       // a node's record on a key is dropped after this
-	banRefresh       = 10 * time.Second       // full ban-list reload period (Pub/Sub carries changes)
+	banRefresh       = 10 * time.Second       // change-log read period (Pub/Sub carries changes at once)
+	banPage          = 10000                  // bans per page of the ban-list reads
+	banSweep         = 1000                   // ban-list entries swept for expiry per refresh
+	banCheckEvery    = time.Second            // a key is checked in Redis's ban list at most this often
+	maxBanChecks     = 1 << 16                // keys checked per banCheckEvery at most
 	maxDenied        = 1 << 16                // cached Redis denials
-	maxBans          = 1 << 16                // bans held locally
+	maxBans          = 1 << 16                // bans held locally; more are checked in Redis
 	maxFallback      = 1 << 16                // keys with a LocalFallback limiter
+	logSummaryEvery  = 10 * time.Second       // at most one line per kind of background failure this often
+	evictionCheck    = time.Minute            // how often Redis's maxmemory-policy is read
 )
 
 // FailurePolicy says what a limit does when Redis cannot answer a decision that needs it (the circuit
@@ -95,6 +101,9 @@ type options struct {
 	tracerProvider trace.TracerProvider
 	nodeID         string
 	coldStart      bool
+	evictionCheck  time.Duration // not an option; tests shorten it
+	banRefresh     time.Duration // not an option; tests shorten it
+	maxBans        int           // not an option; tests shrink it
 }
 
 func defaultOptions() options {
@@ -111,6 +120,9 @@ func defaultOptions() options {
 		meterProvider:  otel.GetMeterProvider(),
 		tracerProvider: otel.GetTracerProvider(),
 		coldStart:      true,
+		evictionCheck:  evictionCheck,
+		banRefresh:     banRefresh,
+		maxBans:        maxBans,
 	}
 }
 

@@ -25,6 +25,7 @@ var limiterACL = []any{
 	"on", ">pw", "resetkeys", "resetchannels", "~hr:*", "&hr:*", "-@all",
 	"+evalsha", "+eval", "+script|load", "+subscribe", "+ping", "+hello",
 	"+time", "+hmget", "+hgetall", "+hset", "+hdel", "+pexpire", "+pttl", "+publish", // run by the scripts
+	"+hget", "+hlen", "+hscan", "+zadd", "+zrangebyscore", "+zremrangebyscore", // the ban script's change log and paged reads
 }
 
 // exerciseLimiter runs a limiter over rdb end to end: decisions (central, then local), a flush, and

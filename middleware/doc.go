@@ -28,6 +28,18 @@
 //
 //	{"error":"rate_limit_exceeded","rule":"<rule id>","retry_after_seconds":N}
 //
+// A request denied only because Redis could not answer and the denying rule fails closed
+// (on_failure: fail_closed) gets 503 Service Unavailable instead, so that "limiter unavailable" is
+// not mistaken for "over your limit", with Retry-After and
+// {"error":"rate_limiter_unavailable","rule":"<rule id>","retry_after_seconds":N}
+// ([WithFailClosedStatus], [WithFailClosedRetryAfter]). A local_fallback rule's denial while Redis is
+// away stays a 429: it is still a limit, enforced at this node's share.
+//
+// Every request is charged, HEAD and OPTIONS (CORS preflight) included: a browser that sends a
+// preflight before each cross-origin call pays twice. [WithSkipPreflight] lets preflights through
+// unconsulted, [WithExemptMethods] whole methods; a rule's match.methods exempts them from that rule
+// only.
+//
 // A request without a key a rule needs (under missing_key: reject) gets 401 (see
 // [WithMissingKeyStatus]) and {"error":"missing_rate_limit_key","rule":"<rule id>"}. Both carry only
 // rule ids, never internal keys. Admitted and denied requests alike carry X-RateLimit-Limit,

@@ -132,6 +132,22 @@ func writeDenied(w http.ResponseWriter, res *policy.Result) {
 	writeJSON(w, http.StatusTooManyRequests, b)
 }
 
+// writeUnavailable answers a fail-closed denial: the limiter could not decide.
+func writeUnavailable(w http.ResponseWriter, res *policy.Result, status int, retry time.Duration) {
+	if retry == 0 {
+		retry = res.RetryAfter
+	}
+	secs := retryAfterSeconds(retry)
+	w.Header()[hdrRetryAfter] = []string{strconv.FormatInt(secs, 10)}
+	b := make([]byte, 0, 96)
+	b = append(b, `{"error":"rate_limiter_unavailable","rule":`...)
+	b = appendJSONString(b, res.Rule)
+	b = append(b, `,"retry_after_seconds":`...)
+	b = strconv.AppendInt(b, secs, 10)
+	b = append(b, "}\n"...)
+	writeJSON(w, status, b)
+}
+
 // writeMissing answers a request that lacks a key a rule needs.
 func writeMissing(w http.ResponseWriter, status int, rule string) {
 	b := append([]byte(`{"error":"missing_rate_limit_key","rule":`), appendJSONString(nil, rule)...)

@@ -74,7 +74,8 @@ func (st *state) Value(key any) any {
 	return st.Context.Value(key)
 }
 
-// Handler wraps next: a denied request gets 429 and never reaches next; an admitted one reaches next
+// Handler wraps next: a denied request gets 429 (503 when the limiter could not decide and the rule
+// fails closed: see [WithFailClosedStatus]) and never reaches next; an admitted one reaches next
 // with the decision in its context and the rate-limit headers already set on w. A nil next answers
 // admitted requests with 404, as an empty ServeMux would.
 func (m *Middleware) Handler(next http.Handler) http.Handler {
@@ -91,6 +92,10 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			if sh.counting {
 				defer sh.inflight.Add(-1)
 			}
+		}
+		if (m.o.exempt != nil || m.o.skipPreflight) && m.o.exempted(r) {
+			next.ServeHTTP(w, r)
+			return
 		}
 		st := &state{}
 		st.dims = dims{m: m, r: r}
@@ -111,6 +116,10 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			writeHeaders(w.Header(), m.o.headers, &res)
 		}
 		if !res.Allowed {
+			if res.Unavailable {
+				writeUnavailable(w, &res, m.o.closedStatus, m.o.closedRetry)
+				return
+			}
 			writeDenied(w, &res)
 			return
 		}

@@ -358,3 +358,57 @@ func TestNilNextHandler(t *testing.T) {
 	w := do(t, mustNew(t, &fake{res: policy.Result{Allowed: true}}).Handler(nil), httptest.NewRequest("GET", "/", nil))
 	assert.Equal(t, http.StatusNotFound, w.Code)
 }
+
+func TestFailClosedAnswer(t *testing.T) {
+	t.Parallel()
+	res := deniedResult
+	res.Unavailable, res.RetryAfter = true, 500*time.Millisecond
+	next := &served{}
+	w := do(t, mustNew(t, &fake{res: res}).Handler(next), httptest.NewRequest("GET", "/", nil))
+	assert.Equal(t, http.StatusServiceUnavailable, w.Code)
+	assert.Equal(t, "1", w.Header().Get("Retry-After"))
+	assert.Equal(t, `{"error":"rate_limiter_unavailable","rule":"per-key","retry_after_seconds":1}`+"\n", w.Body.String())
+	w = do(t, mustNew(t, &fake{res: res}, middleware.WithFailClosedStatus(429)).Handler(next), httptest.NewRequest("GET", "/", nil))
+	assert.Equal(t, http.StatusTooManyRequests, w.Code)
+	assert.Zero(t, next.n.Load())
+	for _, bad := range []middleware.Option{middleware.WithFailClosedStatus(200), middleware.WithFailClosedStatus(404),
+		middleware.WithFailClosedRetryAfter(-time.Second), middleware.WithExemptMethods("")} {
+		_, err := middleware.New(&fake{}, bad)
+		assert.ErrorIs(t, err, middleware.ErrBadOption)
+	}
+}
+
+// TestExemptMethods: HEAD and OPTIONS (CORS preflight) are charged by default; WithExemptMethods
+// lets whole methods through, WithSkipPreflight only real preflights.
+func TestExemptMethods(t *testing.T) {
+	t.Parallel()
+	preflight := func() *http.Request {
+		r := httptest.NewRequest("OPTIONS", "/", nil)
+		r.Header.Set("Origin", "https://app.example")
+		r.Header.Set("Access-Control-Request-Method", "POST")
+		return r
+	}
+	for _, tc := range []struct {
+		name string
+		opts []middleware.Option
+		req  *http.Request
+		want int
+	}{
+		{"HEAD is charged by default", nil, httptest.NewRequest("HEAD", "/", nil), 429},
+		{"a preflight is charged by default", nil, preflight(), 429},
+		{"exempt HEAD", []middleware.Option{middleware.WithExemptMethods("head", "OPTIONS")}, httptest.NewRequest("HEAD", "/", nil), 200},
+		{"exempt OPTIONS", []middleware.Option{middleware.WithExemptMethods("head", "OPTIONS")}, preflight(), 200},
+		{"exempt methods only", []middleware.Option{middleware.WithExemptMethods("HEAD")}, httptest.NewRequest("GET", "/", nil), 429},
+		{"skip a preflight", []middleware.Option{middleware.WithSkipPreflight()}, preflight(), 200},
+		{"a plain OPTIONS is no preflight", []middleware.Option{middleware.WithSkipPreflight()}, httptest.NewRequest("OPTIONS", "/", nil), 429},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			next := &served{}
+			w := do(t, mustNew(t, &fake{res: deniedResult}, tc.opts...).Handler(next), tc.req)
+			assert.Equal(t, tc.want, w.Code)
+			if tc.want == 200 {
+				assert.Nil(t, next.res.Load(), "an exempt request carries no result")
+			}
+		})
+	}
+}

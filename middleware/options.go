@@ -61,6 +61,10 @@ type options struct {
 	missingStatus int
 	onError       func(http.ResponseWriter, *http.Request, error)
 	shed          *shedder
+	closedStatus  int           // status of a fail-closed denial
+	closedRetry   time.Duration // its Retry-After; 0: the decision's
+	exempt        []string      // methods not rate-limited
+	skipPreflight bool          // CORS preflight requests are not rate-limited
 }
 
 func defaultOptions() options {
@@ -71,6 +75,7 @@ func defaultOptions() options {
 		headers:       AllHeaders,
 		missingStatus: http.StatusUnauthorized,
 		onError:       defaultErrorHandler,
+		closedStatus:  http.StatusServiceUnavailable,
 	}
 }
 
@@ -270,6 +275,72 @@ func WithErrorHandler(f func(w http.ResponseWriter, r *http.Request, err error))
 		o.onError = f
 		return nil
 	})
+}
+
+// WithFailClosedStatus sets the status of the answer to a request denied only because Redis could
+// not answer and the denying rule fails closed (on_failure: fail_closed; policy.Result.Unavailable):
+// 429, or 500 to 599. The default is 503 Service Unavailable, so that clients and dashboards can tell
+// "limiter unavailable" from "over your limit". The body is
+// {"error":"rate_limiter_unavailable","rule":"<rule id>","retry_after_seconds":N}, with Retry-After.
+func WithFailClosedStatus(code int) Option {
+	return optionFunc(func(o *options) error {
+		if code != http.StatusTooManyRequests && (code < 500 || code > 599) {
+			return badOption("fail-closed status %d: want 429 or 500 to 599", code)
+		}
+		o.closedStatus = code
+		return nil
+	})
+}
+
+// WithFailClosedRetryAfter sets the Retry-After of a fail-closed denial (see [WithFailClosedStatus]),
+// from 0 to 1 hour, sent in whole seconds rounded up. The default, 0, sends the failure policy's own
+// retry-after (the circuit breaker's cooldown: 1 second once rounded).
+func WithFailClosedRetryAfter(d time.Duration) Option {
+	return optionFunc(func(o *options) error {
+		if d < 0 || d > time.Hour {
+			return badOption("fail-closed retry-after %v: want 0 to 1h", d)
+		}
+		o.closedRetry = d
+		return nil
+	})
+}
+
+// WithExemptMethods lets requests with these methods (say, "HEAD" and "OPTIONS") through without
+// consulting the policy: they are neither counted nor limited, and carry no result in their context
+// ([FromContext] reports false). By default every method is charged, HEAD and OPTIONS (CORS
+// preflight) included. To exempt methods from some rules only, use the rules' match.methods.
+func WithExemptMethods(methods ...string) Option {
+	return optionFunc(func(o *options) error {
+		for _, m := range methods {
+			if m == "" || strings.ContainsAny(m, " \t\r\n") {
+				return badOption("exempt method %q", m)
+			}
+			o.exempt = append(o.exempt, strings.ToUpper(m))
+		}
+		return nil
+	})
+}
+
+// WithSkipPreflight lets CORS preflight requests through without consulting the policy: OPTIONS
+// requests that carry both Origin and Access-Control-Request-Method. Other OPTIONS requests are still
+// charged (unless exempted with [WithExemptMethods]). By default preflights are charged, so a browser
+// client pays twice for each cross-origin request that needs one.
+func WithSkipPreflight() Option {
+	return optionFunc(func(o *options) error {
+		o.skipPreflight = true
+		return nil
+	})
+}
+
+// exempted reports whether r skips the policy.
+func (o *options) exempted(r *http.Request) bool {
+	for _, m := range o.exempt {
+		if r.Method == m {
+			return true
+		}
+	}
+	return o.skipPreflight && r.Method == http.MethodOptions &&
+		r.Header.Get("Origin") != "" && r.Header.Get("Access-Control-Request-Method") != ""
 }
 
 // WithLoadShedding sheds requests by priority as the server's utilisation rises; see [Shedding].

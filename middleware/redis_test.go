@@ -249,6 +249,49 @@ func TestFailurePolicyPerRuleOverHTTPWhenRedisIsDown(t *testing.T) {
 	s.srv.Kill(t)
 	assert.Equal(t, 200, s.get(t, "192.0.2.1:1", "X-API-Key", "fresh").Code, "fail_open keeps serving")
 	w := post()
-	assert.Equal(t, 429, w.Code, "fail_closed refuses")
-	assert.Equal(t, `{"error":"rate_limit_exceeded","rule":"closed","retry_after_seconds":1}`+"\n", w.Body.String())
+	assert.Equal(t, 503, w.Code, "fail_closed refuses, as unavailable")
+	assert.Equal(t, `{"error":"rate_limiter_unavailable","rule":"closed","retry_after_seconds":1}`+"\n", w.Body.String())
+}
+
+// TestFailClosedIsServiceUnavailable is issue 11 item 7: with Redis stopped, a fail_closed rule's
+// denial is 503 with Retry-After, not the 429 of "over your limit", for hybrid and strict rules alike;
+// a local_fallback rule whose local share is spent still answers 429; WithFailClosedStatus and
+// WithFailClosedRetryAfter change the answer.
+func TestFailClosedIsServiceUnavailable(t *testing.T) {
+	t.Parallel()
+	p := &policy.Policy{Rules: []policy.Rule{
+		{ID: "hybrid-closed", Dimensions: []string{"api_key"}, Rate: 1000, Burst: 1000, OnFailure: hybrid.FailClosed,
+			Match: policy.Match{Methods: []string{"GET"}}},
+		{ID: "strict-closed", Algorithm: policy.GCRA, Dimensions: []string{"api_key"}, Limit: 1000, Period: time.Hour,
+			OnFailure: hybrid.FailClosed, Match: policy.Match{Methods: []string{"POST"}}},
+		{ID: "fallback", Dimensions: []string{"api_key"}, Rate: 0.001, Burst: 1, OnFailure: hybrid.LocalFallback,
+			Match: policy.Match{Methods: []string{"PUT"}}},
+	}}
+	s := newStack(t, policy.Config{}, p)
+	custom := newStack(t, policy.Config{}, p, middleware.WithFailClosedStatus(500), middleware.WithFailClosedRetryAfter(30*time.Second))
+	req := func(h http.Handler, method string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(method, "/", nil)
+		r.Header.Set("X-API-Key", "k")
+		return do(t, h, r)
+	}
+	for _, m := range []string{"GET", "POST"} {
+		require.Equal(t, 200, req(s.h, m).Code, m)
+	}
+	s.srv.Kill(t)
+	custom.srv.Kill(t)
+	for _, tc := range []struct{ method, rule string }{{"GET", "hybrid-closed"}, {"POST", "strict-closed"}} {
+		for i := range 3 { // the first meets the dead Redis, the next ones the open breaker
+			w := req(s.h, tc.method)
+			assert.Equal(t, http.StatusServiceUnavailable, w.Code, "%s #%d", tc.method, i)
+			assert.Equal(t, "1", w.Header().Get("Retry-After"), "the breaker's cooldown, rounded up")
+			assert.Equal(t, `{"error":"rate_limiter_unavailable","rule":"`+tc.rule+`","retry_after_seconds":1}`+"\n", w.Body.String())
+		}
+		w := req(custom.h, tc.method)
+		assert.Equal(t, 500, w.Code, tc.method)
+		assert.Equal(t, "30", w.Header().Get("Retry-After"))
+	}
+	assert.Equal(t, 200, req(s.h, "PUT").Code, "local_fallback: this node's share")
+	w := req(s.h, "PUT")
+	assert.Equal(t, http.StatusTooManyRequests, w.Code, "local_fallback still limits: over the limit")
+	assert.Contains(t, w.Body.String(), "rate_limit_exceeded")
 }

@@ -184,6 +184,9 @@ type Decision struct {
 	ResetAfter time.Duration
 	// Source says who decided.
 	Source Source
+	// Unavailable reports a denial made only because Redis could not answer and the rule fails
+	// closed (on_failure: fail_closed): it says nothing about the subject's quota.
+	Unavailable bool
 }
 
 // Result is the outcome of [Enforcer.Check]. The zero Result denies.
@@ -199,6 +202,10 @@ type Result struct {
 	// MissingKey reports that Rule lacks a dimension of the request and rejects such requests
 	// (MissingReject); nothing was consumed.
 	MissingKey bool
+	// Unavailable reports that the denying rule's decision is a fail-closed fallback (see
+	// Decision.Unavailable): the limiter could not decide, rather than the subject being over its
+	// limit. The middleware answers such denials with 503 rather than 429.
+	Unavailable bool
 	// ShadowDenied reports that the policy is in shadow mode and would have denied the request
 	// (Allowed is then true).
 	ShadowDenied bool
@@ -640,8 +647,10 @@ func (e *Enforcer) check(ctx context.Context, c *compiled, req *Request) (Result
 		d := hybridDecision(p, hd)
 		res.Decisions = append(res.Decisions, d)
 		if !hd.Allowed {
-			e.remember(p, c.gen, d.RetryAfter)
-			res.Allowed, res.Rule, res.RetryAfter = false, p.r.id, d.RetryAfter
+			if !d.Unavailable { // a fail-closed denial says nothing about the subject: not remembered
+				e.remember(p, c.gen, d.RetryAfter)
+			}
+			res.Allowed, res.Rule, res.RetryAfter, res.Unavailable = false, p.r.id, d.RetryAfter, d.Unavailable
 			return e.shadowAll(ctx, c, tier, tag, res, plan), nil
 		}
 	}
@@ -786,6 +795,7 @@ func (e *Enforcer) strictFallback(ps []*planned, res *Result) {
 			d.Allowed = true
 		case hybrid.FailClosed:
 			d.RetryAfter = strictBreakerCooldown
+			d.Unavailable = true
 		default:
 			ok, wait, cancel := e.fb.reserve(p.key, p.u, p.n, e.cfg.FallbackNodes, now)
 			d.Allowed, d.RetryAfter, cancels[i] = ok, wait, cancel
@@ -808,7 +818,7 @@ func (e *Enforcer) strictFallback(ps []*planned, res *Result) {
 			worst = d
 		}
 	}
-	res.Allowed, res.Rule, res.RetryAfter = false, worst.Rule, worst.RetryAfter
+	res.Allowed, res.Rule, res.RetryAfter, res.Unavailable = false, worst.Rule, worst.RetryAfter, worst.Unavailable
 }
 
 // remember records a denial in the memo until its retry-after.
@@ -835,6 +845,7 @@ func hybridDecision(p *planned, hd hybrid.Decision) Decision {
 		d.Source = SourceDenyCache
 	}
 	d.Remaining, d.RetryAfter, d.ResetAfter = max(hd.Remaining, 0), max(hd.RetryAfter, 0), max(hd.ResetAfter, hd.RetryAfter, 0)
+	d.Unavailable = hd.Source == hybrid.SourceFallback && !hd.Allowed && p.r.failure == hybrid.FailClosed
 	return d
 }
 

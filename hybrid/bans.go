@@ -1,0 +1,93 @@
+package hybrid
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hybridrate/hybridrate/central"
+)
+
+// banWatch is what the limiter knows of the ban list beyond its local copy. The local copy (the deny
+// cache) holds at most options.maxBans bans; when Redis holds more, a key missing from it may still
+// be banned, so the keys this node reconciles or takes are checked in Redis (central.BannedKeys),
+// each at most once per banCheckEvery, and the bans found join the local copy.
+type banWatch struct {
+	total atomic.Int64 // entries in Redis's ban list, as last read
+
+	mu     sync.Mutex          // guards seen and queue
+	seen   map[string]struct{} // keys queued since the last reset
+	queue  []string            // keys to check
+	notify chan struct{}       // buffered 1: the queue has keys
+}
+
+func (w *banWatch) init() {
+	w.seen = make(map[string]struct{})
+	w.notify = make(chan struct{}, 1)
+}
+
+// add queues key for a check, unless it was queued since the last reset.
+func (w *banWatch) add(key string) {
+	w.mu.Lock()
+	if _, ok := w.seen[key]; ok || len(w.seen) >= maxBanChecks {
+		w.mu.Unlock()
+		return
+	}
+	w.seen[key] = struct{}{}
+	w.queue = append(w.queue, key)
+	w.mu.Unlock()
+	select {
+	case w.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (w *banWatch) drain() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	q := w.queue
+	w.queue = nil
+	return q
+}
+
+func (w *banWatch) reset() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	clear(w.seen)
+}
+
+// incomplete reports whether Redis holds more bans than the local copy can.
+func (l *Limiter) bansIncomplete() bool { return l.bans.total.Load() > int64(l.opts.maxBans) }
+
+// checkBans checks the queued keys in Redis until ctx ends; see banWatch.
+func (l *Limiter) checkBans(ctx context.Context, onErr func(error)) {
+	t := time.NewTicker(banCheckEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			l.bans.reset()
+		case <-l.bans.notify:
+			keys := l.bans.drain()
+			for lo := 0; lo < len(keys); lo += central.MaxBanCheck {
+				batch := keys[lo:min(lo+central.MaxBanCheck, len(keys))]
+				rem, err := l.central.BannedKeys(ctx, batch)
+				if err != nil {
+					if ctx.Err() == nil {
+						onErr(err)
+					}
+					break // the keys are queued again when next reconciled
+				}
+				now := l.opts.now()
+				for i, d := range rem {
+					if d > 0 {
+						l.deny.Ban(batch[i], now.Add(d))
+					}
+				}
+			}
+		}
+	}
+}
