@@ -96,6 +96,7 @@ type options struct {
 	tracerProvider trace.TracerProvider
 	nodeID         string
 	coldStart      bool
+	instance       string
 }
 
 func defaultOptions() options {
@@ -279,6 +280,21 @@ func WithNodeID(id string) Option {
 			return badOption("node id %q: want 1 to 64 bytes of [A-Za-z0-9_-]", id)
 		}
 		o.nodeID = id
+		return nil
+	})
+}
+
+// WithInstance sets the value of the hybridrate.instance attribute on this limiter's metrics: a
+// stable name for the process (a pod name, say), the same across restarts, unlike the node id. It
+// must be 1 to 128 bytes. The default is the host name (os.Hostname), or "unknown". Limiters of one
+// process share it; their metrics differ by their failure policy (the hybridrate.failure_policy
+// attribute), so give limiters of one process with the same failure policy distinct instances.
+func WithInstance(name string) Option {
+	return optionFunc(func(o *options) error {
+		if name == "" || len(name) > 128 {
+			return badOption("instance %q: want 1 to 128 bytes", name)
+		}
+		o.instance = name
 		return nil
 	})
 }
