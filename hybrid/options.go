@@ -325,3 +325,6 @@ func (l Limit) Validate() error {
 	}
 	return nil
 }
+
+// FailurePolicy returns the limiter's failure policy (WithFailurePolicy).
+func (l *Limiter) FailurePolicy() FailurePolicy { return l.opts.policy }
