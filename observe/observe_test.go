@@ -180,7 +180,7 @@ func metricdataString(m metricdata.Metrics) string {
 	var b strings.Builder
 	add := func(s attribute.Set) {
 		for _, kv := range s.ToSlice() {
-			b.WriteString(string(kv.Key) + "=" + kv.Value.Emit() + " ")
+			b.WriteString(string(kv.Key) + "=" + kv.Value.String() + " ")
 		}
 	}
 	switch d := m.Data.(type) {
