@@ -216,6 +216,7 @@ func TestHTTPEndpointsOnTheEmbeddedRedis(t *testing.T) {
 	base := "http://" + a.http
 	code, body := get(t, base+"/healthz")
 	assert.Equal(t, http.StatusOK, code)
+	assert.Equal(t, "ok\n", body)
 	code, _ = get(t, base+"/readyz")
 	assert.Equal(t, http.StatusOK, code)
 	for i := 0; i < 25; i++ { // per-key: burst 20
