@@ -340,7 +340,7 @@ func (o *Observer) record(ctx context.Context, req *policy.Request, start time.T
 			}
 		}
 		ev.Key = o.subjectKey(req, rule)
-		rec.rule, rec.key = rule, ev.Key
+		rec.rule, rec.key, rec.shadow = rule, ev.Key, res.Allowed
 	}
 	rec.route, rec.tier = route, tier
 	o.win.add(start, &rec)

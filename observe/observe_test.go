@@ -210,6 +210,11 @@ func TestShadowWouldDenyAndRedisPathLatency(t *testing.T) {
 	assert.EqualValues(t, 2, sums(t, f.reader, "hybridrate.rule.shadow_denials", trial, attribute.String("route", "GET /v1/search")))
 	assert.EqualValues(t, 2, sums(t, f.reader, "hybridrate.rule.decisions", trial, attribute.Bool("shadow", true), attribute.String("outcome", "denied")))
 	assert.EqualValues(t, 2, sums(t, f.reader, "hybridrate.requests", attribute.String("outcome", "shadow_denied")))
+	snap := f.obs.Snapshot(time.Minute)
+	require.Len(t, snap.Denied, 1)
+	assert.Equal(t, observe.DenyCount{Route: "GET /v1/search", Rule: "trial", Tier: "free", Shadow: true, N: 2, Rate: 2.0 / 60}, snap.Denied[0])
+	assert.EqualValues(t, 2, snap.Sum.ShadowDenied)
+	assert.Zero(t, snap.Sum.Denied)
 
 	before := histCount(t, f.reader, "hybridrate.check.duration", attribute.String("path", "redis"))
 	f.check(t, "k", "POST /v1/exports", "") // a strict rule: a Redis round trip

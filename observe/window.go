@@ -23,12 +23,16 @@ type sample struct {
 	outcome           string
 	route, tier, rule string
 	key               string
+	shadow            bool // admitted; rule would have denied
 	sources           [8]srcOutcome
 	n                 int
 }
 
 // group names a (route, rule, tier) triple of denials.
-type group struct{ Route, Rule, Tier string }
+type group struct {
+	Route, Rule, Tier string
+	Shadow            bool
+}
 
 // slot is one second of the window.
 type slot struct {
@@ -86,12 +90,12 @@ func (w *window) add(t time.Time, s *sample) {
 			sl.groups = make(map[group]int64)
 			sl.keys = make(map[KeyCount]int64)
 		}
-		g := group{Route: s.route, Rule: s.rule, Tier: s.tier}
+		g := group{Route: s.route, Rule: s.rule, Tier: s.tier, Shadow: s.shadow}
 		if _, ok := sl.groups[g]; !ok && len(sl.groups) >= maxSlotKeys {
 			g = group{Route: Other, Rule: Other, Tier: Other}
 		}
 		sl.groups[g]++
-		k := KeyCount{Key: s.key, Rule: s.rule}
+		k := KeyCount{Key: s.key, Rule: s.rule, Shadow: s.shadow}
 		if _, ok := sl.keys[k]; !ok && len(sl.keys) >= maxSlotKeys {
 			k = KeyCount{Key: Other, Rule: Other}
 		}
@@ -163,18 +167,20 @@ type Totals struct {
 
 // DenyCount counts the denials of one route, rule and tier in a span.
 type DenyCount struct {
-	Route string  `json:"route"`
-	Rule  string  `json:"rule"`
-	Tier  string  `json:"tier"`
-	N     int64   `json:"n"`
-	Rate  float64 `json:"rate"` // denials per second over the span
+	Route  string  `json:"route"`
+	Rule   string  `json:"rule"`
+	Tier   string  `json:"tier"`
+	Shadow bool    `json:"shadow"` // would-be denials: the requests were admitted
+	N      int64   `json:"n"`
+	Rate   float64 `json:"rate"` // denials per second over the span
 }
 
 // KeyCount counts the denials of one hashed key (an Event.Key) by one rule.
 type KeyCount struct {
-	Key  string `json:"key"`
-	Rule string `json:"rule"`
-	N    int64  `json:"n"`
+	Key    string `json:"key"`
+	Rule   string `json:"rule"`
+	Shadow bool   `json:"shadow"` // would-be denials: the requests were admitted
+	N      int64  `json:"n"`
 }
 
 // SourceCount counts the counter decisions of one source and outcome.
@@ -260,7 +266,8 @@ func (o *Observer) Snapshot(span time.Duration) Snapshot {
 	o.win.mu.Unlock()
 	spanSec := max(s.Span.Seconds(), 1)
 	for g, n := range groups {
-		s.Denied = append(s.Denied, DenyCount{Route: g.Route, Rule: g.Rule, Tier: g.Tier, N: n, Rate: float64(n) / spanSec})
+		s.Denied = append(s.Denied, DenyCount{Route: g.Route, Rule: g.Rule, Tier: g.Tier, Shadow: g.Shadow, N: n,
+			Rate: float64(n) / spanSec})
 	}
 	sort.Slice(s.Denied, func(i, j int) bool {
 		a, b := s.Denied[i], s.Denied[j]

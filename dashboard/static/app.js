@@ -75,9 +75,10 @@ function render(s) {
   const top = Math.max(1, ...denied.map((d) => d.n));
   rows($("denied").tBodies[0], denied, (d) => {
     const bar = el("div", { style: `width:${((100 * d.n) / top).toFixed(1)}%` });
-    return [[d.route], [d.rule], [d.tier], [fmt(d.n), "num"], [d.rate.toFixed(2), "num"], [bar, "bar"]];
+    if (d.shadow) bar.className = "shadowed";
+    return [[d.route], [d.shadow ? `${d.rule} (shadow)` : d.rule], [d.tier], [fmt(d.n), "num"], [d.rate.toFixed(2), "num"], [bar, "bar"]];
   });
-  rows($("keys").tBodies[0], s.topKeys || [], (k) => [[k.key, "key"], [k.rule], [fmt(k.n), "num"]]);
+  rows($("keys").tBodies[0], s.topKeys || [], (k) => [[k.key, "key"], [k.shadow ? `${k.rule} (shadow)` : k.rule], [fmt(k.n), "num"]]);
   rows($("sources").tBodies[0], s.sources || [], (c) => [[c.source], [c.outcome], [fmt(c.n), "num"]]);
 
   const h = s.health || {};
