@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -338,3 +339,64 @@ func TestParseConfig(t *testing.T) {
 	_, err = parseConfig(nil, func(k string) string { return map[string]string{"HYBRIDRATED_RELOAD": "soon"}[k] }, io.Discard)
 	assert.Error(t, err)
 }
+
+// TestPrometheusExampleUsesExportedMetrics: every hybridrate metric that examples/prometheus names
+// (alert rules and Grafana dashboard) is one the sidecar serves at /metrics, and every alert of
+// docs/operations.md has a rule.
+func TestPrometheusExampleUsesExportedMetrics(t *testing.T) {
+	const pol = `
+version: 1
+missing_key: skip
+rules:
+  - id: per-key
+    dimensions: [api_key]
+    limit: 3
+    period: 1m
+  - id: trial
+    dimensions: [api_key]
+    limit: 1
+    period: 1m
+    shadow: true
+`
+	a, stop := start(t, config{policyPath: writePolicy(t, t.TempDir(), pol)})
+	for i := 0; i < 5; i++ { // admitted, near the limit, denied, shadow-denied
+		resp, err := http.Post("http://"+a.http+"/v1/check", "application/json",
+			strings.NewReader(`{"descriptors":[{"entries":[{"key":"api_key","value":"k"}]}]}`))
+		require.NoError(t, err)
+		resp.Body.Close()
+	}
+	_, metrics := get(t, "http://"+a.http+"/metrics")
+	require.NoError(t, stop())
+
+	exported := map[string]bool{}
+	for _, line := range strings.Split(metrics, "\n") {
+		if name, _, ok := strings.Cut(line, "{"); ok && strings.HasPrefix(name, "hybridrate_") {
+			exported[name] = true
+		}
+	}
+	named := map[string]bool{}
+	for _, f := range []string{"alerts.yml", "grafana-dashboard.json"} {
+		b, err := os.ReadFile(filepath.Join("..", "..", "examples", "prometheus", f))
+		require.NoError(t, err)
+		for _, m := range metricName.FindAllString(string(b), -1) {
+			named[m] = true
+		}
+	}
+	require.NotEmpty(t, named)
+	for m := range named {
+		if strings.Contains(metrics, ","+m+"=") || strings.Contains(metrics, "{"+m+"=") {
+			continue // a label, not a metric
+		}
+		assert.True(t, exported[m], "examples/prometheus names %s, which the sidecar does not export", m)
+	}
+
+	// docs/operations.md's alerts, each with a rule on its metric.
+	alerts, err := os.ReadFile(filepath.Join("..", "..", "examples", "prometheus", "alerts.yml"))
+	require.NoError(t, err)
+	for _, m := range []string{"hybridrate_breaker_open", "hybridrate_redis_errors_total", "hybridrate_pending",
+		"hybridrate_sync_failed_keys_total", `hybridrate_decisions_total{source="fallback"}`, "hybridrate_evictions_total"} {
+		assert.Contains(t, string(alerts), m)
+	}
+}
+
+var metricName = regexp.MustCompile(`hybridrate_[a-z_]+[a-z]`)
