@@ -27,6 +27,7 @@
 //     the policy is in shadow mode), by rule, route and tier.
 //   - hybridrate.check.duration: decision latency in seconds, by path (local: no Redis round trip;
 //     redis: a synchronous or strict Redis call; fallback: a failure policy answered) and outcome.
+//   - hybridrate.window.denied: the denials the in-memory window holds (the dashboard's span).
 //
 // The hybrid limiters' own metrics (package hybrid: decisions by source, reconcile rounds, Redis
 // errors by class, breaker state) come from their WithMeterProvider option.
