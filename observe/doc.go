@@ -28,6 +28,9 @@
 //   - hybridrate.check.duration: decision latency in seconds, by path (local: no Redis round trip;
 //     redis: a synchronous or strict Redis call; fallback: a failure policy answered) and outcome.
 //   - hybridrate.window.denied: the denials the in-memory window holds (the dashboard's span).
+//   - hybridrate.strict.calls, hybridrate.strict.errors (by class: error, breaker_open) and
+//     hybridrate.strict.breaker.state: the strict rules' Redis client, when the Checker is a
+//     *policy.Enforcer.
 //
 // The hybrid limiters' own metrics (package hybrid: decisions by source, reconcile rounds, Redis
 // errors by class, breaker state) come from their WithMeterProvider option.

@@ -189,13 +189,41 @@ func New(c Checker, cfg Config) (*Observer, error) {
 	health, err := m.Int64ObservableGauge("hybridrate.window.denied",
 		metric.WithDescription("Denials in the in-memory window (the dashboard's), by instance."))
 	errs[5] = err
-	if err := errors.Join(errs[:]...); err != nil {
+	sCalls, err1 := m.Int64ObservableCounter("hybridrate.strict.calls",
+		metric.WithDescription("Script calls of the strict rules' Redis client."))
+	sErrs, err2 := m.Int64ObservableCounter("hybridrate.strict.errors",
+		metric.WithDescription("Strict rules' Redis calls that failed or were not sent, by class: error (network, timeout, error reply), breaker_open (refused by the open circuit breaker)."))
+	sState, err3 := m.Int64ObservableGauge("hybridrate.strict.breaker.state",
+		metric.WithDescription("1 for the strict client's circuit breaker state (closed, open, half-open), 0 for the others."))
+	if err := errors.Join(append(errs[:], err1, err2, err3)...); err != nil {
 		return nil, fmt.Errorf("observe: %w", err)
 	}
+	inst := metric.WithAttributes(o.inst)
+	classErr := metric.WithAttributes(o.inst, attribute.String("class", "error"))
+	classOpen := metric.WithAttributes(o.inst, attribute.String("class", "breaker_open"))
+	states := map[string]metric.ObserveOption{}
+	for _, st := range []string{"closed", "open", "half-open"} {
+		states[st] = metric.WithAttributes(o.inst, attribute.String("state", st))
+	}
 	o.reg, err = m.RegisterCallback(func(_ context.Context, ob metric.Observer) error {
-		ob.ObserveInt64(health, o.win.total(o.cfg.Now()).Denied, metric.WithAttributes(o.inst))
+		ob.ObserveInt64(health, o.win.total(o.cfg.Now()).Denied, inst)
+		enf, ok := o.c.(*policy.Enforcer)
+		if !ok {
+			return nil
+		}
+		h := enf.StrictHealth()
+		ob.ObserveInt64(sCalls, h.Calls, inst)
+		ob.ObserveInt64(sErrs, h.Errors, classErr)
+		ob.ObserveInt64(sErrs, h.Rejected, classOpen)
+		for st, opt := range states {
+			v := int64(0)
+			if st == h.Breaker {
+				v = 1
+			}
+			ob.ObserveInt64(sState, v, opt)
+		}
 		return nil
-	}, health)
+	}, health, sCalls, sErrs, sState)
 	if err != nil {
 		return nil, fmt.Errorf("observe: %w", err)
 	}

@@ -2,6 +2,9 @@ package observe_test
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/middleware"
 	"github.com/hybridrate/hybridrate/observe"
 	"github.com/hybridrate/hybridrate/policy"
 )
@@ -325,4 +329,66 @@ type fakeChecker struct{}
 
 func (fakeChecker) Check(context.Context, *policy.Request) (policy.Result, error) {
 	return policy.Result{Allowed: true}, nil
+}
+
+func TestStrictAndBreakerHealthWhenRedisIsDown(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, StrictTimeout: 100 * time.Millisecond,
+		HybridOptions: []hybrid.Option{hybrid.WithSyncTimeout(100 * time.Millisecond), hybrid.WithMeterProvider(mp)}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = enf.Close(context.Background()) })
+	obs, err := observe.New(enf, observe.Config{MeterProvider: mp, Instance: "n"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = obs.Close() })
+	require.NoError(t, obs.SetPolicy(&policy.Policy{Rules: []policy.Rule{
+		{ID: "strict", Algorithm: policy.GCRA, Dimensions: []string{"api_key"}, Rate: 1, Burst: 1, OnFailure: hybrid.FailOpen},
+		{ID: "hyb", Dimensions: []string{"api_key"}, Rate: 1, Burst: 1, OnFailure: hybrid.FailOpen},
+	}}))
+	mr.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for i := 0; obs.Health().OK; i++ {
+		require.True(t, time.Now().Before(deadline), "a breaker opens while Redis is down")
+		res, err := obs.Check(context.Background(), &policy.Request{Dims: policy.Values{"api_key": "k" + strconv.Itoa(i)}})
+		require.NoError(t, err)
+		require.True(t, res.Allowed, "fail-open")
+	}
+	h := obs.Health()
+	assert.False(t, h.OK)
+	require.NotNil(t, h.Strict)
+	assert.Positive(t, h.Strict.Errors)
+	assert.Positive(t, sums(t, reader, "hybridrate.strict.errors", attribute.String("class", "error")))
+	assert.Positive(t, sums(t, reader, "hybridrate.requests", attribute.String("outcome", "allowed")))
+	assert.Positive(t, histCount(t, reader, "hybridrate.check.duration", attribute.String("path", "fallback")),
+		"decisions by failure policy are timed on their own path")
+	open := sums(t, reader, "hybridrate.strict.breaker.state", attribute.String("state", "open")) +
+		sums(t, reader, "hybridrate.breaker.state", attribute.String("state", "open"))
+	assert.Positive(t, open, "an open breaker shows in the metrics")
+}
+
+// TestBehindMiddlewareRouteIsThePattern: wrapped by package middleware, the route attribute is the
+// mux pattern, never the raw path.
+func TestBehindMiddlewareRouteIsThePattern(t *testing.T) {
+	f := newFixture(t, observe.Config{})
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/items/{id}", func(http.ResponseWriter, *http.Request) {})
+	mw, err := middleware.New(f.obs, middleware.WithMux(mux))
+	require.NoError(t, err)
+	h := mw.Handler(mux)
+	codes := map[int]int{}
+	for i := 0; i < 7; i++ {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("GET", "/v1/items/"+strconv.Itoa(1000+i), nil)
+		req.Header.Set("X-API-Key", "mw-key")
+		h.ServeHTTP(rec, req)
+		codes[rec.Code]++
+	}
+	assert.Equal(t, map[int]int{200: 5, 429: 2}, codes)
+	route := attribute.String("route", "GET /v1/items/{id}")
+	assert.EqualValues(t, 5, sums(t, f.reader, "hybridrate.requests", route, attribute.String("outcome", "allowed")))
+	assert.EqualValues(t, 2, sums(t, f.reader, "hybridrate.requests", route, attribute.String("outcome", "denied")))
 }
