@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -116,13 +117,11 @@ type Observer struct {
 	cfg Config
 	key []byte
 
-	reqs     metric.Int64Counter
-	decs     metric.Int64Counter
-	near     metric.Int64Counter
-	shadow   metric.Int64Counter
+	counters [numKinds]metric.Int64ObservableCounter // by attrKey.kind (kindLat: none)
 	latency  metric.Float64Histogram
 	inst     attribute.KeyValue
-	attrs    sync.Map // of attrKey → metric.MeasurementOption
+	attrMu   sync.RWMutex
+	attrs    map[attrKey]*cell // guarded by attrMu
 	routes   labels
 	tiers    labels
 	win      *window
@@ -164,7 +163,7 @@ func New(c Checker, cfg Config) (*Observer, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	o := &Observer{c: c, cfg: cfg, key: append([]byte(nil), cfg.HashKey...),
+	o := &Observer{c: c, cfg: cfg, key: append([]byte(nil), cfg.HashKey...), attrs: map[attrKey]*cell{},
 		inst: attribute.String("hybridrate.instance", cfg.Instance)}
 	if len(o.key) == 0 {
 		o.key = make([]byte, 32)
@@ -174,13 +173,13 @@ func New(c Checker, cfg Config) (*Observer, error) {
 	o.win = newWindow(int(cfg.Window / time.Second))
 	m := cfg.MeterProvider.Meter(instrumentationName)
 	var errs [6]error
-	o.reqs, errs[0] = m.Int64Counter("hybridrate.requests",
-		metric.WithDescription("Checks, by outcome (allowed, denied, shadow_denied, missing_key, error), route and tier."))
-	o.decs, errs[1] = m.Int64Counter("hybridrate.rule.decisions",
+	o.counters[kindReq], errs[0] = m.Int64ObservableCounter("hybridrate.requests",
+		metric.WithDescription("Checks, by outcome (allowed, shadow_denied, denied, missing_key, error), route and tier."))
+	o.counters[kindDec], errs[1] = m.Int64ObservableCounter("hybridrate.rule.decisions",
 		metric.WithDescription("Counter decisions, by rule, source, outcome, shadow, route and tier."))
-	o.near, errs[2] = m.Int64Counter("hybridrate.rule.near_limit",
+	o.counters[kindNear], errs[2] = m.Int64ObservableCounter("hybridrate.rule.near_limit",
 		metric.WithDescription("Admitted decisions that left at most the near-limit share of the quota, by rule, route and tier."))
-	o.shadow, errs[3] = m.Int64Counter("hybridrate.rule.shadow_denials",
+	o.counters[kindShadow], errs[3] = m.Int64ObservableCounter("hybridrate.rule.shadow_denials",
 		metric.WithDescription("Would-be denials of rules in shadow mode, by rule, route and tier."))
 	o.latency, errs[4] = m.Float64Histogram("hybridrate.check.duration", metric.WithUnit("s"),
 		metric.WithDescription("Decision latency, by path (local, redis, fallback) and outcome."),
@@ -207,6 +206,17 @@ func New(c Checker, cfg Config) (*Observer, error) {
 	}
 	o.reg, err = m.RegisterCallback(func(_ context.Context, ob metric.Observer) error {
 		ob.ObserveInt64(health, o.win.total(o.cfg.Now()).Denied, inst)
+		o.attrMu.RLock()
+		cells := make([]*cell, 0, len(o.attrs))
+		for _, c := range o.attrs {
+			cells = append(cells, c)
+		}
+		o.attrMu.RUnlock()
+		for _, c := range cells {
+			if c.kind != kindLat {
+				ob.ObserveInt64(o.counters[c.kind], c.n.Load(), c.obs)
+			}
+		}
 		enf, ok := o.c.(*policy.Enforcer)
 		if !ok {
 			return nil
@@ -223,7 +233,7 @@ func New(c Checker, cfg Config) (*Observer, error) {
 			ob.ObserveInt64(sState, v, opt)
 		}
 		return nil
-	}, health, sCalls, sErrs, sState)
+	}, health, sCalls, sErrs, sState, o.counters[kindReq], o.counters[kindDec], o.counters[kindNear], o.counters[kindShadow])
 	if err != nil {
 		return nil, fmt.Errorf("observe: %w", err)
 	}
@@ -270,16 +280,45 @@ type attrKey struct {
 	shadow                       bool
 }
 
+// The kinds of attribute sets: one per instrument.
 const (
-	kindReq = iota
-	kindDec
-	kindRule
-	kindLat
+	kindReq    = iota // hybridrate.requests
+	kindDec           // hybridrate.rule.decisions
+	kindNear          // hybridrate.rule.near_limit
+	kindShadow        // hybridrate.rule.shadow_denials
+	kindLat           // hybridrate.check.duration
+	numKinds
 )
 
-func (o *Observer) opt(k attrKey) metric.MeasurementOption {
-	if v, ok := o.attrs.Load(k); ok {
-		return v.(metric.MeasurementOption)
+// cell is one attribute set of one instrument: its count (observed at collection, so that a check
+// costs an atomic add rather than the SDK's per-call attribute handling) or, for the latency
+// histogram, its options.
+type cell struct {
+	kind uint8
+	n    atomic.Int64
+	obs  metric.ObserveOption
+	rec  []metric.RecordOption
+}
+
+// cell returns the cell of k, creating it on first use. Beyond maxAttrSets cells, new route and tier
+// values share the "other" ones.
+func (o *Observer) cell(k attrKey) *cell {
+	o.attrMu.RLock()
+	c, ok := o.attrs[k]
+	o.attrMu.RUnlock()
+	if ok {
+		return c
+	}
+	o.attrMu.Lock()
+	defer o.attrMu.Unlock()
+	if c, ok := o.attrs[k]; ok {
+		return c
+	}
+	if len(o.attrs) >= maxAttrSets {
+		k.route, k.tier = Other, Other
+		if c, ok := o.attrs[k]; ok {
+			return c
+		}
 	}
 	var kv []attribute.KeyValue
 	switch k.kind {
@@ -290,15 +329,20 @@ func (o *Observer) opt(k attrKey) metric.MeasurementOption {
 		kv = []attribute.KeyValue{o.inst, attribute.String("rule", k.rule), attribute.String("source", k.src),
 			attribute.String("outcome", k.outc), attribute.Bool("shadow", k.shadow), attribute.String("route", k.route),
 			attribute.String("tier", k.tier)}
-	case kindRule:
+	case kindNear, kindShadow:
 		kv = []attribute.KeyValue{o.inst, attribute.String("rule", k.rule), attribute.String("route", k.route),
 			attribute.String("tier", k.tier)}
 	case kindLat:
 		kv = []attribute.KeyValue{o.inst, attribute.String("path", k.src), attribute.String("outcome", k.outc)}
 	}
-	v, _ := o.attrs.LoadOrStore(k, metric.WithAttributeSet(attribute.NewSet(kv...)))
-	return v.(metric.MeasurementOption)
+	set := attribute.NewSet(kv...)
+	c = &cell{kind: k.kind, obs: metric.WithAttributeSet(set), rec: []metric.RecordOption{metric.WithAttributeSet(set)}}
+	o.attrs[k] = c
+	return c
 }
+
+// maxAttrSets bounds the attribute sets (rules × sources × outcomes × routes × tiers can be many).
+const maxAttrSets = 1 << 16
 
 // outcome names a check's outcome.
 func outcome(res *policy.Result, err error) string {
@@ -333,9 +377,8 @@ func (o *Observer) record(ctx context.Context, req *policy.Request, start time.T
 	route, tier := o.labels(req)
 	outc := outcome(&res, err)
 	p := path(&res)
-	o.reqs.Add(ctx, 1, o.opt(attrKey{kind: kindReq, route: route, tier: tier, outc: outc}))
-	o.latency.Record(ctx, lat.Seconds(), o.opt(attrKey{kind: kindLat, src: p, outc: outc}))
-	ev := Event{Time: start, Latency: lat, Route: route, Tier: tier, Method: req.Method, Path: p, Result: res, Err: err}
+	o.cell(attrKey{kind: kindReq, route: route, tier: tier, outc: outc}).n.Add(1)
+	o.latency.Record(ctx, lat.Seconds(), o.cell(attrKey{kind: kindLat, src: p, outc: outc}).rec...)
 	var rec sample
 	rec.outcome = outc
 	for i := range res.Decisions {
@@ -345,21 +388,23 @@ func (o *Observer) record(ctx context.Context, req *policy.Request, start time.T
 			dec = "denied"
 		}
 		src := d.Source.String()
-		o.decs.Add(ctx, 1, o.opt(attrKey{kind: kindDec, route: route, tier: tier, rule: d.Rule, src: src, outc: dec, shadow: d.Shadow}))
+		o.cell(attrKey{kind: kindDec, route: route, tier: tier, rule: d.Rule, src: src, outc: dec, shadow: d.Shadow}).n.Add(1)
 		if d.Shadow && !d.Allowed {
-			o.shadow.Add(ctx, 1, o.opt(attrKey{kind: kindRule, route: route, tier: tier, rule: d.Rule}))
+			o.cell(attrKey{kind: kindShadow, route: route, tier: tier, rule: d.Rule}).n.Add(1)
 		}
 		if d.Allowed && !d.Shadow && d.Limit > 0 && float64(d.Remaining) <= o.cfg.NearLimit*float64(d.Limit) {
-			o.near.Add(ctx, 1, o.opt(attrKey{kind: kindRule, route: route, tier: tier, rule: d.Rule}))
+			o.cell(attrKey{kind: kindNear, route: route, tier: tier, rule: d.Rule}).n.Add(1)
 		}
 		if i < len(rec.sources) {
 			rec.sources[i] = srcOutcome{src: d.Source, denied: !d.Allowed}
 			rec.n++
 		}
 	}
-	if ev.Denied() {
+	denied := err == nil && (!res.Allowed || shadowDenied(&res))
+	var key string
+	if denied {
 		rule := res.Rule
-		if rule == "" { // shadow mode: the first counter that would have denied
+		if rule == "" { // shadow: the first counter that would have denied
 			for _, d := range res.Decisions {
 				if !d.Allowed {
 					rule = d.Rule
@@ -367,16 +412,24 @@ func (o *Observer) record(ctx context.Context, req *policy.Request, start time.T
 				}
 			}
 		}
-		ev.Key = o.subjectKey(req, rule)
-		rec.rule, rec.key, rec.shadow = rule, ev.Key, res.Allowed
+		key = o.subjectKey(req, rule)
+		rec.rule, rec.key, rec.shadow = rule, key, res.Allowed
 	}
 	rec.route, rec.tier = route, tier
 	o.win.add(start, &rec)
-	if o.cfg.OnDecision != nil {
-		o.cfg.OnDecision(&ev)
+	if o.cfg.OnDecision != nil || denied && o.cfg.OnDeny != nil {
+		o.hooks(&Event{Time: start, Latency: lat, Route: route, Tier: tier, Method: req.Method, Path: p, Result: res,
+			Err: err, Key: key}, denied)
 	}
-	if o.cfg.OnDeny != nil && ev.Denied() {
-		o.cfg.OnDeny(&ev)
+}
+
+// hooks calls the configured hooks with ev.
+func (o *Observer) hooks(ev *Event, denied bool) {
+	if o.cfg.OnDecision != nil {
+		o.cfg.OnDecision(ev)
+	}
+	if denied && o.cfg.OnDeny != nil {
+		o.cfg.OnDeny(ev)
 	}
 }
 
@@ -459,25 +512,29 @@ func (o *Observer) ruleDims(rule string) []string {
 // labels bounds the distinct values of one attribute.
 type labels struct {
 	max  int
-	seen sync.Map // of string → struct{}
-	mu   sync.Mutex
-	n    int // guarded by mu
+	mu   sync.RWMutex
+	seen map[string]bool // guarded by mu
 }
 
 // get returns v while fewer than max values have been seen, or v was seen before; Other otherwise.
 func (l *labels) get(v string) string {
-	if _, ok := l.seen.Load(v); ok {
+	l.mu.RLock()
+	ok := l.seen[v]
+	l.mu.RUnlock()
+	if ok {
 		return v
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if _, ok := l.seen.Load(v); ok {
+	if l.seen[v] {
 		return v
 	}
-	if l.n >= l.max {
+	if len(l.seen) >= l.max {
 		return Other
 	}
-	l.n++
-	l.seen.Store(v, struct{}{})
+	if l.seen == nil {
+		l.seen = map[string]bool{}
+	}
+	l.seen[v] = true
 	return v
 }

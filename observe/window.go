@@ -3,6 +3,7 @@ package observe
 import (
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hybridrate/hybridrate/policy"
@@ -46,9 +47,8 @@ type slot struct {
 
 // window is a ring of one-second slots.
 type window struct {
-	slots []slot
-	mu    sync.Mutex // guards totals
-	tot   Totals
+	slots                               []slot
+	allowed, denied, shadowDenied, errs atomic.Int64 // since the start
 }
 
 func newWindow(seconds int) *window { return &window{slots: make([]slot, seconds)} }
@@ -103,19 +103,17 @@ func (w *window) add(t time.Time, s *sample) {
 	}
 	sl.mu.Unlock()
 
-	w.mu.Lock()
 	switch s.outcome {
 	case "allowed":
-		w.tot.Allowed++
+		w.allowed.Add(1)
 	case "shadow_denied":
-		w.tot.Allowed++
-		w.tot.ShadowDenied++
+		w.allowed.Add(1)
+		w.shadowDenied.Add(1)
 	case "error":
-		w.tot.Errors++
+		w.errs.Add(1)
 	default:
-		w.tot.Denied++
+		w.denied.Add(1)
 	}
-	w.mu.Unlock()
 }
 
 // total returns the counts of the window's seconds up to now.
@@ -261,9 +259,8 @@ func (o *Observer) Snapshot(span time.Duration) Snapshot {
 		}
 		sl.mu.Unlock()
 	}
-	o.win.mu.Lock()
-	s.Totals = o.win.tot
-	o.win.mu.Unlock()
+	s.Totals = Totals{Allowed: o.win.allowed.Load(), Denied: o.win.denied.Load(),
+		ShadowDenied: o.win.shadowDenied.Load(), Errors: o.win.errs.Load()}
 	spanSec := max(s.Span.Seconds(), 1)
 	for g, n := range groups {
 		s.Denied = append(s.Denied, DenyCount{Route: g.Route, Rule: g.Rule, Tier: g.Tier, Shadow: g.Shadow, N: n,
