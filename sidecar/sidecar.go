@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/policy"
@@ -242,28 +243,36 @@ var units = []struct {
 	{rlsv3.RateLimitResponse_RateLimit_DAY, 24 * time.Hour},
 }
 
-// currentLimit expresses d's quota as Envoy's requests per unit: the unit equal to its window when
-// there is one, else the smallest unit in which the quota's rate is at least one request.
+// currentLimit expresses d's quota in Envoy's terms: Limit requests per unit_multiplier units, in
+// the largest unit that divides the window (100 per 10 seconds, 5 per 1 day); a window that is no
+// whole number of seconds (a hybrid bucket's Burst/Rate) is given as the nearest whole rate, at
+// least 1, in the smallest unit where it is at least one request.
 func currentLimit(d *policy.Decision) *rlsv3.RateLimitResponse_RateLimit {
 	name := d.Unit
 	if name == "" {
 		name = d.Rule
 	}
-	rl := &rlsv3.RateLimitResponse_RateLimit{Name: name}
+	limit := uint32(min(max(d.Limit, 0), math.MaxUint32))
+	rl := &rlsv3.RateLimitResponse_RateLimit{Name: name, Unit: rlsv3.RateLimitResponse_RateLimit_SECOND, RequestsPerUnit: limit}
 	if d.Window <= 0 {
-		rl.Unit, rl.RequestsPerUnit = rlsv3.RateLimitResponse_RateLimit_SECOND, uint32(min(d.Limit, math.MaxUint32))
 		return rl
 	}
-	for _, u := range units {
-		if diff := d.Window - u.d; diff < u.d/1000 && diff > -u.d/1000 { // a float window: 59.9999s is a minute
-			rl.Unit, rl.RequestsPerUnit = u.unit, uint32(min(d.Limit, math.MaxUint32))
+	for i := len(units) - 1; i >= 0; i-- {
+		u := units[i]
+		n := math.Round(d.Window.Seconds() / u.d.Seconds())
+		// A float window: 59.9999s is a minute.
+		if n >= 1 && math.Abs(d.Window.Seconds()-n*u.d.Seconds()) <= u.d.Seconds()/1000 {
+			rl.Unit = u.unit
+			if n > 1 {
+				rl.UnitMultiplier = wrapperspb.UInt32(uint32(min(n, math.MaxUint32)))
+			}
 			return rl
 		}
 	}
 	perSecond := float64(d.Limit) / d.Window.Seconds()
 	for _, u := range units {
 		if n := perSecond * u.d.Seconds(); n >= 1 || u.unit == rlsv3.RateLimitResponse_RateLimit_DAY {
-			rl.Unit, rl.RequestsPerUnit = u.unit, uint32(min(math.Round(n), math.MaxUint32))
+			rl.Unit, rl.RequestsPerUnit = u.unit, uint32(min(max(math.Round(n), 1), math.MaxUint32))
 			return rl
 		}
 	}
