@@ -12,8 +12,10 @@
 //	HTTP  127.0.0.1:8080  POST /v1/check (JSON), GET /metrics (Prometheus), /healthz, /readyz,
 //	                      /dashboard/ (live denials)
 //
-// Every flag can also be set in the environment: -redis as HYBRIDRATED_REDIS, and so on. The HMAC
-// key that hashes keys before they reach Redis is read from HYBRIDRATED_HASH_KEY only. A changed
+// Every flag can also be set in the environment: -redis as HYBRIDRATED_REDIS, and so on. Several
+// -redis addresses are a Redis Cluster (or Sentinels, with -sentinel-master). Secrets come from the
+// environment only: the Redis password from HYBRIDRATED_REDIS_PASSWORD, and the HMAC key that hashes
+// keys before they reach Redis from HYBRIDRATED_HASH_KEY. A changed
 // policy file takes effect within -reload; an invalid one is logged with its line and the previous
 // policy stays. On SIGINT or SIGTERM the sidecar turns unready, lets in-flight calls finish, flushes
 // the consumption not yet applied to Redis and exits.
@@ -69,7 +71,9 @@ func (quietLogger) Printf(context.Context, string, ...any) {}
 type config struct {
 	grpcAddr        string        // gRPC listen address
 	httpAddr        string        // HTTP listen address
-	redisAddr       string        // Redis address; empty: embedded miniredis
+	redisAddr       string        // Redis address(es); empty: embedded miniredis
+	sentinelMaster  string        // Sentinel master name; the addresses are then Sentinels
+	redisPassword   string        // from the environment
 	policyPath      string        // policy file; empty: the built-in one
 	instance        string        // the metrics' instance label; empty: the host name
 	reload          time.Duration // how often the policy file is read
@@ -91,7 +95,8 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	}
 	fs.StringVar(&c.grpcAddr, "grpc", env("grpc", "127.0.0.1:8081"), "gRPC listen address (Envoy's rate-limit service)")
 	fs.StringVar(&c.httpAddr, "http", env("http", "127.0.0.1:8080"), "HTTP listen address (/v1/check, /metrics, /healthz, /readyz, /dashboard/)")
-	fs.StringVar(&c.redisAddr, "redis", env("redis", ""), "Redis address host:port; empty: an embedded in-memory Redis (miniredis), per process")
+	fs.StringVar(&c.redisAddr, "redis", env("redis", ""), "Redis address host:port (several, comma-separated: a Cluster's nodes, or Sentinels with -sentinel-master); empty: an embedded in-memory Redis (miniredis), per process")
+	fs.StringVar(&c.sentinelMaster, "sentinel-master", env("sentinel-master", ""), "Sentinel master name: -redis lists Sentinels")
 	fs.StringVar(&c.policyPath, "policy", env("policy", ""), "policy file (YAML, or JSON by its .json name); empty: the built-in example policy")
 	fs.StringVar(&c.instance, "instance", env("instance", ""), "instance label of the metrics; empty: the host name")
 	var err error
@@ -121,6 +126,10 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	}
 	if c.reload < time.Millisecond || c.shutdownTimeout <= 0 || c.syncTimeout < 0 {
 		return c, errors.New("-reload must be at least 1ms, -shutdown-timeout positive, -sync-timeout not negative")
+	}
+	c.redisPassword = getenv("HYBRIDRATED_REDIS_PASSWORD")
+	if c.sentinelMaster != "" && c.redisAddr == "" {
+		return c, errors.New("-sentinel-master needs -redis with the Sentinels' addresses")
 	}
 	if k := getenv("HYBRIDRATED_HASH_KEY"); k != "" {
 		c.hashKey = []byte(k)

@@ -332,6 +332,8 @@ func TestParseConfig(t *testing.T) {
 	assert.Equal(t, "10.0.0.5:6379", c.redisAddr)
 	assert.Equal(t, 5*time.Second, c.reload)
 	assert.Equal(t, []byte("s3cret"), c.hashKey)
+	_, err = parseConfig([]string{"-sentinel-master", "m"}, func(string) string { return "" }, io.Discard)
+	assert.Error(t, err, "sentinels need addresses")
 	_, err = parseConfig([]string{"-reload", "0s"}, func(string) string { return "" }, io.Discard)
 	assert.Error(t, err)
 	_, err = parseConfig([]string{"stray"}, func(string) string { return "" }, io.Discard)
@@ -400,3 +402,26 @@ rules:
 }
 
 var metricName = regexp.MustCompile(`hybridrate_[a-z_]+[a-z]`)
+
+// TestOnRedisCluster: with several -redis addresses the sidecar runs on a Redis Cluster.
+func TestOnRedisCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: starts a 3-node cluster")
+	}
+	cl := redistest.StartCluster(t, 3, 0)
+	var addrs []string
+	for _, n := range cl.Nodes() {
+		addrs = append(addrs, n.Addr)
+	}
+	a, stop := start(t, config{redisAddr: strings.Join(addrs, ","), policyPath: writePolicy(t, t.TempDir(), testPolicy)})
+	codes := map[int]int{}
+	for i := 0; i < 5; i++ {
+		resp, err := http.Post("http://"+a.http+"/v1/check", "application/json",
+			strings.NewReader(`{"descriptors":[{"entries":[{"key":"api_key","value":"cluster-key"}]}]}`))
+		require.NoError(t, err)
+		resp.Body.Close()
+		codes[resp.StatusCode]++
+	}
+	assert.Equal(t, map[int]int{http.StatusOK: 3, http.StatusTooManyRequests: 2}, codes)
+	require.NoError(t, stop())
+}

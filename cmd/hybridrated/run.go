@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -60,8 +61,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 		hybridOpts = append(hybridOpts, hybrid.WithSyncTimeout(cfg.syncTimeout))
 		strictTimeout = max(strictTimeout, cfg.syncTimeout)
 	}
-	// MaxRetries -1: a strict script that go-redis re-sent after a timeout could count twice.
-	rdb := redis.NewClient(&redis.Options{Addr: redisAddr, MaxRetries: -1, ContextTimeoutEnabled: true})
+	rdb := newRedisClient(redisAddr, cfg)
 	defer rdb.Close()
 
 	// Metrics: OpenTelemetry, exported in Prometheus's format from a registry of our own.
@@ -210,4 +210,20 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 		serveErr = nil
 	}
 	return errors.Join(serveErr, herr, cerr)
+}
+
+// newRedisClient returns the client of -redis: one address is a standalone server, several are a
+// Cluster's seed nodes, and with -sentinel-master they are Sentinels. MaxRetries -1 everywhere: a
+// strict script that go-redis re-sent after a timeout could count twice.
+func newRedisClient(addr string, cfg config) redis.UniversalClient {
+	addrs := strings.Split(addr, ",")
+	switch {
+	case cfg.sentinelMaster != "":
+		return redis.NewFailoverClient(&redis.FailoverOptions{MasterName: cfg.sentinelMaster, SentinelAddrs: addrs,
+			Password: cfg.redisPassword, MaxRetries: -1, ContextTimeoutEnabled: true})
+	case len(addrs) > 1:
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, Password: cfg.redisPassword, MaxRetries: -1,
+			ContextTimeoutEnabled: true})
+	}
+	return redis.NewClient(&redis.Options{Addr: addr, Password: cfg.redisPassword, MaxRetries: -1, ContextTimeoutEnabled: true})
 }
