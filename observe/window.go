@@ -157,10 +157,10 @@ type Second struct {
 
 // Totals counts every check since the Observer was created.
 type Totals struct {
-	Allowed      int64 `json:"allowed"`
-	Denied       int64 `json:"denied"`
-	ShadowDenied int64 `json:"shadowDenied"`
-	Errors       int64 `json:"errors"`
+	Allowed      int64 `json:"allowed"`      // admitted (shadow denials included)
+	Denied       int64 `json:"denied"`       // denied (missing keys included)
+	ShadowDenied int64 `json:"shadowDenied"` // admitted, but a rule in shadow mode would have denied
+	Errors       int64 `json:"errors"`       // no decision could be made
 }
 
 // DenyCount counts the denials of one route, rule and tier in a span.
@@ -214,14 +214,14 @@ type Health struct {
 
 // LimiterHealth is the Redis side of one hybrid limiter.
 type LimiterHealth struct {
-	FailurePolicy string `json:"failurePolicy"`
-	Breaker       string `json:"breaker"`
-	RedisCommands int64  `json:"redisCommands"`
-	RedisErrors   int64  `json:"redisErrors"`
-	RedisRejected int64  `json:"redisRejected"`
-	Flushes       int64  `json:"flushes"`
-	Pending       int64  `json:"pending"`
-	Keys          int    `json:"keys"`
+	FailurePolicy string `json:"failurePolicy"` // the limiter's failure policy: "local-fallback", ...
+	Breaker       string `json:"breaker"`       // its circuit breaker: "closed", "open" or "half-open"
+	RedisCommands int64  `json:"redisCommands"` // script calls sent
+	RedisErrors   int64  `json:"redisErrors"`   // calls that failed
+	RedisRejected int64  `json:"redisRejected"` // calls not sent: breaker open
+	Flushes       int64  `json:"flushes"`       // reconcile rounds
+	Pending       int64  `json:"pending"`       // keys with consumption not yet in Redis
+	Keys          int    `json:"keys"`          // keys in local memory
 }
 
 // Snapshot returns the window's content over the last span (whole seconds, at most Config.Window;
