@@ -2,7 +2,7 @@
 GO ?= go
 MOD := github.com/hybridrate/hybridrate
 
-.PHONY: test test-short race bench lint deps fuzz loadgen
+.PHONY: test test-short race bench lint deps fuzz loadgen sidecar
 
 test: ## all tests, real Redis included, with the race detector (the README's test command)
 	$(GO) test -race -count=1 ./...
@@ -17,7 +17,7 @@ bench: ## benchmarks against the peers on a real redis-server, benchstat-ready: 
 
 FUZZTIME ?= 3s
 fuzz: ## run every fuzz target for FUZZTIME (seed corpora under testdata/fuzz run in `make test` too)
-	@set -e; for pkg in ./central ./hybrid ./local; do \
+	@set -e; for pkg in ./central ./hybrid ./local ./sidecar; do \
 	  for t in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
 	    echo "fuzz $$pkg $$t"; $(GO) test $$pkg -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME); \
 	  done; done
@@ -43,3 +43,6 @@ deps: ## check the package graph of DESIGN.md: imports flow downward only
 
 loadgen: ## the default load-generator scenario (embedded Redis)
 	$(GO) run ./cmd/loadgen
+
+sidecar: ## the sidecar on an embedded Redis with the built-in policy (gRPC :8081, HTTP :8080)
+	$(GO) run ./cmd/hybridrated

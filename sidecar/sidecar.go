@@ -165,13 +165,14 @@ func (s *Server) decide(ctx context.Context, api string, req *rlsv3.RateLimitReq
 		if d == nil || len(d.Entries) == 0 || len(d.Entries) > MaxEntries {
 			return nil, fmt.Errorf("%w: descriptor %d: want 1 to %d entries", errBadRequest, i, MaxEntries)
 		}
-		dims := &descriptor{s: s, d: d, domain: req.Domain, hits: int64(req.HitsAddend)}
+		hits := uint64(req.HitsAddend)
 		if d.HitsAddend != nil {
-			dims.hits = int64(d.HitsAddend.Value)
+			hits = d.HitsAddend.Value
 		}
-		if dims.hits > math.MaxInt32 {
-			return nil, fmt.Errorf("%w: descriptor %d: hits_addend %d too large", errBadRequest, i, dims.hits)
+		if hits > math.MaxInt32 {
+			return nil, fmt.Errorf("%w: descriptor %d: hits_addend %d too large", errBadRequest, i, hits)
 		}
+		dims := &descriptor{s: s, d: d, domain: req.Domain, hits: int64(hits)}
 		pr := policy.Request{Dims: dims}
 		pr.Tier, _ = dims.Dimension("tier")
 		pr.Method, _ = dims.Dimension(policy.DimMethod)
