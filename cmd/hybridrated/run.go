@@ -96,7 +96,8 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 			_ = enf.Close(context.WithoutCancel(ctx))
 		}
 	}()
-	obs, err := observe.New(enf, observe.Config{MeterProvider: mp, Instance: instance, HashKey: cfg.hashKey})
+	obs, err := observe.New(enf, observe.Config{MeterProvider: mp, Instance: instance, HashKey: cfg.hashKey,
+		Window: 15 * time.Minute}) // the dashboard offers 1, 5 and 15 minutes
 	if err != nil {
 		return err
 	}

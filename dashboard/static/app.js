@@ -109,4 +109,7 @@ async function tick() {
   }
   setTimeout(tick, 1000);
 }
+for (const a of document.querySelectorAll("#spans a")) {
+  if (a.getAttribute("href") === `?span=${SPAN}`) a.className = "current";
+}
 tick();
