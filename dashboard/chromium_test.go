@@ -316,11 +316,16 @@ func TestDashboardInChromium(t *testing.T) {
 	assert.NotEqual(t, "0.0", live, "checks per second while traffic runs")
 	stop.Store(true)
 	wg.Wait()
+	stoppedAt := time.Now()
 
 	// Once traffic stopped, the page settles on exactly the metrics' numbers.
 	denied := requestsTotal(t, reader, "denied")
 	allowed := requestsTotal(t, reader, "allowed") + requestsTotal(t, reader, "shadow_denied")
 	require.Positive(t, denied, "the abusers were denied")
+	waitFor("a refresh after the traffic stopped", `document.body.dataset.updated`, func(v string) bool {
+		at, err := time.Parse(time.RFC3339Nano, v)
+		return err == nil && at.After(stoppedAt)
+	})
 	waitFor("denied since start", `document.getElementById("total-denied").textContent`,
 		func(v string) bool { return num(v) == denied })
 	waitFor("denied in span", `document.getElementById("sum-denied").textContent`,

@@ -220,17 +220,20 @@ func TestHTTPEndpointsOnTheEmbeddedRedis(t *testing.T) {
 	assert.Equal(t, "ok\n", body)
 	code, _ = get(t, base+"/readyz")
 	assert.Equal(t, http.StatusOK, code)
-	for i := 0; i < 25; i++ { // per-key: burst 20
+	denied := 0
+	for i := 0; i < 30; i++ { // per-key: burst 20, then 10/s (a slow run may refill a token or two)
 		resp, err := http.Post(base+"/v1/check", "application/json",
 			strings.NewReader(`{"descriptors":[{"entries":[{"key":"api_key","value":"http-key"}]}]}`))
 		require.NoError(t, err)
 		resp.Body.Close()
-		want := http.StatusOK
-		if i >= 20 {
-			want = http.StatusTooManyRequests
+		if i < 20 {
+			assert.Equal(t, http.StatusOK, resp.StatusCode, "request %d", i)
 		}
-		assert.Equal(t, want, resp.StatusCode, "request %d", i)
+		if resp.StatusCode == http.StatusTooManyRequests {
+			denied++
+		}
 	}
+	require.Positive(t, denied, "past the burst")
 	code, body = get(t, base+"/metrics")
 	assert.Equal(t, http.StatusOK, code)
 	for _, want := range []string{
@@ -253,7 +256,7 @@ func TestHTTPEndpointsOnTheEmbeddedRedis(t *testing.T) {
 		Sum struct{ Denied int64 } `json:"sum"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(body), &snap))
-	assert.EqualValues(t, 5, snap.Sum.Denied)
+	assert.EqualValues(t, denied, snap.Sum.Denied)
 	require.NoError(t, stop())
 }
 
