@@ -112,7 +112,7 @@ func TestMetricsRedisErrorsAndBreakerState(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	lim, err := hybrid.New(rdb, hybrid.WithMeterProvider(mp), hybrid.WithFailurePolicy(hybrid.FailOpen),
+	lim, err := hybrid.New(rdb, hybrid.WithMeterProvider(mp), hybrid.WithFailurePolicy(hybrid.FailOpen), hybrid.WithoutColdStart(),
 		hybrid.WithSyncTimeout(100*time.Millisecond), hybrid.WithSyncInterval(time.Minute))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = lim.Close(context.Background()) })
