@@ -392,3 +392,21 @@ func TestBehindMiddlewareRouteIsThePattern(t *testing.T) {
 	assert.EqualValues(t, 5, sums(t, f.reader, "hybridrate.requests", route, attribute.String("outcome", "allowed")))
 	assert.EqualValues(t, 2, sums(t, f.reader, "hybridrate.requests", route, attribute.String("outcome", "denied")))
 }
+
+func TestDeniedKeysPastTheCapAreCountedNotTracked(t *testing.T) {
+	now := time.Unix(2_000_000, 0)
+	f := newFixture(t, observe.Config{Now: func() time.Time { return now }})
+	const keys = 130
+	for i := 0; i < keys; i++ {
+		for j := 0; j < 6; j++ { // burst 5: one denial per key
+			f.check(t, "many-"+strconv.Itoa(i), "", "")
+		}
+	}
+	s := f.obs.Snapshot(0)
+	assert.EqualValues(t, keys, s.Sum.Denied)
+	assert.Len(t, s.TopKeys, 10)
+	for _, k := range s.TopKeys {
+		assert.NotEqual(t, observe.Other, k.Key)
+	}
+	assert.EqualValues(t, keys-128, s.UntrackedKeys)
+}

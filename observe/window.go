@@ -198,8 +198,11 @@ type Snapshot struct {
 	Totals   Totals        `json:"totals"`  // since the Observer was created
 	Denied   []DenyCount   `json:"denied"`  // by route, rule and tier, most first
 	TopKeys  []KeyCount    `json:"topKeys"` // the most denied hashed keys, at most 10
-	Sources  []SourceCount `json:"sources"` // counter decisions by source and outcome
-	Health   Health        `json:"health"`
+	// UntrackedKeys counts the denials whose key was not tracked: past maxSlotKeys (128) distinct
+	// keys denied in one second, later ones are only counted.
+	UntrackedKeys int64         `json:"untrackedKeys"`
+	Sources       []SourceCount `json:"sources"` // counter decisions by source and outcome
+	Health        Health        `json:"health"`
 }
 
 // Health is the state of the Redis paths, when the wrapped Checker is a *policy.Enforcer.
@@ -274,6 +277,10 @@ func (o *Observer) Snapshot(span time.Duration) Snapshot {
 		return a.Route+"\x00"+a.Rule+"\x00"+a.Tier < b.Route+"\x00"+b.Rule+"\x00"+b.Tier
 	})
 	for k, n := range keys {
+		if k.Key == Other {
+			s.UntrackedKeys += n
+			continue
+		}
 		k.N = n
 		s.TopKeys = append(s.TopKeys, k)
 	}

@@ -79,6 +79,9 @@ function render(s) {
     return [[d.route], [d.shadow ? `${d.rule} (shadow)` : d.rule], [d.tier], [fmt(d.n), "num"], [d.rate.toFixed(2), "num"], [bar, "bar"]];
   });
   rows($("keys").tBodies[0], s.topKeys || [], (k) => [[k.key, "key"], [k.shadow ? `${k.rule} (shadow)` : k.rule], [fmt(k.n), "num"]]);
+  const untracked = $("untracked");
+  untracked.hidden = !s.untrackedKeys;
+  untracked.textContent = s.untrackedKeys ? `and ${fmt(s.untrackedKeys)} denials of keys not tracked (over 128 keys denied in one second)` : "";
   rows($("sources").tBodies[0], s.sources || [], (c) => [[c.source], [c.outcome], [fmt(c.n), "num"]]);
 
   const h = s.health || {};
