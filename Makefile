@@ -2,7 +2,7 @@
 GO ?= go
 MOD := github.com/hybridrate/hybridrate
 
-.PHONY: test test-short race bench lint deps fuzz loadgen
+.PHONY: test test-short race bench lint deps fuzz loadgen sidecar
 
 test: ## all tests, real Redis included, with the race detector (the README's test command)
 	$(GO) test -race -count=1 ./...
@@ -17,7 +17,7 @@ bench: ## benchmarks against the peers on a real redis-server, benchstat-ready: 
 
 FUZZTIME ?= 3s
 fuzz: ## run every fuzz target for FUZZTIME (seed corpora under testdata/fuzz run in `make test` too)
-	@set -e; for pkg in ./central ./hybrid ./local; do \
+	@set -e; for pkg in ./central ./hybrid ./local ./sidecar; do \
 	  for t in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
 	    echo "fuzz $$pkg $$t"; $(GO) test $$pkg -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME); \
 	  done; done
@@ -32,7 +32,9 @@ deps: ## check the package graph of DESIGN.md: imports flow downward only
 	function short(p) { sub(mod "/", "", p); return p } \
 	BEGIN { allow["local"]=""; allow["denycache"]=""; allow["lua"]=""; allow["central"]="lua"; \
 	        allow["sync"]="local central"; allow["hybrid"]="local sync denycache central"; \
-	        allow["policy"]="hybrid central"; allow["middleware"]="policy"; } \
+	        allow["policy"]="hybrid central"; allow["middleware"]="policy"; \
+	        allow["observe"]="policy hybrid"; allow["sidecar"]="policy hybrid"; \
+	        allow["dashboard"]="observe"; } \
 	{ pkg = short($$1); if (!(pkg in allow)) next; \
 	  for (i = 2; i <= NF; i++) { if (index($$i, mod "/") != 1) continue; dep = short($$i); \
 	    if (dep ~ /^internal\//) continue; \
@@ -41,3 +43,6 @@ deps: ## check the package graph of DESIGN.md: imports flow downward only
 
 loadgen: ## the default load-generator scenario (embedded Redis)
 	$(GO) run ./cmd/loadgen
+
+sidecar: ## the sidecar on an embedded Redis with the built-in policy (gRPC :8081, HTTP :8080)
+	$(GO) run ./cmd/hybridrated

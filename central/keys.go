@@ -2,6 +2,7 @@ package central
 
 import (
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 )
@@ -74,4 +75,31 @@ func crc16(s string) uint16 {
 		}
 	}
 	return crc
+}
+
+// Bucket is the state of a global bucket as reconcile.lua stores it in the bucket's "b" field.
+type Bucket struct {
+	Tokens   int64   // tokens in the bucket, micro-tokens (negative: debt)
+	Refilled int64   // time of the last refill, µs of Redis TIME
+	Consumed int64   // tokens admitted in total, as the nodes reported them
+	Demand   float64 // the key's demand, tokens/s, as the active nodes declared it
+}
+
+// BucketField is the hash field of a bucket's state; see [ParseBucket].
+const BucketField = "b"
+
+// ParseBucket decodes a bucket's "b" field ("t:s:c:w:nt:x"), for tests and admin tools.
+func ParseBucket(b string) (Bucket, error) {
+	p := strings.Split(b, ":")
+	if len(p) != 6 {
+		return Bucket{}, fmt.Errorf("%w: bucket field %q", ErrBadReply, b)
+	}
+	t, err1 := strconv.ParseInt(p[0], 10, 64)
+	s, err2 := strconv.ParseInt(p[1], 10, 64)
+	c, err3 := strconv.ParseInt(p[2], 10, 64)
+	w, err4 := strconv.ParseFloat(p[3], 64)
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
+		return Bucket{}, fmt.Errorf("%w: bucket field %q: %v", ErrBadReply, b, err)
+	}
+	return Bucket{Tokens: t, Refilled: s, Consumed: c, Demand: w}, nil
 }

@@ -3,6 +3,7 @@ package hybrid
 import (
 	"context"
 	"errors"
+	"os"
 	"sync/atomic"
 	"time"
 
@@ -41,9 +42,12 @@ type Stats struct {
 	Flushes, FlushedKeys, FailedKeys int64         // background reconcile work
 	FlushTime, LastFlushTime         time.Duration // total and last reconcile round time
 
-	RedisCommands int64 // script calls this limiter sent
-	RedisErrors   int64 // failed Redis calls
-	BreakerOpen   bool  // the circuit breaker is not closed
+	RedisCommands int64  // script calls this limiter sent
+	RedisErrors   int64  // failed Redis calls (network, timeout, error replies)
+	RedisRejected int64  // calls not sent because the circuit breaker was open
+	ScriptLoads   int64  // script (re)loads after NOSCRIPT
+	BreakerOpen   bool   // the circuit breaker is not closed
+	Breaker       string // the circuit breaker's state: "closed", "open" or "half-open"
 
 	// EvictionPolicy is Redis's maxmemory-policy as last read (every minute), "" until read;
 	// EvictionUnsafe reports that it can evict the limiter's keys (it is not noeviction).
@@ -77,7 +81,9 @@ func (l *Limiter) Stats() Stats {
 	s.LastFlushTime = time.Duration(ss.LastFlushMicros.Load()) * time.Microsecond
 	cs := l.central.Stats()
 	s.RedisCommands, s.RedisErrors = cs.Commands.Load(), cs.Errors.Load()
-	s.BreakerOpen = l.central.Breaker().State().String() != "closed"
+	s.RedisRejected, s.ScriptLoads = cs.Rejected.Load(), cs.ScriptLoads.Load()
+	s.Breaker = l.central.Breaker().State().String()
+	s.BreakerOpen = s.Breaker != "closed"
 	s.Bans, _ = l.deny.Len()
 	s.BanListSize = l.bans.total.Load()
 	if p, ok := l.evictionPolicy(); ok {
@@ -92,6 +98,17 @@ type metrics struct {
 	reg metric.Registration
 }
 
+// breakerStates are the values of the state attribute of hybridrate.breaker.state.
+var breakerStates = [...]string{"closed", "open", "half-open"}
+
+// DefaultInstance returns the default of [WithInstance]: the host name, or "unknown".
+func DefaultInstance() string {
+	if h, err := os.Hostname(); err == nil && h != "" {
+		return h
+	}
+	return "unknown"
+}
+
 func newMetrics(l *Limiter) (*metrics, error) {
 	m := l.opts.meterProvider.Meter(instrumentationName)
 	decisions, err1 := m.Int64ObservableCounter("hybridrate.decisions", metric.WithDescription("Decisions, by source and outcome."))
@@ -101,19 +118,33 @@ func newMetrics(l *Limiter) (*metrics, error) {
 	flushed, err5 := m.Int64ObservableCounter("hybridrate.sync.keys", metric.WithDescription("Keys sent in background reconciles."))
 	failed, err6 := m.Int64ObservableCounter("hybridrate.sync.failed_keys", metric.WithDescription("Keys whose reconcile failed (kept pending)."))
 	cmds, err7 := m.Int64ObservableCounter("hybridrate.redis.commands", metric.WithDescription("Script calls sent to Redis."))
-	errs, err8 := m.Int64ObservableCounter("hybridrate.redis.errors", metric.WithDescription("Failed Redis calls."))
+	errs, err8 := m.Int64ObservableCounter("hybridrate.redis.errors", metric.WithDescription("Redis calls that failed or were not sent, by class: error (network, timeout, error reply), breaker_open (refused by the open circuit breaker), noscript (script cache lost, reloaded)."))
 	breaker, err9 := m.Int64ObservableGauge("hybridrate.breaker.open", metric.WithDescription("1 while the circuit breaker is open or half-open."))
 	evictions, err10 := m.Int64ObservableCounter("hybridrate.evictions", metric.WithDescription("Clean keys evicted from local memory."))
 	unsafe, err11 := m.Int64ObservableGauge("hybridrate.redis.eviction_policy_unsafe",
 		metric.WithDescription("1 when Redis's maxmemory-policy can evict the limiter's keys (it is not noeviction); absent until read."))
 	bans, err12 := m.Int64ObservableGauge("hybridrate.bans",
 		metric.WithDescription("Bans: held locally (where=local, at most 65,536) and in Redis's ban list (where=redis, as last read)."))
-	if err := errors.Join(err1, err2, err3, err4, err5, err6, err7, err8, err9, err10, err11, err12); err != nil {
+	state, err13 := m.Int64ObservableGauge("hybridrate.breaker.state", metric.WithDescription("1 for the circuit breaker's current state (closed, open, half-open), 0 for the others."))
+	flushTime, err14 := m.Float64ObservableCounter("hybridrate.sync.duration", metric.WithUnit("s"), metric.WithDescription("Time spent in background reconcile rounds."))
+	if err := errors.Join(err1, err2, err3, err4, err5, err6, err7, err8, err9, err10, err11, err12, err13, err14); err != nil {
 		return nil, err
 	}
-	node := attribute.String("hybridrate.node", l.nodeID)
+	instance := l.opts.instance
+	if instance == "" {
+		instance = DefaultInstance()
+	}
+	node := attribute.String("hybridrate.instance", instance)
+	fp := attribute.String("hybridrate.failure_policy", l.opts.policy.String())
 	src := func(s, outcome string) metric.ObserveOption {
-		return metric.WithAttributes(node, attribute.String("source", s), attribute.String("outcome", outcome))
+		return metric.WithAttributes(node, fp, attribute.String("source", s), attribute.String("outcome", outcome))
+	}
+	class := func(c string) metric.ObserveOption {
+		return metric.WithAttributes(node, fp, attribute.String("class", c))
+	}
+	var states [len(breakerStates)]metric.ObserveOption
+	for i, st := range breakerStates {
+		states[i] = metric.WithAttributes(node, fp, attribute.String("state", st))
 	}
 	reg, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		s := l.Stats()
@@ -124,31 +155,41 @@ func newMetrics(l *Limiter) (*metrics, error) {
 		o.ObserveInt64(decisions, s.DenyCache, src("deny-cache", "denied"))
 		o.ObserveInt64(decisions, s.FallbackAllowed, src("fallback", "allowed"))
 		o.ObserveInt64(decisions, s.FallbackDenied, src("fallback", "denied"))
-		a := metric.WithAttributes(node)
+		a := metric.WithAttributes(node, fp)
 		o.ObserveInt64(keys, int64(s.Keys), a)
 		o.ObserveInt64(pending, s.Pending, a)
 		o.ObserveInt64(flushes, s.Flushes, a)
+		o.ObserveFloat64(flushTime, s.FlushTime.Seconds(), a)
 		o.ObserveInt64(flushed, s.FlushedKeys, a)
 		o.ObserveInt64(failed, s.FailedKeys, a)
 		o.ObserveInt64(cmds, s.RedisCommands, a)
-		o.ObserveInt64(errs, s.RedisErrors, a)
+		o.ObserveInt64(errs, s.RedisErrors, class("error"))
+		o.ObserveInt64(errs, s.RedisRejected, class("breaker_open"))
+		o.ObserveInt64(errs, s.ScriptLoads, class("noscript"))
 		open := int64(0)
 		if s.BreakerOpen {
 			open = 1
 		}
 		o.ObserveInt64(breaker, open, a)
+		for i, st := range breakerStates {
+			v := int64(0)
+			if st == s.Breaker {
+				v = 1
+			}
+			o.ObserveInt64(state, v, states[i])
+		}
 		o.ObserveInt64(evictions, s.Evictions, a)
-		o.ObserveInt64(bans, int64(s.Bans), metric.WithAttributes(node, attribute.String("where", "local")))
-		o.ObserveInt64(bans, s.BanListSize, metric.WithAttributes(node, attribute.String("where", "redis")))
+		o.ObserveInt64(bans, int64(s.Bans), metric.WithAttributes(node, fp, attribute.String("where", "local")))
+		o.ObserveInt64(bans, s.BanListSize, metric.WithAttributes(node, fp, attribute.String("where", "redis")))
 		if s.EvictionPolicy != "" {
 			v := int64(0)
 			if s.EvictionUnsafe {
 				v = 1
 			}
-			o.ObserveInt64(unsafe, v, metric.WithAttributes(node, attribute.String("policy", s.EvictionPolicy)))
+			o.ObserveInt64(unsafe, v, metric.WithAttributes(node, fp, attribute.String("policy", s.EvictionPolicy)))
 		}
 		return nil
-	}, decisions, keys, pending, flushes, flushed, failed, cmds, errs, breaker, evictions, unsafe, bans)
+	}, decisions, keys, pending, flushes, flushed, failed, cmds, errs, breaker, evictions, unsafe, bans, state, flushTime)
 	if err != nil {
 		return nil, err
 	}

@@ -2,77 +2,158 @@ package hybrid_test
 
 import (
 	"context"
-	"sync"
+	"strconv"
+	"testing"
+	"time"
 
-	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/metric/noop"
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/hybridrate/hybridrate/hybrid"
 )
 
-// gaugeReader is a MeterProvider that keeps the limiter's observable gauges and callbacks, so that
-// tests can read the gauges: read() runs the callbacks and returns each gauge's observations by
-// name, as "name{attr=value,...}" → value. Other instruments are no-ops.
-type gaugeReader struct {
-	noop.MeterProvider
-	meter *gaugeMeter
-}
-
-type gaugeMeter struct {
-	noop.Meter
-	mu  sync.Mutex
-	cbs []metric.Callback
-}
-
-type gauge struct {
-	noop.Int64ObservableGauge
-	name string
-}
-
-type gaugeObserver struct {
-	noop.Observer
-	got map[string]int64
-}
-
-func newGaugeReader() *gaugeReader { return &gaugeReader{meter: &gaugeMeter{}} }
-
-func (r *gaugeReader) Meter(string, ...metric.MeterOption) metric.Meter { return r.meter }
-
-func (m *gaugeMeter) Int64ObservableGauge(name string, _ ...metric.Int64ObservableGaugeOption) (metric.Int64ObservableGauge, error) {
-	return &gauge{name: name}, nil
-}
-
-func (m *gaugeMeter) RegisterCallback(cb metric.Callback, _ ...metric.Observable) (metric.Registration, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.cbs = append(m.cbs, cb)
-	return noop.Registration{}, nil
-}
-
-func (o *gaugeObserver) ObserveInt64(obs metric.Int64Observable, v int64, opts ...metric.ObserveOption) {
-	g, ok := obs.(*gauge)
-	if !ok {
-		return
-	}
-	set := metric.NewObserveConfig(opts).Attributes()
-	name := g.name + "{"
-	for i, kv := range set.ToSlice() {
-		if kv.Key == "hybridrate.node" {
-			continue
+// collect reads every metric of reader, by name.
+func collect(t *testing.T, reader *sdkmetric.ManualReader) map[string]metricdata.Aggregation {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	out := map[string]metricdata.Aggregation{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			out[m.Name] = m.Data
 		}
-		if i > 0 && name[len(name)-1] != '{' {
-			name += ","
-		}
-		name += string(kv.Key) + "=" + kv.Value.String()
 	}
-	o.got[name+"}"] = v
+	return out
 }
 
-func (r *gaugeReader) read() map[string]int64 {
-	o := &gaugeObserver{got: map[string]int64{}}
-	r.meter.mu.Lock()
-	cbs := append([]metric.Callback(nil), r.meter.cbs...)
-	r.meter.mu.Unlock()
-	for _, cb := range cbs {
-		_ = cb(context.Background(), o)
+// point returns the value of the data point of an int64 sum or gauge whose attributes include want.
+func point(t *testing.T, data metricdata.Aggregation, want ...attribute.KeyValue) (int64, attribute.Set) {
+	t.Helper()
+	var dps []metricdata.DataPoint[int64]
+	switch d := data.(type) {
+	case metricdata.Sum[int64]:
+		dps = d.DataPoints
+	case metricdata.Gauge[int64]:
+		dps = d.DataPoints
+	default:
+		t.Fatalf("unexpected aggregation %T", data)
 	}
-	return o.got
+next:
+	for _, dp := range dps {
+		for _, kv := range want {
+			if v, ok := dp.Attributes.Value(kv.Key); !ok || v != kv.Value {
+				continue next
+			}
+		}
+		return dp.Value, dp.Attributes
+	}
+	t.Fatalf("no data point with %v in %+v", want, dps)
+	return 0, attribute.Set{}
+}
+
+func TestMetricsDecisionsBySourceWithStableInstance(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	lim, err := hybrid.New(rdb, hybrid.WithMeterProvider(mp), hybrid.WithInstance("pod-7"),
+		hybrid.WithSyncTimeout(time.Second), hybrid.WithSyncInterval(time.Millisecond))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = lim.Close(context.Background()) })
+
+	ctx := context.Background()
+	limit := hybrid.Limit{Rate: 0.001, Burst: 20}
+	for i := 0; i < 40; i++ {
+		_, err := lim.Allow(ctx, "user:1", limit)
+		require.NoError(t, err)
+	}
+	require.NoError(t, lim.Flush(ctx))
+	s := lim.Stats()
+	require.Positive(t, s.LocalDenied+s.CentralDenied+s.DenyCache, "the key went over its limit")
+
+	m := collect(t, reader)
+	inst := attribute.String("hybridrate.instance", "pod-7")
+	fp := attribute.String("hybridrate.failure_policy", "local-fallback")
+	for _, c := range []struct {
+		source, outcome string
+		want            int64
+	}{
+		{"local", "allowed", s.Local}, {"local", "denied", s.LocalDenied},
+		{"central", "allowed", s.Central}, {"central", "denied", s.CentralDenied},
+		{"deny-cache", "denied", s.DenyCache},
+	} {
+		got, _ := point(t, m["hybridrate.decisions"], inst, fp,
+			attribute.String("source", c.source), attribute.String("outcome", c.outcome))
+		assert.Equal(t, c.want, got, "%s/%s", c.source, c.outcome)
+	}
+	got, _ := point(t, m["hybridrate.sync.flushes"], inst)
+	assert.Equal(t, lim.Stats().Flushes, got)
+	assert.Positive(t, got, "reconcile rounds are counted")
+	got, _ = point(t, m["hybridrate.breaker.state"], inst, attribute.String("state", "closed"))
+	assert.EqualValues(t, 1, got)
+	got, _ = point(t, m["hybridrate.redis.errors"], inst, attribute.String("class", "error"))
+	assert.Zero(t, got)
+	_, attrs := point(t, m["hybridrate.keys"], inst)
+	_, ok := attrs.Value("hybridrate.node")
+	assert.False(t, ok, "no per-limiter random id in metric attributes")
+}
+
+func TestMetricsRedisErrorsAndBreakerState(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	lim, err := hybrid.New(rdb, hybrid.WithMeterProvider(mp), hybrid.WithFailurePolicy(hybrid.FailOpen), hybrid.WithoutColdStart(),
+		hybrid.WithSyncTimeout(100*time.Millisecond), hybrid.WithSyncInterval(time.Minute))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = lim.Close(context.Background()) })
+
+	mr.Close()
+	ctx := context.Background()
+	deadline := time.Now().Add(5 * time.Second)
+	for i := 0; !lim.Stats().BreakerOpen; i++ {
+		require.True(t, time.Now().Before(deadline), "the breaker opens while Redis is down")
+		d, err := lim.Allow(ctx, "cold:"+strconv.Itoa(i), hybrid.Limit{Rate: 1, Burst: 1})
+		require.NoError(t, err)
+		require.True(t, d.Allowed, "fail-open admits")
+	}
+	for i := 0; i < 5; i++ { // refused by the open breaker
+		_, err := lim.Allow(ctx, "refused:"+strconv.Itoa(i), hybrid.Limit{Rate: 1, Burst: 1})
+		require.NoError(t, err)
+	}
+	s := lim.Stats()
+	m := collect(t, reader)
+	fp := attribute.String("hybridrate.failure_policy", "fail-open")
+	inst := attribute.String("hybridrate.instance", hybrid.DefaultInstance())
+	got, _ := point(t, m["hybridrate.redis.errors"], inst, fp, attribute.String("class", "error"))
+	assert.Equal(t, s.RedisErrors, got)
+	assert.Positive(t, got)
+	got, _ = point(t, m["hybridrate.redis.errors"], inst, fp, attribute.String("class", "breaker_open"))
+	assert.Equal(t, s.RedisRejected, got)
+	assert.Positive(t, got)
+	got, _ = point(t, m["hybridrate.breaker.state"], inst, attribute.String("state", s.Breaker))
+	assert.EqualValues(t, 1, got)
+	got, _ = point(t, m["hybridrate.breaker.state"], inst, attribute.String("state", "closed"))
+	assert.EqualValues(t, 0, got)
+	got, _ = point(t, m["hybridrate.breaker.open"], inst)
+	assert.EqualValues(t, 1, got)
+	got, _ = point(t, m["hybridrate.decisions"], inst, attribute.String("source", "fallback"), attribute.String("outcome", "allowed"))
+	assert.Equal(t, s.FallbackAllowed, got)
+}
+
+func TestWithInstanceRejectsEmpty(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	_, err := hybrid.New(rdb, hybrid.WithInstance(""))
+	assert.ErrorIs(t, err, hybrid.ErrBadOption)
 }

@@ -101,6 +101,7 @@ type options struct {
 	tracerProvider trace.TracerProvider
 	nodeID         string
 	coldStart      bool
+	instance       string
 	evictionCheck  time.Duration // not an option; tests shorten it
 	banRefresh     time.Duration // not an option; tests shorten it
 	maxBans        int           // not an option; tests shrink it
@@ -294,6 +295,21 @@ func WithNodeID(id string) Option {
 	})
 }
 
+// WithInstance sets the value of the hybridrate.instance attribute on this limiter's metrics: a
+// stable name for the process (a pod name, say), the same across restarts, unlike the node id. It
+// must be 1 to 128 bytes. The default is the host name (os.Hostname), or "unknown". Limiters of one
+// process share it; their metrics differ by their failure policy (the hybridrate.failure_policy
+// attribute), so give limiters of one process with the same failure policy distinct instances.
+func WithInstance(name string) Option {
+	return optionFunc(func(o *options) error {
+		if name == "" || len(name) > 128 {
+			return badOption("instance %q: want 1 to 128 bytes", name)
+		}
+		o.instance = name
+		return nil
+	})
+}
+
 // Limit is a token bucket: Rate tokens per second refill a bucket that holds at most Burst tokens.
 // Rate must be finite, from 1e-9 (one token in 31.7 years) to 1e9; Burst from 1 to 1e9.
 type Limit struct {
@@ -320,3 +336,6 @@ func (l Limit) Validate() error {
 	}
 	return nil
 }
+
+// FailurePolicy returns the limiter's failure policy (WithFailurePolicy).
+func (l *Limiter) FailurePolicy() FailurePolicy { return l.opts.policy }

@@ -336,6 +336,35 @@ func NewEnforcer(cfg Config) (*Enforcer, error) {
 // Stats returns the Enforcer's counters.
 func (e *Enforcer) Stats() *Stats { return &e.stats }
 
+// Limiters returns the hybrid limiters the Enforcer has created so far (one per failure policy in
+// use), for their Stats. They belong to the Enforcer: do not close them.
+func (e *Enforcer) Limiters() []*hybrid.Limiter {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []*hybrid.Limiter
+	for _, l := range e.limiters {
+		if l != nil {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// StrictHealth is a snapshot of the strict rules' Redis client.
+type StrictHealth struct {
+	Calls    int64  // script calls sent
+	Errors   int64  // calls that failed (network, timeout, error reply)
+	Rejected int64  // calls not sent because the circuit breaker was open
+	Breaker  string // the circuit breaker's state: "closed", "open" or "half-open"
+}
+
+// StrictHealth returns the state of the strict rules' Redis client.
+func (e *Enforcer) StrictHealth() StrictHealth {
+	st := e.strict.Stats()
+	return StrictHealth{Calls: st.Calls.Load(), Errors: st.Errors.Load(), Rejected: st.Rejected.Load(),
+		Breaker: e.strict.Breaker().State().String()}
+}
+
 // Policy returns the policy in force, or nil before the first SetPolicy.
 func (e *Enforcer) Policy() *Policy {
 	if c := e.cur.Load(); c != nil {

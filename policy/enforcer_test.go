@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -636,4 +637,25 @@ func TestCompositeKeysAreStableAndUnambiguous(t *testing.T) {
 	// Braces cannot end a hash tag early, and a value of "*" is not the anonymous bucket.
 	require.True(t, e.check(t, req("GET", "/", "api_key", "{a}", "tenant", "*")).Allowed)
 	assert.Equal(t, int64(1), e.consumed(t, "r:api_key=%7Ba%7D,tenant=%2A"))
+}
+
+func TestLimitersAndStrictHealth(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, HybridOptions: []hybrid.Option{hybrid.WithSyncTimeout(time.Second)}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = enf.Close(context.Background()) })
+	assert.Empty(t, enf.Limiters(), "no limiter before a policy needs one")
+	require.NoError(t, enf.SetPolicy(&policy.Policy{Rules: []policy.Rule{
+		{ID: "h", Rate: 10, Burst: 10},
+		{ID: "s", Algorithm: policy.GCRA, Rate: 10, Burst: 10, OnFailure: hybrid.FailOpen},
+	}}))
+	assert.Len(t, enf.Limiters(), 1)
+	_, err = enf.Check(context.Background(), &policy.Request{})
+	require.NoError(t, err)
+	h := enf.StrictHealth()
+	assert.Positive(t, h.Calls)
+	assert.Zero(t, h.Errors)
+	assert.Equal(t, "closed", h.Breaker)
 }

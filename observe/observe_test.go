@@ -1,0 +1,412 @@
+package observe_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/middleware"
+	"github.com/hybridrate/hybridrate/observe"
+	"github.com/hybridrate/hybridrate/policy"
+)
+
+const testPolicy = `
+version: 1
+default_tier: free
+tiers:
+  free: {per_minute: 1000}
+  pro:  {per_minute: 5000}
+rules:
+  - id: per-key
+    dimensions: [api_key]
+    rate: 0.001
+    burst: 5
+  - id: exports
+    algorithm: gcra
+    dimensions: [api_key]
+    match: {routes: ["POST /v1/exports"]}
+    limit: 10
+    period: 1h
+  - id: trial
+    dimensions: [api_key]
+    match: {routes: ["GET /v1/search"]}
+    rate: 0.001
+    burst: 2
+    shadow: true
+`
+
+type fixture struct {
+	obs    *observe.Observer
+	enf    *policy.Enforcer
+	reader *sdkmetric.ManualReader
+}
+
+func newFixture(t *testing.T, cfg observe.Config) *fixture {
+	t.Helper()
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, HybridOptions: []hybrid.Option{
+		hybrid.WithSyncTimeout(time.Second), hybrid.WithMeterProvider(mp), hybrid.WithInstance("node-1")}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = enf.Close(context.Background()) })
+	p, err := policy.Parse([]byte(testPolicy), "test.yaml")
+	require.NoError(t, err)
+	cfg.MeterProvider, cfg.Instance = mp, "node-1"
+	obs, err := observe.New(enf, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = obs.Close() })
+	require.NoError(t, obs.SetPolicy(p))
+	return &fixture{obs: obs, enf: enf, reader: reader}
+}
+
+func (f *fixture) check(t *testing.T, key, route, tier string) policy.Result {
+	t.Helper()
+	dims := policy.Values{"api_key": key}
+	if route != "" {
+		dims["route"] = route
+	}
+	res, err := f.obs.Check(context.Background(), &policy.Request{Method: "GET", Tier: tier, Dims: dims})
+	require.NoError(t, err)
+	return res
+}
+
+// sums returns, for an int64 counter, the sum of the points whose attributes include want.
+func sums(t *testing.T, reader *sdkmetric.ManualReader, name string, want ...attribute.KeyValue) int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	var total int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != name {
+				continue
+			}
+			var dps []metricdata.DataPoint[int64]
+			switch d := m.Data.(type) {
+			case metricdata.Sum[int64]:
+				dps = d.DataPoints
+			case metricdata.Gauge[int64]:
+				dps = d.DataPoints
+			}
+		next:
+			for _, dp := range dps {
+				for _, kv := range want {
+					if v, ok := dp.Attributes.Value(kv.Key); !ok || v != kv.Value {
+						continue next
+					}
+				}
+				total += dp.Value
+			}
+		}
+	}
+	return total
+}
+
+// histCount returns the number of recordings of a float64 histogram whose attributes include want.
+func histCount(t *testing.T, reader *sdkmetric.ManualReader, name string, want ...attribute.KeyValue) uint64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	var n uint64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			h, ok := m.Data.(metricdata.Histogram[float64])
+			if m.Name != name || !ok {
+				continue
+			}
+		next:
+			for _, dp := range h.DataPoints {
+				for _, kv := range want {
+					if v, ok := dp.Attributes.Value(kv.Key); !ok || v != kv.Value {
+						continue next
+					}
+				}
+				n += dp.Count
+			}
+		}
+	}
+	return n
+}
+
+func TestMetricsByOutcomeRuleRouteAndTier(t *testing.T) {
+	f := newFixture(t, observe.Config{})
+	for i := 0; i < 8; i++ { // burst 5: 5 admitted, 3 denied
+		f.check(t, "secret-key-1", "GET /v1/items/{id}", "pro")
+	}
+	inst := attribute.String("hybridrate.instance", "node-1")
+	items := attribute.String("route", "GET /v1/items/{id}")
+	pro := attribute.String("tier", "pro")
+	assert.EqualValues(t, 5, sums(t, f.reader, "hybridrate.requests", inst, items, pro, attribute.String("outcome", "allowed")))
+	assert.EqualValues(t, 3, sums(t, f.reader, "hybridrate.requests", inst, items, pro, attribute.String("outcome", "denied")))
+	perKey := attribute.String("rule", "per-key")
+	assert.EqualValues(t, 5, sums(t, f.reader, "hybridrate.rule.decisions", perKey, items, attribute.String("outcome", "allowed")))
+	assert.EqualValues(t, 3, sums(t, f.reader, "hybridrate.rule.decisions", perKey, items, attribute.String("outcome", "denied")))
+	assert.EqualValues(t, 8, sums(t, f.reader, "hybridrate.rule.decisions", perKey,
+		attribute.String("source", "central"))+sums(t, f.reader, "hybridrate.rule.decisions", perKey,
+		attribute.String("source", "local"))+sums(t, f.reader, "hybridrate.rule.decisions", perKey,
+		attribute.String("source", "deny-cache"))+sums(t, f.reader, "hybridrate.rule.decisions", perKey,
+		attribute.String("source", "memo")), "every decision has a source")
+	assert.Positive(t, sums(t, f.reader, "hybridrate.rule.near_limit", perKey), "the last admitted ones were near the limit")
+	assert.EqualValues(t, 8, histCount(t, f.reader, "hybridrate.check.duration", inst))
+
+	// An unknown tier is the policy's default tier; no raw key in any attribute.
+	f.check(t, "secret-key-2", "GET /v1/items/{id}", "bogus-tier")
+	assert.EqualValues(t, 1, sums(t, f.reader, "hybridrate.requests", attribute.String("tier", "free")))
+	assert.Zero(t, sums(t, f.reader, "hybridrate.requests", attribute.String("tier", "bogus-tier")))
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, f.reader.Collect(context.Background(), &rm))
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			assert.NotContains(t, strings.ToLower(metricdataString(m)), "secret-key", m.Name)
+		}
+	}
+}
+
+func metricdataString(m metricdata.Metrics) string {
+	var b strings.Builder
+	add := func(s attribute.Set) {
+		for _, kv := range s.ToSlice() {
+			b.WriteString(string(kv.Key) + "=" + kv.Value.String() + " ")
+		}
+	}
+	switch d := m.Data.(type) {
+	case metricdata.Sum[int64]:
+		for _, dp := range d.DataPoints {
+			add(dp.Attributes)
+		}
+	case metricdata.Gauge[int64]:
+		for _, dp := range d.DataPoints {
+			add(dp.Attributes)
+		}
+	case metricdata.Histogram[float64]:
+		for _, dp := range d.DataPoints {
+			add(dp.Attributes)
+		}
+	}
+	return b.String()
+}
+
+func TestShadowWouldDenyAndRedisPathLatency(t *testing.T) {
+	f := newFixture(t, observe.Config{})
+	for i := 0; i < 4; i++ { // the trial rule (burst 2, shadow) would deny twice; nothing is denied
+		res := f.check(t, "k", "GET /v1/search", "")
+		assert.True(t, res.Allowed)
+	}
+	trial := attribute.String("rule", "trial")
+	assert.EqualValues(t, 2, sums(t, f.reader, "hybridrate.rule.shadow_denials", trial, attribute.String("route", "GET /v1/search")))
+	assert.EqualValues(t, 2, sums(t, f.reader, "hybridrate.rule.decisions", trial, attribute.Bool("shadow", true), attribute.String("outcome", "denied")))
+	assert.EqualValues(t, 2, sums(t, f.reader, "hybridrate.requests", attribute.String("outcome", "shadow_denied")))
+	snap := f.obs.Snapshot(time.Minute)
+	require.Len(t, snap.Denied, 1)
+	assert.Equal(t, observe.DenyCount{Route: "GET /v1/search", Rule: "trial", Tier: "free", Shadow: true, N: 2, Rate: 2.0 / 60}, snap.Denied[0])
+	assert.EqualValues(t, 2, snap.Sum.ShadowDenied)
+	assert.Zero(t, snap.Sum.Denied)
+
+	before := histCount(t, f.reader, "hybridrate.check.duration", attribute.String("path", "redis"))
+	f.check(t, "k", "POST /v1/exports", "") // a strict rule: a Redis round trip
+	assert.Equal(t, before+1, histCount(t, f.reader, "hybridrate.check.duration", attribute.String("path", "redis")))
+	assert.EqualValues(t, 1, sums(t, f.reader, "hybridrate.rule.decisions", attribute.String("rule", "exports"), attribute.String("source", "strict")))
+}
+
+func TestRouteAndTierLabelsAreBounded(t *testing.T) {
+	f := newFixture(t, observe.Config{MaxLabels: 2})
+	for _, r := range []string{"GET /a", "GET /b", "GET /c", "GET /d", "GET /a"} {
+		f.check(t, "k-"+r, r, "")
+	}
+	assert.EqualValues(t, 2, sums(t, f.reader, "hybridrate.requests", attribute.String("route", "GET /a")))
+	assert.EqualValues(t, 1, sums(t, f.reader, "hybridrate.requests", attribute.String("route", "GET /b")))
+	assert.EqualValues(t, 2, sums(t, f.reader, "hybridrate.requests", attribute.String("route", observe.Other)))
+	f.check(t, "no-route", "", "")
+	assert.EqualValues(t, 1, sums(t, f.reader, "hybridrate.requests", attribute.String("route", observe.None)))
+}
+
+func TestHooksSeeEveryDecisionAndHashedDeniedKeys(t *testing.T) {
+	var mu sync.Mutex
+	var decisions, denials int
+	var keys []string
+	f := newFixture(t, observe.Config{
+		OnDecision: func(ev *observe.Event) { mu.Lock(); decisions++; mu.Unlock() },
+		OnDeny: func(ev *observe.Event) {
+			mu.Lock()
+			defer mu.Unlock()
+			denials++
+			keys = append(keys, ev.Key)
+			assert.Equal(t, "per-key", ev.Result.Rule)
+		},
+	})
+	for i := 0; i < 7; i++ {
+		f.check(t, "alice-raw-key", "", "")
+	}
+	f.check(t, "bob", "", "")
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, 8, decisions)
+	assert.Equal(t, 2, denials)
+	require.Len(t, keys, 2)
+	assert.Equal(t, keys[0], keys[1], "one subject, one key")
+	assert.Len(t, keys[0], 16)
+	assert.NotContains(t, keys[0], "alice")
+}
+
+func TestSnapshotMatchesMetrics(t *testing.T) {
+	f := newFixture(t, observe.Config{})
+	for i := 0; i < 10; i++ {
+		f.check(t, "hot", "GET /v1/items/{id}", "pro")
+	}
+	for i := 0; i < 3; i++ {
+		f.check(t, "cold-"+string(rune('a'+i)), "GET /v1/items/{id}", "pro")
+	}
+	s := f.obs.Snapshot(time.Minute)
+	assert.Equal(t, sums(t, f.reader, "hybridrate.requests", attribute.String("outcome", "denied")), s.Sum.Denied)
+	assert.Equal(t, sums(t, f.reader, "hybridrate.requests", attribute.String("outcome", "allowed")), s.Sum.Allowed)
+	assert.EqualValues(t, 5, s.Sum.Denied)
+	assert.Equal(t, s.Sum.Denied, s.Totals.Denied)
+	require.Len(t, s.Denied, 1)
+	assert.Equal(t, observe.DenyCount{Route: "GET /v1/items/{id}", Rule: "per-key", Tier: "pro", N: 5, Rate: 5.0 / 60}, s.Denied[0])
+	require.Len(t, s.TopKeys, 1)
+	assert.EqualValues(t, 5, s.TopKeys[0].N)
+	var srcTotal int64
+	for _, c := range s.Sources {
+		srcTotal += c.N
+	}
+	assert.EqualValues(t, 13, srcTotal)
+	assert.True(t, s.Health.OK)
+	require.Len(t, s.Health.Limiters, 1)
+	assert.Equal(t, "closed", s.Health.Limiters[0].Breaker)
+	assert.Len(t, s.Seconds, 60)
+}
+
+func TestWindowForgetsOldSeconds(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	f := newFixture(t, observe.Config{Now: clock, Window: 10 * time.Second})
+	for i := 0; i < 7; i++ {
+		f.check(t, "k", "", "")
+	}
+	assert.EqualValues(t, 2, f.obs.Snapshot(0).Sum.Denied)
+	mu.Lock()
+	now = now.Add(11 * time.Second)
+	mu.Unlock()
+	s := f.obs.Snapshot(0)
+	assert.Zero(t, s.Sum.Denied, "out of the window")
+	assert.EqualValues(t, 2, s.Totals.Denied, "totals keep counting")
+}
+
+func TestConfigErrors(t *testing.T) {
+	_, err := observe.New(nil, observe.Config{})
+	assert.Error(t, err)
+	for _, cfg := range []observe.Config{{NearLimit: 2}, {MaxLabels: -1}, {Window: time.Second}} {
+		_, err := observe.New(fakeChecker{}, cfg)
+		assert.Error(t, err, "%+v", cfg)
+	}
+	obs, err := observe.New(fakeChecker{}, observe.Config{})
+	require.NoError(t, err)
+	defer obs.Close()
+	assert.Error(t, obs.SetPolicy(&policy.Policy{}), "a Checker that takes no policy")
+	assert.True(t, obs.Health().OK)
+}
+
+type fakeChecker struct{}
+
+func (fakeChecker) Check(context.Context, *policy.Request) (policy.Result, error) {
+	return policy.Result{Allowed: true}, nil
+}
+
+func TestStrictAndBreakerHealthWhenRedisIsDown(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, StrictTimeout: 100 * time.Millisecond,
+		HybridOptions: []hybrid.Option{hybrid.WithSyncTimeout(100 * time.Millisecond), hybrid.WithMeterProvider(mp)}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = enf.Close(context.Background()) })
+	obs, err := observe.New(enf, observe.Config{MeterProvider: mp, Instance: "n"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = obs.Close() })
+	require.NoError(t, obs.SetPolicy(&policy.Policy{Rules: []policy.Rule{
+		{ID: "strict", Algorithm: policy.GCRA, Dimensions: []string{"api_key"}, Rate: 1, Burst: 1, OnFailure: hybrid.FailOpen},
+		{ID: "hyb", Dimensions: []string{"api_key"}, Rate: 1, Burst: 1, OnFailure: hybrid.FailOpen},
+	}}))
+	mr.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for i := 0; obs.Health().OK; i++ {
+		require.True(t, time.Now().Before(deadline), "a breaker opens while Redis is down")
+		res, err := obs.Check(context.Background(), &policy.Request{Dims: policy.Values{"api_key": "k" + strconv.Itoa(i)}})
+		require.NoError(t, err)
+		require.True(t, res.Allowed, "fail-open")
+	}
+	h := obs.Health()
+	assert.False(t, h.OK)
+	require.NotNil(t, h.Strict)
+	assert.Positive(t, h.Strict.Errors)
+	assert.Positive(t, sums(t, reader, "hybridrate.strict.errors", attribute.String("class", "error")))
+	assert.Positive(t, sums(t, reader, "hybridrate.requests", attribute.String("outcome", "allowed")))
+	assert.Positive(t, histCount(t, reader, "hybridrate.check.duration", attribute.String("path", "fallback")),
+		"decisions by failure policy are timed on their own path")
+	open := sums(t, reader, "hybridrate.strict.breaker.state", attribute.String("state", "open")) +
+		sums(t, reader, "hybridrate.breaker.state", attribute.String("state", "open"))
+	assert.Positive(t, open, "an open breaker shows in the metrics")
+}
+
+// TestBehindMiddlewareRouteIsThePattern: wrapped by package middleware, the route attribute is the
+// mux pattern, never the raw path.
+func TestBehindMiddlewareRouteIsThePattern(t *testing.T) {
+	f := newFixture(t, observe.Config{})
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/items/{id}", func(http.ResponseWriter, *http.Request) {})
+	mw, err := middleware.New(f.obs, middleware.WithMux(mux))
+	require.NoError(t, err)
+	h := mw.Handler(mux)
+	codes := map[int]int{}
+	for i := 0; i < 7; i++ {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("GET", "/v1/items/"+strconv.Itoa(1000+i), nil)
+		req.Header.Set("X-API-Key", "mw-key")
+		h.ServeHTTP(rec, req)
+		codes[rec.Code]++
+	}
+	assert.Equal(t, map[int]int{200: 5, 429: 2}, codes)
+	route := attribute.String("route", "GET /v1/items/{id}")
+	assert.EqualValues(t, 5, sums(t, f.reader, "hybridrate.requests", route, attribute.String("outcome", "allowed")))
+	assert.EqualValues(t, 2, sums(t, f.reader, "hybridrate.requests", route, attribute.String("outcome", "denied")))
+}
+
+func TestDeniedKeysPastTheCapAreCountedNotTracked(t *testing.T) {
+	now := time.Unix(2_000_000, 0)
+	f := newFixture(t, observe.Config{Now: func() time.Time { return now }})
+	const keys = 130
+	for i := 0; i < keys; i++ {
+		for j := 0; j < 6; j++ { // burst 5: one denial per key
+			f.check(t, "many-"+strconv.Itoa(i), "", "")
+		}
+	}
+	s := f.obs.Snapshot(0)
+	assert.EqualValues(t, keys, s.Sum.Denied)
+	assert.Len(t, s.TopKeys, 10)
+	for _, k := range s.TopKeys {
+		assert.NotEqual(t, observe.Other, k.Key)
+	}
+	assert.EqualValues(t, keys-128, s.UntrackedKeys)
+}

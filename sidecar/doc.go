@@ -1,0 +1,35 @@
+// Package sidecar serves a policy's decisions to processes that are not written in Go: Envoy's
+// rate-limit service (envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit, over gRPC) and
+// the same request and answer as JSON over HTTP. Command hybridrated runs it.
+//
+//	srv, _ := sidecar.New(sidecar.Config{Checker: obs}) // an *observe.Observer or a *policy.Enforcer
+//	gs := grpc.NewServer()
+//	srv.Register(gs)
+//	mux.Handle("POST /v1/check", srv.CheckHandler())
+//
+// # Descriptors
+//
+// Each descriptor of a RateLimitRequest is one policy check, as envoyproxy/ratelimit matches each
+// descriptor on its own. Its entries are the request's dimensions: an entry's key names a
+// dimension (api_key, user, ip, tenant, route, method, or one declared in policy.Config.Dimensions),
+// "remote_address" (what Envoy's remote_address action sends) is the ip, and "tier" sets the
+// request's tier; Config.Keys renames others. The request's domain is the "domain" dimension. A
+// rule counts a descriptor that carries all of its dimensions; give the sidecar's rules
+// missing_key: skip (or set it for the whole policy) so that a descriptor lacking a rule's
+// dimensions is left out of that rule rather than rejected. A rule without dimensions counts every
+// descriptor.
+//
+// The request's cost is hits_addend (the descriptor's, else the request's, else 1) for rules whose
+// cost names the function [HitsCost] registers under (`cost: {func: hits_addend}`); other rules
+// charge their own cost.
+//
+// # Answers
+//
+// A descriptor is OVER_LIMIT when the policy denies it (a missing key under missing_key: reject
+// included) and OK otherwise; the overall code is OVER_LIMIT when any descriptor is. Each status
+// carries the limit, the remaining units and the time to reset of its counter closest to the limit;
+// the response adds X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset for the most
+// constrained descriptor, and Retry-After when over the limit. When no decision can be made (Redis
+// failing under a rule without a failure policy that answers, say), the call fails with gRPC status
+// Unavailable (503 over HTTP); Envoy's failure_mode_deny decides what the proxy does then.
+package sidecar

@@ -1,0 +1,373 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/policy"
+)
+
+const instrumentationName = "github.com/hybridrate/hybridrate/sidecar"
+
+// Limits of a request.
+const (
+	// MaxDescriptors is the most descriptors one request may carry.
+	MaxDescriptors = 64
+	// MaxEntries is the most entries one descriptor may carry.
+	MaxEntries = 16
+	// MaxBody is the largest JSON request body, in bytes.
+	MaxBody = 64 << 10
+	// HitsCostName is the name under which [HitsCost] is registered in policy.Config.CostFuncs.
+	HitsCostName = "hits_addend"
+)
+
+// Checker decides on requests: an *observe.Observer or a *policy.Enforcer.
+type Checker interface {
+	Check(ctx context.Context, req *policy.Request) (policy.Result, error)
+}
+
+// Config configures a [Server]. Checker is required.
+type Config struct {
+	// Checker decides on each descriptor.
+	Checker Checker
+	// Keys maps descriptor entry keys to dimension names, beyond the defaults ("remote_address" is
+	// "ip"; any other key names the dimension of the same name; "tier" sets the tier).
+	Keys map[string]string
+	// MeterProvider receives the sidecar's own metrics (requests by API and code); the default is
+	// otel.GetMeterProvider().
+	MeterProvider metric.MeterProvider
+	// Instance is the hybridrate.instance attribute; the default is hybrid.DefaultInstance().
+	Instance string
+}
+
+// Server answers rate-limit requests with a policy. Create it with [New]. It implements Envoy's
+// RateLimitServiceServer; it is safe for concurrent use.
+type Server struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	cfg  Config
+	keys map[string]string
+	reqs metric.Int64Counter
+	lat  metric.Float64Histogram
+	opts map[[2]string]metric.MeasurementOption
+	inst attribute.KeyValue
+}
+
+var _ rlsv3.RateLimitServiceServer = (*Server)(nil)
+
+// New returns a Server.
+func New(cfg Config) (*Server, error) {
+	if cfg.Checker == nil {
+		return nil, errors.New("sidecar: nil Checker")
+	}
+	if cfg.MeterProvider == nil {
+		cfg.MeterProvider = otel.GetMeterProvider()
+	}
+	if cfg.Instance == "" {
+		cfg.Instance = hybrid.DefaultInstance()
+	}
+	keys := map[string]string{"remote_address": policy.DimIP}
+	for k, v := range cfg.Keys {
+		if k == "" || v == "" {
+			return nil, fmt.Errorf("sidecar: Keys: empty key or dimension in %q: %q", k, v)
+		}
+		keys[k] = v
+	}
+	s := &Server{cfg: cfg, keys: keys, inst: attribute.String("hybridrate.instance", cfg.Instance),
+		opts: map[[2]string]metric.MeasurementOption{}}
+	m := cfg.MeterProvider.Meter(instrumentationName)
+	var err1, err2 error
+	s.reqs, err1 = m.Int64Counter("hybridrate.sidecar.requests",
+		metric.WithDescription("Rate-limit requests, by API (grpc, http) and overall code (OK, OVER_LIMIT, error)."))
+	s.lat, err2 = m.Float64Histogram("hybridrate.sidecar.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time to answer a rate-limit request, all descriptors, by API."),
+		metric.WithExplicitBucketBoundaries(1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1))
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, fmt.Errorf("sidecar: %w", err)
+	}
+	for _, api := range []string{"grpc", "http"} {
+		for _, code := range []string{"OK", "OVER_LIMIT", "error", ""} {
+			kv := []attribute.KeyValue{s.inst, attribute.String("api", api)}
+			if code != "" {
+				kv = append(kv, attribute.String("code", code))
+			}
+			s.opts[[2]string{api, code}] = metric.WithAttributeSet(attribute.NewSet(kv...))
+		}
+	}
+	return s, nil
+}
+
+// Register registers the Server as the RateLimitService of gs.
+func (s *Server) Register(gs grpc.ServiceRegistrar) { rlsv3.RegisterRateLimitServiceServer(gs, s) }
+
+// ShouldRateLimit answers one request of Envoy's rate-limit filter.
+func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	resp, err := s.decide(ctx, "grpc", req)
+	if err != nil {
+		code := codes.Unavailable
+		switch {
+		case errors.Is(err, errBadRequest):
+			code = codes.InvalidArgument
+		case errors.Is(err, context.Canceled):
+			code = codes.Canceled
+		case errors.Is(err, policy.ErrInvalidCost):
+			code = codes.Internal
+		}
+		return nil, status.Error(code, err.Error())
+	}
+	return resp, nil
+}
+
+var errBadRequest = errors.New("sidecar: bad request")
+
+// decide checks every descriptor of req.
+func (s *Server) decide(ctx context.Context, api string, req *rlsv3.RateLimitRequest) (resp *rlsv3.RateLimitResponse, err error) {
+	start := time.Now()
+	defer func() {
+		code := "error"
+		if err == nil {
+			code = resp.OverallCode.String()
+		}
+		s.reqs.Add(ctx, 1, s.opts[[2]string{api, code}])
+		s.lat.Record(ctx, time.Since(start).Seconds(), s.opts[[2]string{api, ""}])
+	}()
+	switch {
+	case req == nil || len(req.Descriptors) == 0:
+		return nil, fmt.Errorf("%w: no descriptors", errBadRequest)
+	case len(req.Descriptors) > MaxDescriptors:
+		return nil, fmt.Errorf("%w: %d descriptors, at most %d", errBadRequest, len(req.Descriptors), MaxDescriptors)
+	}
+	resp = &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK,
+		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(req.Descriptors))}
+	var worst *policy.Decision
+	var worstDenied bool
+	var retry time.Duration
+	for i, d := range req.Descriptors {
+		if d == nil || len(d.Entries) == 0 || len(d.Entries) > MaxEntries {
+			return nil, fmt.Errorf("%w: descriptor %d: want 1 to %d entries", errBadRequest, i, MaxEntries)
+		}
+		hits := uint64(req.HitsAddend)
+		if d.HitsAddend != nil {
+			hits = d.HitsAddend.Value
+		}
+		if hits > math.MaxInt32 {
+			return nil, fmt.Errorf("%w: descriptor %d: hits_addend %d too large", errBadRequest, i, hits)
+		}
+		dims := &descriptor{s: s, d: d, domain: req.Domain, hits: int64(hits)}
+		pr := policy.Request{Dims: dims}
+		pr.Tier, _ = dims.Dimension("tier")
+		pr.Method, _ = dims.Dimension(policy.DimMethod)
+		res, err := s.cfg.Checker.Check(ctx, &pr)
+		if err != nil {
+			return nil, fmt.Errorf("sidecar: descriptor %d: %w", i, err)
+		}
+		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		if !res.Allowed {
+			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+			retry = max(retry, res.RetryAfter)
+		}
+		if p := primary(&res); p != nil {
+			st.CurrentLimit = currentLimit(p)
+			st.LimitRemaining = uint32(min(max(p.Remaining, 0), math.MaxUint32))
+			st.DurationUntilReset = durationpb.New(p.ResetAfter)
+			// The most constrained descriptor: a denied one first, then the least remaining.
+			if worst == nil || (!res.Allowed && !worstDenied) ||
+				(!res.Allowed == worstDenied && p.Remaining < worst.Remaining) {
+				worst, worstDenied = p, !res.Allowed
+			}
+		}
+		resp.Statuses[i] = st
+	}
+	if worst != nil {
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
+			header("X-RateLimit-Limit", strconv.FormatInt(worst.Limit, 10)),
+			header("X-RateLimit-Remaining", strconv.FormatInt(max(worst.Remaining, 0), 10)),
+			header("X-RateLimit-Reset", strconv.FormatInt(ceilSeconds(worst.ResetAfter), 10)))
+	}
+	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
+			header("Retry-After", strconv.FormatInt(max(ceilSeconds(retry), 1), 10)))
+	}
+	return resp, nil
+}
+
+func header(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k, Value: v} }
+
+func ceilSeconds(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
+
+// primary returns the decision a descriptor's status reports: the denying rule's when denied, else
+// the enforced counter with the least remaining share of its limit; nil when no rule counted it.
+func primary(res *policy.Result) *policy.Decision {
+	var best *policy.Decision
+	for i := range res.Decisions {
+		d := &res.Decisions[i]
+		if d.Shadow || d.Limit <= 0 {
+			continue
+		}
+		if !res.Allowed && d.Rule == res.Rule && !d.Allowed {
+			return d
+		}
+		if best == nil || float64(d.Remaining)/float64(d.Limit) < float64(best.Remaining)/float64(best.Limit) {
+			best = d
+		}
+	}
+	return best
+}
+
+var units = []struct {
+	unit rlsv3.RateLimitResponse_RateLimit_Unit
+	d    time.Duration
+}{
+	{rlsv3.RateLimitResponse_RateLimit_SECOND, time.Second},
+	{rlsv3.RateLimitResponse_RateLimit_MINUTE, time.Minute},
+	{rlsv3.RateLimitResponse_RateLimit_HOUR, time.Hour},
+	{rlsv3.RateLimitResponse_RateLimit_DAY, 24 * time.Hour},
+}
+
+// currentLimit expresses d's quota in Envoy's terms: Limit requests per unit_multiplier units, in
+// the largest unit that divides the window (100 per 10 seconds, 5 per 1 day); a window that is no
+// whole number of seconds (a hybrid bucket's Burst/Rate) is given as the nearest whole rate, at
+// least 1, in the smallest unit where it is at least one request.
+func currentLimit(d *policy.Decision) *rlsv3.RateLimitResponse_RateLimit {
+	name := d.Unit
+	if name == "" {
+		name = d.Rule
+	}
+	limit := uint32(min(max(d.Limit, 0), math.MaxUint32))
+	rl := &rlsv3.RateLimitResponse_RateLimit{Name: name, Unit: rlsv3.RateLimitResponse_RateLimit_SECOND, RequestsPerUnit: limit}
+	if d.Window <= 0 {
+		return rl
+	}
+	for i := len(units) - 1; i >= 0; i-- {
+		u := units[i]
+		n := math.Round(d.Window.Seconds() / u.d.Seconds())
+		// A float window: 59.9999s is a minute.
+		if n >= 1 && math.Abs(d.Window.Seconds()-n*u.d.Seconds()) <= u.d.Seconds()/1000 {
+			rl.Unit = u.unit
+			if n > 1 {
+				rl.UnitMultiplier = wrapperspb.UInt32(uint32(min(n, math.MaxUint32)))
+			}
+			return rl
+		}
+	}
+	perSecond := float64(d.Limit) / d.Window.Seconds()
+	for _, u := range units {
+		if n := perSecond * u.d.Seconds(); n >= 1 || u.unit == rlsv3.RateLimitResponse_RateLimit_DAY {
+			rl.Unit, rl.RequestsPerUnit = u.unit, uint32(min(max(math.Round(n), 1), math.MaxUint32))
+			return rl
+		}
+	}
+	return rl
+}
+
+// descriptor is one descriptor's dimensions.
+type descriptor struct {
+	s      *Server
+	d      *rlv3.RateLimitDescriptor
+	domain string
+	hits   int64
+}
+
+// Dimension returns the value of the descriptor's first entry that names dimension name.
+func (d *descriptor) Dimension(name string) (string, bool) {
+	for _, e := range d.d.Entries {
+		k := e.Key
+		if m, ok := d.s.keys[k]; ok {
+			k = m
+		}
+		if k == name {
+			return e.Value, true
+		}
+	}
+	if name == "domain" && d.domain != "" {
+		return d.domain, true
+	}
+	return "", false
+}
+
+// HitsCost is a policy.CostFunc that charges a sidecar request's hits_addend (the descriptor's, else
+// the request's; 1 when neither is set, and for requests that did not come through a Server).
+// Register it in policy.Config.CostFuncs under HitsCostName and name it in a rule: `cost: {func:
+// hits_addend}`.
+func HitsCost(r *policy.Request) int64 {
+	if d, ok := r.Dims.(*descriptor); ok && d.hits > 0 {
+		return d.hits
+	}
+	return 1
+}
+
+// CheckHandler returns the HTTP form of ShouldRateLimit: POST a RateLimitRequest as JSON (protobuf's
+// JSON mapping, e.g. {"domain":"api","descriptors":[{"entries":[{"key":"api_key","value":"k1"}]}]})
+// and get the RateLimitResponse as JSON, with status 200 when OK and 429 when OVER_LIMIT, and the
+// response's headers (X-RateLimit-*, Retry-After) set on the HTTP response too. A malformed request
+// gets 400; a request no decision could be made on gets 503.
+func (s *Server) CheckHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			w.Header().Set("Allow", http.MethodPost)
+			writeError(w, http.StatusMethodNotAllowed, "method_not_allowed")
+			return
+		}
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBody))
+		if err != nil {
+			writeError(w, http.StatusRequestEntityTooLarge, "body_too_large")
+			return
+		}
+		var req rlsv3.RateLimitRequest
+		if err := protojson.Unmarshal(body, &req); err != nil {
+			writeError(w, http.StatusBadRequest, "bad_request")
+			return
+		}
+		resp, err := s.decide(r.Context(), "http", &req)
+		switch {
+		case errors.Is(err, errBadRequest):
+			writeError(w, http.StatusBadRequest, "bad_request")
+			return
+		case err != nil:
+			writeError(w, http.StatusServiceUnavailable, "rate_limiter_unavailable")
+			return
+		}
+		out, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(resp)
+		if err != nil {
+			writeError(w, http.StatusInternalServerError, "encode")
+			return
+		}
+		h := w.Header()
+		for _, hv := range resp.ResponseHeadersToAdd {
+			h.Set(hv.Key, hv.Value)
+		}
+		h.Set("Content-Type", "application/json")
+		code := http.StatusOK
+		if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
+			code = http.StatusTooManyRequests
+		}
+		w.WriteHeader(code)
+		_, _ = w.Write(out)
+	})
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_, _ = fmt.Fprintf(w, `{"error":%q}`+"\n", msg)
+}
