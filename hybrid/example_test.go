@@ -42,15 +42,14 @@ func Example() {
 		fmt.Printf("allowed=%v remaining=%d retry-after=%v source=%v\n", d.Allowed, d.Remaining,
 			d.RetryAfter.Round(100*time.Millisecond), d.Source)
 	}
-	// The first request for a new key is admitted locally from its cold-start credit; the second asks
-	// Redis, which charges the first and leases this node the rest of the bucket; the third uses that
-	// lease; Redis's last answer said the bucket is empty, so the fourth is denied locally, without a
-	// Redis command, until the refill covers it.
+	// The first two requests for a new key are admitted locally from its cold-start credit; the third
+	// asks Redis, which charges the first two and grants the third; Redis's answer said the bucket is
+	// empty, so the fourth is denied locally, without a Redis command, until the refill covers it.
 
 	// Output:
 	// allowed=true remaining=2 retry-after=0s source=local
-	// allowed=true remaining=1 retry-after=0s source=central
-	// allowed=true remaining=0 retry-after=0s source=local
+	// allowed=true remaining=1 retry-after=0s source=local
+	// allowed=true remaining=0 retry-after=0s source=central
 	// allowed=false remaining=0 retry-after=1s source=local
 }
 

@@ -155,7 +155,7 @@ func TestNewDoesNoIOAndRedisDownAtStart(t *testing.T) {
 }
 
 // TestColdStartWithRedisDown: a key this node has never seen is admitted from its cold-start credit
-// (max(1, drift·Burst/A) tokens) without waiting for Redis, then the failure policy decides.
+// (max(2, drift·Burst/A) tokens, at most Burst) without waiting for Redis, then the failure policy decides.
 func TestColdStartWithRedisDown(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })

@@ -354,13 +354,15 @@ func (l *Limiter) starved(e *local.Entry, limit Limit, n int64) (Decision, bool)
 	return Decision{Limit: limit, RetryAfter: wait, ResetAfter: resetAfter(limit, free), Remaining: free, Source: SourceLocal}, true
 }
 
-// coldCredit is the allowance of a key this node has never seen: max(1, drift·Burst/A) tokens, with
-// A the largest fleet Redis has reported on any key; 0 in strict mode or WithoutColdStart.
+// coldCredit is the allowance of a key this node has never seen: max(2, drift·Burst/A) tokens, at
+// most Burst, with A the largest number of nodes sharing a key that Redis's answers showed; 0 in
+// strict mode or WithoutColdStart. Two tokens let the first requests of a new key (a client's first
+// call is often followed by a second at once) be answered before its first reconcile.
 func (l *Limiter) coldCredit(limit Limit) int64 {
 	if l.opts.drift == 0 || !l.opts.coldStart {
 		return 0
 	}
-	return max(1, int64(l.opts.drift*float64(limit.Burst)/float64(max(l.fleet.Load(), 1))))
+	return min(limit.Burst, max(2, int64(l.opts.drift*float64(limit.Burst)/float64(max(l.fleet.Load(), 1)))))
 }
 
 func invalidKey(key string) error {

@@ -173,10 +173,10 @@ func WithFailurePolicy(p FailurePolicy) Option {
 }
 
 // WithoutColdStart makes the first decision for a key this node has not seen (or has evicted) go to
-// Redis synchronously. By default it is admitted locally from a cold-start credit of max(1,
-// DriftThreshold·Burst/A) tokens (A: the largest number of nodes Redis has reported on any key) while
-// the key's state is fetched in the background; that credit enters the overshoot bound of
-// docs/accuracy.md. Use this option for limits that must never be exceeded.
+// Redis synchronously. By default it is admitted locally from a cold-start credit of max(2,
+// DriftThreshold·Burst/A) tokens, at most Burst (A: the largest number of nodes sharing a key that
+// Redis's answers showed), while the key's state is fetched in the background; that credit enters
+// the overshoot bound of docs/accuracy.md. Use this option for limits that must never be exceeded.
 func WithoutColdStart() Option {
 	return optionFunc(func(o *options) error {
 		o.coldStart = false

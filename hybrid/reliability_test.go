@@ -455,9 +455,9 @@ func TestRestartLosesScriptCacheWhileReconcileIsDue(t *testing.T) {
 		// acknowledged, so the new bucket gets exactly the consumption not applied before.
 		assert.EqualValues(t, perKey, got[i], "key %s", k)
 	}
-	// Decisions that need Redis work on the restarted server too (2 tokens: more than a new key's
-	// cold-start credit of 1).
-	d, err := lim.AllowN(ctx, "restart:new", hybrid.Limit{Rate: 1, Burst: 2}, 2)
+	// Decisions that need Redis work on the restarted server too (3 tokens: more than a new key's
+	// cold-start credit of 2).
+	d, err := lim.AllowN(ctx, "restart:new", hybrid.Limit{Rate: 1, Burst: 3}, 3)
 	require.NoError(t, err)
 	assert.Equal(t, hybrid.SourceCentral, d.Source)
 	assert.True(t, d.Allowed)
@@ -673,8 +673,10 @@ func TestReplayedBatchIsAppliedOnce(t *testing.T) {
 	p := redistest.NewProxy(t, srv.Addr)
 	rdb := redis.NewClient(&redis.Options{Addr: p.Addr, ReadTimeout: 150 * time.Millisecond}) // default MaxRetries: 3
 	t.Cleanup(func() { _ = rdb.Close() })
-	// A one-minute interval: only the test's Flush calls reconcile.
-	lim := newLimiter(t, rdb, hybrid.WithSyncInterval(time.Minute), hybrid.WithFlushTimeout(150*time.Millisecond))
+	// A one-minute interval: only the test's Flush calls reconcile. An hour between ban-list reads:
+	// their script calls would count as EVALSHA too.
+	lim := newLimiter(t, rdb, hybrid.WithSyncInterval(time.Minute), hybrid.WithFlushTimeout(150*time.Millisecond),
+		hybrid.WithBanRefresh(time.Hour))
 	limit := hybrid.Limit{Rate: 1000, Burst: 100_000}
 	keys := keyNames("replay:", 50)
 	warm(t, lim, keys, limit)
@@ -741,8 +743,8 @@ func TestCloseWaitsOutAnOpenBreaker(t *testing.T) {
 	srv.Pause(t)
 	for i := 0; !lim.Stats().BreakerOpen; i++ {
 		require.Less(t, i, 100, "the breaker opens after a few timeouts")
-		// Two tokens of a new key: more than its cold-start credit, so the decision needs Redis.
-		_, err := lim.AllowN(ctx, "breaker:cold:"+strconv.Itoa(i), hybrid.Limit{Rate: 1, Burst: 2}, 2)
+		// Three tokens of a new key: more than its cold-start credit, so the decision needs Redis.
+		_, err := lim.AllowN(ctx, "breaker:cold:"+strconv.Itoa(i), hybrid.Limit{Rate: 1, Burst: 3}, 3)
 		require.NoError(t, err)
 	}
 	srv.Resume(t)

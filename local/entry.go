@@ -240,6 +240,7 @@ func (e *Entry) Next(now, minWindow int64) Call {
 		obs := got / (float64(max(now-e.sentAt, minWindow, 1)) / 1e9)
 		e.demand = (e.demand + obs) / 2
 	}
+	e.demand = min(e.demand, maxDemand) // a burst in a short window must not exceed what Redis accepts
 	e.sentUsed, e.sentDenied, e.sentAt = used, den, now
 	return Call{
 		Inc: e.inc, Seq: e.seq, Cum: total, Acked: e.charged.Load(), Used: used, UAcked: e.uacked.Load(),
@@ -381,6 +382,9 @@ func (e *Entry) Remaining() int64 {
 	g := e.globalMicro.Load()/1_000_000 + e.charged.Load() - e.total.Load()
 	return max(g, 0)
 }
+
+// maxDemand caps the demand estimate, tokens/s: the scripts accept at most 1e9 (the largest rate).
+const maxDemand = 1e9
 
 const maxNsPerToken = 1 << 40 // about 18 minutes per token; slower rates report capped estimates
 

@@ -68,15 +68,16 @@ type Syncer struct {
 	cfg   Config
 	stats Stats
 
-	mu      sync.Mutex // serialises flushes; guards the fields below
-	waiting map[*local.Entry]*watch
-	entries []*local.Entry
-	batch   []*local.Entry
-	idle    []bool // per batch entry: no requests for idleAfter
-	updates []central.Update
-	seqs    []uint64
-	states  []central.State
-	errs    []error
+	mu       sync.Mutex // serialises flushes; guards the fields below
+	waiting  map[*local.Entry]*watch
+	entries  []*local.Entry
+	batch    []*local.Entry
+	idle     []bool // per batch entry: no requests for idleAfter
+	lastSent int64  // time of the last round that sent something
+	updates  []central.Update
+	seqs     []uint64
+	states   []central.State
+	errs     []error
 }
 
 // watch is what the syncer remembers of a key it watches.
@@ -169,12 +170,22 @@ func (s *Syncer) Want(e *local.Entry, demand float64, n int64) int64 {
 	return min(max(int64(min(w, 1e9)), n), burst)
 }
 
-// lowWater returns the unused lease below which an active key asks for more: about three intervals
-// of its demand, rounded; 0 for a key whose demand is below one token per three intervals (the
+// lowWater returns the unused lease below which an active key asks for more: about five intervals
+// of its demand, rounded; 0 for a key whose demand is below one token per five intervals (the
 // answer's credit covers the next request while the lease is renewed).
 func (s *Syncer) lowWater(demand float64) int64 {
-	return int64(math.Round(demand * 3 * s.cfg.Interval.Seconds()))
+	return int64(math.Round(demand * 5 * s.cfg.Interval.Seconds()))
 }
+
+// urgentWater returns the unused lease below which a renewal cannot wait for other keys to join
+// its round: about two intervals of demand.
+func (s *Syncer) urgentWater(demand float64) int64 {
+	return int64(math.Round(demand * 2 * s.cfg.Interval.Seconds()))
+}
+
+// coalesce is how many intervals a renewal that is not urgent may wait, so that renewals share
+// script calls: Redis's cost is mostly per call, not per key.
+const coalesce = 3
 
 func (s *Syncer) flush(ctx context.Context, m mode) error {
 	s.mu.Lock()
@@ -190,6 +201,7 @@ func (s *Syncer) flush(ctx context.Context, m mode) error {
 	clear(s.entries)
 	s.batch = s.batch[:0]
 	s.idle = s.idle[:0]
+	anyUrgent := m != due
 	for e, w := range s.waiting {
 		if e.Evicted() {
 			delete(s.waiting, e)
@@ -207,10 +219,18 @@ func (s *Syncer) flush(ctx context.Context, m mode) error {
 		debt := e.Pending()
 		unused := e.Unused()
 		active := e.Active()
-		send := false
+		send, urgent := false, false
 		switch m {
 		case due:
-			send = now >= w.notBefore && (debt || active && unused <= s.lowWater(e.Demand()) && now >= e.RetryAt())
+			if now >= w.notBefore && (debt || active && now >= e.RetryAt()) {
+				d := e.Demand()
+				switch {
+				case debt || unused <= s.urgentWater(d):
+					send, urgent = true, true
+				case unused <= s.lowWater(d):
+					send = true
+				}
+			}
 		case pending:
 			send = debt || e.Unreported()
 		case final:
@@ -219,6 +239,7 @@ func (s *Syncer) flush(ctx context.Context, m mode) error {
 		if send {
 			s.batch = append(s.batch, e)
 			s.idle = append(s.idle, idle)
+			anyUrgent = anyUrgent || urgent
 			continue
 		}
 		if unused == 0 && !debt && !active && !e.Unreported() {
@@ -226,9 +247,11 @@ func (s *Syncer) flush(ctx context.Context, m mode) error {
 		}
 	}
 	defer s.count()
-	if len(s.batch) == 0 {
+	if len(s.batch) == 0 || !anyUrgent && now-s.lastSent < coalesce*int64(s.cfg.Interval) {
+		clear(s.batch)
 		return nil
 	}
+	s.lastSent = now
 	start := time.Now()
 	s.stats.Flushes.Add(1)
 	var first error
