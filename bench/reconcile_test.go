@@ -26,7 +26,7 @@ func BenchmarkReconcile(b *testing.B) {
 			c, err := central.New(central.Config{
 				Client: rdb, Prefix: "benchrec" + strconv.Itoa(perCall), NodeID: "bench",
 				SyncTimeout: time.Second, FlushTimeout: 10 * time.Second, MaxBatch: perCall,
-				PruneAge: 10 * time.Minute, Recount: time.Minute, ActiveWindow: 16 * time.Second,
+				PruneAge: 10 * time.Minute, Recount: time.Minute, ActiveWindow: 16 * time.Second, Horizon: 4 * time.Second,
 				Breaker: central.BreakerConfig{Threshold: 5, Cooldown: 500 * time.Millisecond},
 			})
 			if err != nil {

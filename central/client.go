@@ -51,6 +51,9 @@ type Config struct {
 	// ActiveWindow is how long after its last call a node's declared demand counts in the key's
 	// demand (which sizes the nodes' shares of the burst).
 	ActiveWindow time.Duration
+	// Horizon is how long a lease is sized to last at a node's demand; Redis keeps half the bucket in
+	// reserve when the key's demand over the horizon exceeds the burst while staying under the rate.
+	Horizon time.Duration
 	// Breaker configures the circuit breaker.
 	Breaker BreakerConfig
 	// Now is the clock for the breaker; nil means time.Now.
@@ -164,8 +167,9 @@ func New(cfg Config) (*Client, error) {
 		return nil, errors.New("central: SyncTimeout and FlushTimeout must be positive")
 	case cfg.MaxBatch < 1 || cfg.MaxBatch > 1000:
 		return nil, fmt.Errorf("central: MaxBatch %d out of range [1, 1000]", cfg.MaxBatch)
-	case cfg.PruneAge < time.Millisecond || cfg.Recount < time.Millisecond || cfg.ActiveWindow < time.Millisecond:
-		return nil, errors.New("central: PruneAge, Recount and ActiveWindow must be at least 1ms")
+	case cfg.PruneAge < time.Millisecond || cfg.Recount < time.Millisecond || cfg.ActiveWindow < time.Millisecond ||
+		cfg.Horizon < time.Millisecond:
+		return nil, errors.New("central: PruneAge, Recount, ActiveWindow and Horizon must be at least 1ms")
 	case cfg.Breaker.Threshold < 1 || cfg.Breaker.Cooldown <= 0 || cfg.Breaker.MinSpan < 0:
 		return nil, errors.New("central: breaker needs Threshold ≥ 1, a positive Cooldown and a MinSpan ≥ 0")
 	}
@@ -196,7 +200,7 @@ func New(cfg Config) (*Client, error) {
 		c.enforced = rc.Options().ContextTimeoutEnabled
 	}
 	c.keyArgs = []any{cfg.NodeID, cfg.PruneAge.Milliseconds(), cfg.Recount.Milliseconds(),
-		cfg.ActiveWindow.Milliseconds(), 0}
+		cfg.ActiveWindow.Milliseconds(), cfg.Horizon.Milliseconds(), 0}
 	return c, nil
 }
 

@@ -35,7 +35,7 @@ func testConfig(rdb redis.UniversalClient, node string) Config {
 	return Config{
 		Client: rdb, Prefix: "t", NodeID: node,
 		SyncTimeout: time.Second, FlushTimeout: 2 * time.Second, MaxBatch: 100,
-		PruneAge: time.Minute, Recount: time.Second, ActiveWindow: 20 * time.Second,
+		PruneAge: time.Minute, Recount: time.Second, ActiveWindow: 20 * time.Second, Horizon: 4 * time.Second,
 		Breaker: BreakerConfig{Threshold: 3, Cooldown: 50 * time.Millisecond},
 	}
 }
@@ -138,12 +138,20 @@ func TestScriptShareOfTheBurst(t *testing.T) {
 		a.c.at(t0)
 		b.c.at(t0)
 		// Both nodes declare a demand of 2.5 tokens/s: the key's demand is 5 tokens/s, and each node's
-		// lease is at most its share of the burst, 2.5/5 of it; halved, because the demand would take
-		// more than the burst within the lease's horizon (1000 wanted at 2.5/s).
+		// lease is at most its share of the burst, 2.5/5 of it.
 		a.call(t, 10, 0, 0)
 		st := b.call(t, 10, 1000, 0)
 		assert.InDelta(t, 5.0, st.Demand, 0.001, "the key's demand")
-		assert.Equal(t, int64(10+25), st.Charged, "10 debt and a quarter of the burst")
+		assert.Equal(t, int64(10+50), st.Charged, "10 debt and half the burst (1000 wanted)")
+		// A key whose demand would take more than the burst over the horizon while under its rate
+		// keeps half the bucket in reserve: leases come from the upper half only.
+		lim2 := Limit{Rate: 1000, Burst: 100}
+		c := &node{c: a.c, key: "res", lim: lim2, inc: 1, demand: 100} // 100/s × 4s > 100, < 1000/s
+		st = c.call(t, 0, 400, 0)
+		assert.Equal(t, int64(50), st.Charged, "the upper half")
+		assert.Equal(t, int64(50_000_000), st.Tokens, "the reserve stays")
+		st = c.call(t, 0, 0, 51) // a synchronous take may use the reserve
+		assert.Equal(t, StatusCovered, st.Status)
 	})
 }
 
@@ -293,7 +301,7 @@ func TestScriptRejectsBadNumbers(t *testing.T) {
 			{"nan demand", []any{1, 0, 0, 0, 0, "nan", 1, 1, "1", 10}},
 			{"garbage n", []any{1, 0, 0, 0, 0, 1, 1, "x", "1", 10}},
 		} {
-			args := append([]any{"node", 60000, 1000, 4000, 0}, tc.args...)
+			args := append([]any{"node", 60000, 1000, 4000, 4000, 0}, tc.args...)
 			res, err := src.Eval(ctx, rdb, []string{"t:v2:b:{bad}:1:10"}, args...).Result()
 			require.NoError(t, err, tc.name)
 			out, errs := make([]State, 1), make([]error, 1)
@@ -305,7 +313,7 @@ func TestScriptRejectsBadNumbers(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, int64(0), n, "a rejected key writes nothing")
 		// A bad global argument fails the whole call.
-		err = src.Eval(ctx, rdb, []string{"t:v2:b:{bad}:1:10"}, "no:de", 60000, 1000, 4000, 0,
+		err = src.Eval(ctx, rdb, []string{"t:v2:b:{bad}:1:10"}, "no:de", 60000, 1000, 4000, 4000, 0,
 			1, 0, 0, 0, 0, 1, 1, 1, "1", 10).Err()
 		require.Error(t, err)
 		// Go rejects bad limits before they are sent.

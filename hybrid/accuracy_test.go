@@ -3,6 +3,7 @@ package hybrid_test
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -40,7 +41,7 @@ func TestAccuracyEightNodes(t *testing.T) {
 	f.flush(t)
 
 	elapsed := tl.end.Sub(tl.start).Seconds()
-	bound := overshootBound(drift, limit, interval, nodes)
+	bound := overshootBound(drift, limit, nodes)
 	allowed := float64(limit.Burst) + limit.Rate*elapsed
 	t.Logf("T=%.3fs allowance=%.0f bound E=%.1f sources=%v errors=%d", elapsed, allowed, bound, tl.sources, tl.errors)
 	assert.Zero(t, tl.errors)
@@ -200,4 +201,119 @@ func TestBanReachesEveryNode(t *testing.T) {
 		d, err := late.lims[0].Allow(ctx, "other", limit)
 		return err == nil && !d.Allowed && d.Source == hybrid.SourceDenyCache
 	}, 2*time.Second, 5*time.Millisecond)
+}
+
+// TestAccuracyShapes checks docs/accuracy.md's bound, and that honest load is admitted, on the key
+// shapes issue 10 names, on real Redis with 8 nodes at the library's defaults: many sparse keys,
+// sparse keys pinned 90% to a home node, a flood of keys no node has seen (every node admits its
+// cold-start credit at once), and a fleet that grows from 2 to 8 nodes while a key is over its limit.
+// Every case also checks that Redis counted every admitted token.
+func TestAccuracyShapes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-second load tests; run without -short")
+	}
+	const nodes = 8
+	sparse := hybrid.Limit{Rate: 10, Burst: 20}
+	for _, tc := range []struct {
+		name     string
+		honest   workload // admitted/demanded ≥ 0.99
+		over     workload // admitted ≤ Burst + Rate·T + E
+		grow     bool     // 2 nodes first, 6 more after a second
+		duration time.Duration
+	}{
+		{name: "sparse keys", duration: 3 * time.Second,
+			honest: workload{keys: keyNames("sparse:h:", 200), limit: sparse, demand: 0.5 * sparse.Rate},
+			over:   workload{keys: keyNames("sparse:o:", 20), limit: sparse, demand: 4 * sparse.Rate}},
+		{name: "sticky sparse keys", duration: 3 * time.Second,
+			honest: workload{keys: keyNames("sticky:h:", 200), limit: sparse, demand: 0.5 * sparse.Rate, affinity: 0.9},
+			over:   workload{keys: keyNames("sticky:o:", 20), limit: sparse, demand: 4 * sparse.Rate, affinity: 0.9}},
+		{name: "a flood of new keys", duration: 1500 * time.Millisecond,
+			over: workload{keys: keyNames("cold:", 500), limit: hybrid.Limit{Rate: 10, Burst: 50}, demand: 400}},
+		{name: "the fleet grows from 2 to 8 nodes", grow: true, duration: 3 * time.Second,
+			over: workload{keys: []string{"grow:a", "grow:b"}, limit: hybrid.Limit{Rate: 500, Burst: 100}, demand: 2000}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, rdb := startRedis(t)
+			first, later := newFleet(t, srv.Addr, nodes), (*fleet)(nil)
+			if tc.grow {
+				later = &fleet{lims: first.lims[2:]}
+				first = &fleet{lims: first.lims[:2]}
+			}
+			var ws []workload
+			for _, w := range []workload{tc.honest, tc.over} {
+				if len(w.keys) > 0 {
+					ws = append(ws, w)
+				}
+			}
+			tl, tl2 := newTally(), newTally()
+			stop := make(chan struct{})
+			wg := first.run(t, stop, tl, ws...)
+			var wg2 *sync.WaitGroup
+			if later != nil {
+				time.Sleep(time.Second)
+				// The late nodes' share of the demand: 6 of 8 nodes' worth.
+				w := tc.over
+				w.demand = tc.over.demand * 6 / 8
+				wg2 = later.run(t, stop, tl2, w)
+			}
+			time.Sleep(tc.duration - time.Since(tl.start))
+			close(stop)
+			wg.Wait()
+			if wg2 != nil {
+				wg2.Wait()
+			}
+			tl.end = time.Now()
+			all := &fleet{lims: append(append([]*hybrid.Limiter(nil), first.lims...), lims(later)...)}
+			all.flush(t)
+			for k, v := range tl2.admitted {
+				tl.admitted[k] += v
+			}
+			for k, v := range tl2.demanded {
+				tl.demanded[k] += v
+			}
+			for s, v := range tl2.sources {
+				tl.sources[s] += v
+			}
+			assert.Zero(t, tl.errors+tl2.errors)
+			elapsed := tl.end.Sub(tl.start).Seconds()
+			bound := overshootBound(hybrid.DefaultDriftThreshold, tc.over.limit, nodes)
+			allowed := float64(tc.over.limit.Burst) + tc.over.limit.Rate*elapsed
+			var worst float64
+			for _, k := range tc.over.keys {
+				adm := float64(tl.admitted[k])
+				worst = max(worst, adm/allowed)
+				assert.LessOrEqual(t, adm, allowed+bound, "%s over Burst + Rate·T + E", k)
+			}
+			var hAdm, hDem int64
+			for _, k := range tc.honest.keys {
+				hAdm += tl.admitted[k]
+				hDem += tl.demanded[k]
+			}
+			got := consumedByKey(t, rdb, hybrid.DefaultKeyPrefix)
+			for _, w := range ws {
+				for _, k := range w.keys {
+					assert.Equal(t, tl.admitted[k], got[k], "%s: Redis counts every admitted token", k)
+				}
+			}
+			var local, total int64
+			for s, v := range tl.sources {
+				total += v
+				if s == hybrid.SourceLocal || s == hybrid.SourceDenyCache {
+					local += v
+				}
+			}
+			t.Logf("T=%.2fs: over keys at most %.3f of Burst + Rate·T (bound %.3f); honest admitted %d of %d; local %.2f%% of %d",
+				elapsed, worst, (allowed+bound)/allowed, hAdm, hDem, 100*float64(local)/float64(max(total, 1)), total)
+			if hDem > 0 {
+				assert.GreaterOrEqual(t, ratio(hAdm, hDem), 0.99, "honest load is admitted")
+			}
+		})
+	}
+}
+
+func lims(f *fleet) []*hybrid.Limiter {
+	if f == nil {
+		return nil
+	}
+	return f.lims
 }

@@ -96,7 +96,7 @@ func TestBansAtScale(t *testing.T) {
 	// The old way, for comparison: one script call that reads the whole list.
 	cc, err := central.New(central.Config{Client: rdb, Prefix: hybrid.DefaultKeyPrefix, NodeID: "cmp", SyncTimeout: time.Second,
 		FlushTimeout: 10 * time.Second, MaxBatch: 1, ActiveWindow: time.Second, PruneAge: time.Second,
-		Recount: time.Second, Breaker: central.BreakerConfig{Threshold: 5, Cooldown: time.Second}})
+		Recount: time.Second, Horizon: time.Second, Breaker: central.BreakerConfig{Threshold: 5, Cooldown: time.Second}})
 	require.NoError(t, err)
 	t1 := time.Now()
 	all, err := cc.Bans(context.Background())

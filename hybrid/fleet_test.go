@@ -51,11 +51,24 @@ func (f *fleet) flush(t *testing.T) {
 	}, 10*time.Second, 50*time.Millisecond, "pending consumption could not be flushed")
 }
 
-// workload drives keys at demand tokens/s each (spread evenly over the nodes) until stop is closed.
+// workload drives keys at demand tokens/s each (spread evenly over the nodes, or with affinity)
+// until stop is closed.
 type workload struct {
-	keys   []string
-	limit  hybrid.Limit
-	demand float64 // requests per second per key, over all nodes
+	keys     []string
+	limit    hybrid.Limit
+	demand   float64 // requests per second per key, over all nodes
+	affinity float64 // when > 0, this share of a key's requests goes to its home node (key index mod nodes)
+}
+
+// share returns the part of key j's demand that node i of n sends.
+func (w workload) share(j, i, n int) float64 {
+	if w.affinity <= 0 || n == 1 {
+		return 1 / float64(n)
+	}
+	if j%n == i {
+		return w.affinity
+	}
+	return (1 - w.affinity) / float64(n-1)
 }
 
 // tally is what a load run observed.
@@ -79,8 +92,8 @@ func (f *fleet) run(t *testing.T, stop <-chan struct{}, tl *tally, ws ...workloa
 	t.Helper()
 	var wg sync.WaitGroup
 	tl.start = time.Now()
-	n := float64(len(f.lims))
-	for _, lim := range f.lims {
+	n := len(f.lims)
+	for node, lim := range f.lims {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -124,7 +137,7 @@ func (f *fleet) run(t *testing.T, stop <-chan struct{}, tl *tally, ws ...workloa
 				el := virtual.Seconds()
 				for i, w := range ws {
 					for j, key := range w.keys {
-						due := int64(w.demand/n*el) - issued[i][j]
+						due := int64(w.demand*w.share(j, node, n)*el) - issued[i][j]
 						for range due {
 							t0 := time.Now()
 							d, err := lim.Allow(ctx, key, w.limit)
@@ -158,9 +171,18 @@ func harmonic(n int) float64 {
 	return h
 }
 
-// overshootBound is docs/accuracy.md's E = (drift·burst + rate·interval) · H(nodes) + nodes.
-func overshootBound(drift float64, l hybrid.Limit, interval time.Duration, nodes int) float64 {
-	return (drift*float64(l.Burst)+l.Rate*interval.Seconds())*harmonic(nodes) + float64(nodes)
+// overshootBound is docs/accuracy.md's bound on E for nodes nodes at the default lease life:
+//
+//	E = min(Burst·H(N) + N, Burst + Rate·L) + N·max(1, D·Burst) + N·min(Burst, max(2, D·Burst))
+//
+// unused leases held while the bucket refills, the nodes' overdraft credits, and their cold-start
+// credits.
+func overshootBound(drift float64, l hybrid.Limit, nodes int) float64 {
+	b, n := float64(l.Burst), float64(nodes)
+	leases := min(b*harmonic(nodes)+n, b+l.Rate*hybrid.LeaseLife.Seconds())
+	credit := max(1, drift*b)
+	cold := min(b, max(2, drift*b))
+	return leases + n*credit + n*cold
 }
 
 func consumedInRedis(t *testing.T, rdb *redis.Client, key string) int64 {

@@ -136,7 +136,8 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		MaxBatch:     scriptBatch,
 		PruneAge:     pruneAge,
 		Recount:      recountPeriod,
-		ActiveWindow: 2 * leaseLife,
+		ActiveWindow: 2 * LeaseLife,
+		Horizon:      LeaseHorizon,
 		Breaker: central.BreakerConfig{Threshold: breakerThreshold, Cooldown: breakerCooldown, MinSpan: breakerMinSpan,
 			OnStateChange: logs.breaker},
 		Now: nil, // the breaker measures its cooldown on the monotonic clock, never WithClock's
@@ -173,8 +174,8 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		Interval:  o.syncInterval,
 		MaxBatch:  flushBatch,
 		Drift:     o.drift,
-		Horizon:   leaseHorizon,
-		LeaseLife: leaseLife,
+		Horizon:   LeaseHorizon,
+		LeaseLife: LeaseLife,
 		Now:       l.mono,
 		OnState: func(e *local.Entry, _ central.State) {
 			if l.bansIncomplete() {
@@ -316,12 +317,13 @@ func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) 
 func (l *Limiter) mono() int64 { return int64(time.Since(l.started)) + 1 }
 
 // starved denies locally a key whose lease and credit are spent while Redis's last answer for this
-// node said the global bucket could not cover n, and that answer still holds: until the time Redis
-// gave for this node's share of the refill to cover its lease (its RetryAfter), or else until the
-// refill could cover n, plus two sync intervals for the syncer to ask again. The demand is recorded
-// so that the next call asks for a lease sized to it. Asking Redis meanwhile would be denied too; at
-// the limit such questions would cost a Redis command per request. Never with a zero drift
-// threshold (strict mode), never before the key's first answer.
+// node, less than a second old, said the global bucket could not cover n. The demand is recorded,
+// so that the syncer asks for a lease sized to it as soon as Redis's answer allows (its RetryAfter
+// for this node's share of the refill, or at once). Asking Redis meanwhile would be denied too: at
+// the limit such questions would cost a Redis command per request. The caller is told to retry once
+// the refill could cover n and the syncer has asked (at least one sync interval). Never with a zero
+// drift threshold (strict mode), never before the key's first answer, never on an answer older than
+// a second (the decision then goes to Redis).
 func (l *Limiter) starved(e *local.Entry, limit Limit, n int64) (Decision, bool) {
 	if l.opts.drift == 0 {
 		return Decision{}, false
@@ -334,25 +336,19 @@ func (l *Limiter) starved(e *local.Entry, limit Limit, n int64) (Decision, bool)
 	if g >= n*1_000_000 {
 		return Decision{}, false // Redis had tokens beyond this node's lease: ask it
 	}
-	refill := time.Duration(min(float64(n*1_000_000-g)/limit.Rate*1e3, 1<<62)) // ns until n refills
-	until := e.RetryAt()
-	if until > at {
-		// Redis set when this node asks again (its share of the refill at the limit); allow the
-		// syncer two intervals to do so before decisions go to Redis themselves.
-		until += 2 * int64(l.opts.syncInterval)
-	} else {
-		until = at + int64(refill)
-	}
 	now := l.mono()
-	if now > until {
+	if now-at > int64(starvedTrust) {
 		return Decision{}, false
 	}
 	e.Deny(n)
-	// The caller may retry once the refill covers n (this node asks Redis again at until).
-	wait := max(refill-time.Duration(now-at), time.Duration(until-now), time.Microsecond)
+	refill := time.Duration(min(float64(n*1_000_000-g)/limit.Rate*1e3, 1<<62)) // ns until n refills
+	wait := max(refill-time.Duration(now-at), time.Duration(e.RetryAt()-now), l.opts.syncInterval)
 	free := max(g/1_000_000, 0)
 	return Decision{Limit: limit, RetryAfter: wait, ResetAfter: resetAfter(limit, free), Remaining: free, Source: SourceLocal}, true
 }
+
+// starvedTrust is how long Redis's answer that a key's bucket is empty lets a node deny locally.
+const starvedTrust = time.Second
 
 // coldCredit is the allowance of a key this node has never seen: max(2, drift·Burst/A) tokens, at
 // most Burst, with A the largest number of nodes sharing a key that Redis's answers showed; 0 in

@@ -25,6 +25,13 @@ const (
 	DefaultFlushTimeout   = 500 * time.Millisecond
 	// MaxKeyLen is the longest key AllowN accepts, in bytes.
 	MaxKeyLen = 1024
+	// LeaseHorizon is how long a lease should last at a node's demand on a key: its size is the
+	// demand × LeaseHorizon, within the node's demand-weighted share of the burst.
+	LeaseHorizon = 4 * time.Second
+	// LeaseLife is how long a node may use a lease after asking for it; what is left is then written
+	// off. It bounds how long leased tokens can sit unused while the bucket refills
+	// (docs/accuracy.md).
+	LeaseLife = 8 * time.Second
 )
 
 // Tunables that have no option yet; documented in docs/operations.md.
@@ -34,8 +41,6 @@ const (
 	breakerMinSpan   = 50 * time.Millisecond  // a run of failures must last this long to open the breaker
 	scriptBatch      = 256                    // keys per reconcile script call
 	flushBatch       = 4096                   // keys per pipelined reconcile
-	leaseHorizon     = 4 * time.Second        // a lease is sized to last this long at the node's demand
-	leaseLife        = 8 * time.Second        // a node may use a lease this long after asking for it
 	recountPeriod    = time.Minute            // Redis scans a key's node records for departed nodes this often
 	pruneAge         = 10 * time.Minute       // a node's record on a key is dropped after this
 	banRefresh       = 10 * time.Second       // change-log read period (Pub/Sub carries changes at once)

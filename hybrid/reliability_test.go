@@ -558,7 +558,7 @@ func TestClockJumpsDoNotRefill(t *testing.T) {
 	elapsed := time.Since(start)
 	flushed(t, lim, 5*time.Second)
 
-	bound := overshootBound(drift, limit, interval, 1)
+	bound := overshootBound(drift, limit, 1)
 	allowed := float64(limit.Burst) + limit.Rate*elapsed.Seconds()
 	t.Logf("T=%v, Burst + Rate·T = %.0f, E = %.1f; %v", elapsed.Round(time.Millisecond), allowed, bound, l)
 	assert.Zero(t, l.errs.Load(), "%v", l.errors())

@@ -33,7 +33,8 @@
 -- KEYS[i]  bucket key
 -- ARGV[1]  node id (no ':'), ARGV[2] prune age ms (a node's record is dropped this long after its
 -- last call), ARGV[3] scan period ms, ARGV[4] active window ms (a node's demand counts in w this
--- long after its last call), ARGV[5] time override in µs ("0" = use Redis TIME; tests only)
+-- long after its last call), ARGV[5] lease horizon ms (a lease is sized to last this long),
+-- ARGV[6] time override in µs ("0" = use Redis TIME; tests only)
 -- then 10 arguments per key, in KEYS order:
 --   inc, cum, acked, used, uacked, demand (this node's demand, tokens/s), want (unused lease wanted
 --   after the call), n (tokens the caller must have now, 0 for a background call), rate (tokens/s),
@@ -51,7 +52,8 @@ local node = ARGV[1]
 local prune_ms = tonumber(ARGV[2])
 local scan_ms = tonumber(ARGV[3])
 local window_ms = tonumber(ARGV[4])
-local now = tonumber(ARGV[5])
+local horizon_ms = tonumber(ARGV[5])
+local now = tonumber(ARGV[6])
 if node == nil or node == '' or string.find(node, ':', 1, true) then
   return redis.error_reply('ERR hybridrate: bad node id')
 end
@@ -64,6 +66,9 @@ end
 if window_ms == nil or window_ms ~= window_ms or window_ms < 1 or window_ms > 1e10 then
   return redis.error_reply('ERR hybridrate: bad active window')
 end
+if horizon_ms == nil or horizon_ms ~= horizon_ms or horizon_ms < 1 or horizon_ms > 1e9 then
+  return redis.error_reply('ERR hybridrate: bad lease horizon')
+end
 if now == nil or now ~= now or now < 0 or now > 1e17 then
   return redis.error_reply('ERR hybridrate: bad time override')
 end
@@ -73,14 +78,11 @@ if now == 0 then
 end
 local now_ms = math.floor(now / 1000)
 local field = 'n:' .. node
-local NG, NA = 5, 10
+local NG, NA = 6, 10
 if #ARGV ~= NG + NA * #KEYS then
   return redis.error_reply('ERR hybridrate: want ' .. (NG + NA * #KEYS) .. ' arguments, got ' .. #ARGV)
 end
 local MAXI = 9007199254740991
--- When the key's demand would take more than the burst within a lease's horizon (busy), the leases
--- of all nodes together take at most this fraction of the burst.
-local share_frac_busy = 0.5
 
 -- clamp keeps a duration reply inside what an integer reply can carry (about 31 years in µs).
 local function clamp(v)
@@ -189,19 +191,16 @@ local function process(i, key)
   local wv = math.max(w, demand)
   local granted = true
   if target > have then
-    -- busy: the key's demand would take more than the burst within a lease's horizon (want /
-    -- demand). Then the leases together take at most half the burst, and while the demand is below
-    -- the rate (the refill keeps up) they leave the lower half of the bucket alone: a reserve for
-    -- the node whose lease runs out first, so that nobody is denied while the key is under its limit.
+    -- Each node's lease is at most its demand-weighted share of the burst. When the key's demand
+    -- would take more than the burst within a lease's horizon while staying below the rate (the
+    -- refill keeps up), leases come only from the upper half of the bucket: the lower half is a
+    -- reserve for the node whose lease runs out first, so that nobody is denied while the key is
+    -- under its limit.
     local share = target
     local reserve = 0
     if demand > 0 and wv > 0 then
-      local f = 1
-      if wv * want / demand > burst then
-        f = share_frac_busy
-        if wv < rate then reserve = math.floor(burst * (1 - f)) end
-      end
-      share = math.max(math.floor(burst * f * demand / wv + 0.5), 1)
+      if wv * horizon_ms / 1000 > burst and wv < rate then reserve = math.floor(burst / 2) end
+      share = math.max(math.floor(burst * demand / wv + 0.5), 1)
     end
     local g = math.min(target, math.max(share, n)) - have
     local avail = math.floor(tokens / 1000000)
