@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -316,4 +317,59 @@ func lims(f *fleet) []*hybrid.Limiter {
 		return nil
 	}
 	return f.lims
+}
+
+// TestOneKeyTwoLimits is issue 11 item 8: one key used with two limits at once (Rate 100 from one
+// caller, Rate 10 from another, on two nodes). Each (key, limit) pair has its own bucket, so each
+// caller gets its own limit, not a mix of both.
+func TestOneKeyTwoLimits(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-second load test; run without -short")
+	}
+	srv, rdb := startRedis(t)
+	f := newFleet(t, srv.Addr, 2)
+	fast, slow := hybrid.Limit{Rate: 100, Burst: 100}, hybrid.Limit{Rate: 10, Burst: 10}
+	ctx := context.Background()
+	var fastAdm, slowAdm atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	start := time.Now()
+	for _, c := range []struct {
+		limit hybrid.Limit
+		adm   *atomic.Int64
+	}{{fast, &fastAdm}, {slow, &slowAdm}} {
+		for _, lim := range f.lims {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					case <-time.After(time.Millisecond): // about 1,000 requests/s per caller and node
+					}
+					if d, err := lim.Allow(ctx, "shared", c.limit); err == nil && d.Allowed {
+						c.adm.Add(1)
+					}
+				}
+			}()
+		}
+	}
+	time.Sleep(2 * time.Second)
+	close(stop)
+	wg.Wait()
+	elapsed := time.Since(start).Seconds()
+	f.flush(t)
+	for _, c := range []struct {
+		name  string
+		limit hybrid.Limit
+		adm   int64
+	}{{"rate 100", fast, fastAdm.Load()}, {"rate 10", slow, slowAdm.Load()}} {
+		allowed := float64(c.limit.Burst) + c.limit.Rate*elapsed
+		bound := overshootBound(hybrid.DefaultDriftThreshold, c.limit, 2)
+		t.Logf("%s: admitted %d = %.3f of Burst + Rate·T (bound %.3f)", c.name, c.adm, float64(c.adm)/allowed, (allowed+bound)/allowed)
+		assert.LessOrEqual(t, float64(c.adm), allowed+bound, c.name)
+		assert.GreaterOrEqual(t, float64(c.adm), 0.8*c.limit.Rate*elapsed, "%s: still gets its rate", c.name)
+	}
+	assert.Equal(t, fastAdm.Load()+slowAdm.Load(), consumedInRedis(t, rdb, "shared"), "Redis counts both buckets")
 }

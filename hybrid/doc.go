@@ -9,38 +9,36 @@
 //
 // # How it decides
 //
-// Redis holds each key's global bucket, refilled by Redis TIME. Every node keeps, per key, the tokens
-// it consumed and a local allowance: after each reconcile it may consume about
-//
-//	(DriftThreshold · max(G, 0) + Rate·SyncInterval) / A
-//
-// tokens without asking (less while the bucket is in debt; rounded randomly to a whole token), where
-// G is the global token count Redis returned and A the number of nodes active on the key: its share
-// of the refill the next interval brings, plus its share of a fraction of the bucket. Decisions within the allowance are local (SourceLocal): no I/O, no allocation,
-// no clock read. A background loop reconciles consumed tokens every SyncInterval, in one pipeline per
-// Redis node, and renews the allowances. When a node's allowance is spent, the next decision for that
-// key goes to Redis synchronously (SourceCentral), which is exact — unless Redis's last answer said
-// the bucket is empty once the other nodes' shares are counted: then the node denies locally
-// (SourceLocal, not allowed) until the next reconcile. Redis denials are cached until their
-// retry-after (SourceDenyCache). A key hammering past its limit therefore costs Redis about one
-// command per node per sync interval, not one per request.
+// Redis holds the global bucket of each (key, limit) pair, refilled by Redis TIME. A node takes
+// tokens from it in advance, as a lease sized to its own demand on the key (over LeaseHorizon,
+// within its demand-weighted share of the burst), and consumes them locally: no I/O, no allocation,
+// no clock read (SourceLocal). A small overdraft credit (max(1, DriftThreshold·G/A) tokens while
+// the bucket G is not empty) covers the moment a lease runs out while its renewal is in flight, and
+// a key the node has never seen is admitted from a cold-start credit (WithoutColdStart turns it
+// off). A background loop calls Redis only for keys that need it: debt to report, a lease nearly
+// spent, or a renewal Redis asked for; a key with lease to spare costs Redis nothing. When the
+// bucket is empty, the node denies locally until Redis's answer says its share of the refill is due.
+// Decisions go to Redis synchronously (SourceCentral, exact) only when a node has no lease and no
+// credit while Redis's last answer said the bucket had tokens, or with a drift threshold of 0.
 //
 // # How far it can over-admit
 //
-// Eventual consistency has a price, bounded: over any interval T, all nodes together admit at most
-// Burst + Rate·T + E tokens per key, with
+// Over any interval T, all nodes together admit at most Burst + Rate·T + E tokens per key and
+// limit, with
 //
-//	E ≤ (DriftThreshold · Burst + Rate·SyncInterval) · H(N) + N
+//	E ≤ min(Burst·H(N) + N, Burst + Rate·LeaseLife) + N·max(1, D·Burst) + N·min(Burst, max(2, D·Burst))
 //
-// where H(N) = 1 + 1/2 + … + 1/N for N nodes (H(8) ≈ 2.72). The overshoot is debt, not loss: all
-// consumption is written to Redis, the bucket goes negative (down to −Burst), and the long-run rate is
-// exact. docs/accuracy.md derives the bound and the test that checks it on real Redis. A drift
-// threshold of 0 makes every decision central and E zero.
+// for N nodes, D the drift threshold and H(N) = 1 + 1/2 + … + 1/N: leases held unused while the
+// bucket refills, the overdraft credits and the cold-start credits. It is a worst case; under steady
+// load leases are spent within their horizon and the measured overshoot is zero. The overshoot is
+// debt, not loss: all consumption is charged in Redis (the bucket goes negative, down to −Burst),
+// and the long-run rate is exact. docs/accuracy.md derives the bound and names the tests that check
+// it on real Redis. A drift threshold of 0 makes every decision central and E zero.
 //
 // # When Redis fails
 //
-// Redis calls have short timeouts and a circuit breaker. While Redis cannot answer, local allowances
-// are used up and then the FailurePolicy decides: LocalFallback (the default) enforces this node's
+// Redis calls have short timeouts and a circuit breaker. While Redis cannot answer, leases are used
+// up and then the FailurePolicy decides: LocalFallback (the default) enforces this node's
 // share of the limit locally, FailOpen admits, FailClosed denies. Consumption admitted meanwhile is
 // kept (bounded by the local key cap) and applied when Redis returns: nothing consumed is forgotten.
 package hybrid

@@ -181,7 +181,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 			if l.bansIncomplete() {
 				l.bans.add(e.Key()) // it may be banned beyond the local copy: check it
 			}
-			_, active, _ := e.Global()
+			_, active := e.Global()
 			for {
 				f := l.fleet.Load()
 				if active <= f || l.fleet.CompareAndSwap(f, active) {
@@ -290,7 +290,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) 
 			return d, nil
 		}
 	}
-	if e := l.store.Lookup(key, lid, h); e != nil {
+	if e := l.store.Lookup(key, limit.Rate, limit.Burst, h); e != nil {
 		if e.TryTake(n) == local.Taken {
 			// Close sets closed before its final flush. A call that took tokens locally and still
 			// sees closed false took them before Close began (Go's atomics are sequentially
@@ -332,7 +332,7 @@ func (l *Limiter) starved(e *local.Entry, limit Limit, n int64) (Decision, bool)
 	if at == 0 {
 		return Decision{}, false
 	}
-	g, _, _ := e.Global()
+	g, _ := e.Global()
 	if g >= n*1_000_000 {
 		return Decision{}, false // Redis had tokens beyond this node's lease: ask it
 	}
@@ -523,7 +523,7 @@ func (l *Limiter) failure(key string, e *local.Entry, limit Limit, n int64) Deci
 		// key, or, for a key Redis never answered about, the largest fleet seen on any key.
 		active := max(l.fleet.Load(), 1)
 		if e != nil {
-			if _, a, _ := e.Global(); a >= 1 {
+			if _, a := e.Global(); a >= 1 {
 				active = a
 			}
 		}

@@ -139,8 +139,10 @@ func badOption(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrBadOption}, args...)...)
 }
 
-// WithSyncInterval sets how long consumption may wait before it is reconciled with Redis, from 1ms to
-// 1 minute. Shorter is more accurate and costs more Redis commands. The default is 20ms.
+// WithSyncInterval sets how often the background loop looks for keys that need Redis (debt to
+// report, a lease nearly spent, a renewal Redis asked for), from 1ms to 1 minute. It sets how early
+// a lease is renewed (a few intervals of demand before it runs out) and how long a debt waits; a
+// key with lease to spare is not sent, whatever the interval. The default is 20ms.
 func WithSyncInterval(d time.Duration) Option {
 	return optionFunc(func(o *options) error {
 		if d < time.Millisecond || d > time.Minute {
@@ -151,11 +153,12 @@ func WithSyncInterval(d time.Duration) Option {
 	})
 }
 
-// WithDriftThreshold sets the fraction of the global remaining tokens (plus one sync interval of
-// refill) that the nodes may consume locally, split between the nodes active on the key, before a
-// node asks Redis synchronously. 0 sends every decision to Redis (a strict central limiter); larger
-// values save Redis commands and widen the overshoot bound of docs/accuracy.md. From 0 to 1; the
-// default is 0.1.
+// WithDriftThreshold sets the overdraft credit a node may consume beyond its lease, as a fraction of
+// the global tokens Redis last reported, split between the nodes sharing the key (at least one
+// token while the bucket is not empty), and the cold-start credit of a new key (that fraction of
+// the burst, at least two tokens). 0 disables leases and credits: every decision goes to Redis (a
+// strict central limiter). Larger values widen the overshoot bound of docs/accuracy.md. From 0 to
+// 1; the default is 0.1.
 func WithDriftThreshold(f float64) Option {
 	return optionFunc(func(o *options) error {
 		if !(f >= 0 && f <= 1) {

@@ -22,41 +22,36 @@ type Entry struct {
 	key     string
 	total   atomic.Int64 // tokens consumed by this incarnation
 	mark    atomic.Int64 // total may grow up to mark without asking Redis
-	lid     uint64       // the limit's identity (LimitID)
+	rate    float64      // the limit's rate, tokens/s
 	burst   int64        // the limit's burst
 	dirty   atomic.Bool  // on the shard's dirty list
 	evicted atomic.Bool  // removed from the store; see tryEvict
 	used    atomic.Bool  // CLOCK reference bit
 
-	rate        float64      // the limit's rate, tokens/s
 	nsPerToken  int64        // refill time of one token, in ns (capped)
 	charged     atomic.Int64 // tokens Redis has charged to this incarnation (last answer applied)
 	globalMicro atomic.Int64 // global micro-tokens in the last answer
 	denied      atomic.Int64 // tokens this node denied locally (demand it could not serve), cumulative
 	burned      atomic.Int64 // unused lease written off at expiry, cumulative (part of total)
 	store       *Store
-	sh          *shard
 	inc         uint64
 
-	fly         sync.Mutex   // held by the one caller whose synchronous call is in flight; see Fly
-	waiters     atomic.Int64 // tokens the callers waiting for that call want
-	mu          sync.Mutex   // serialises Grant, Expire and Next; guards the fields below
-	seq         uint64       // last call number issued
-	applied     uint64       // call number of the last answer applied
-	uacked      atomic.Int64 // admitted tokens Redis has counted
-	active      atomic.Int64 // nodes active on the key, by the last answer
-	resetMicros atomic.Int64
-	grantedAt   atomic.Int64 // time of the last answer applied, caller's monotonic clock; 0 if none
-	leaseUntil  atomic.Int64 // the unused lease may be used until then (caller's clock)
-	retryAt     atomic.Int64 // a lease shorter than wanted: do not ask again before then (caller's clock)
-	retryMicros atomic.Int64 // the last answer's retry-after, µs
-	demand      float64      // estimated demand on this node, tokens/s (admitted + denied)
-	sentUsed    int64        // used (admitted) tokens at the last call
-	ackCum      int64        // total sent by the last call Redis applied
-	sentDenied  int64        // denied tokens at the last call
-	sentAt      int64        // time of the last call (caller's clock); 0 if none
-	bornAt      int64        // time the syncer first saw the entry (caller's clock)
-	next        *Entry       // dirty-list link; written only by the goroutine that set dirty
+	fly        sync.Mutex   // held by the one caller whose synchronous call is in flight; see Fly
+	waiters    atomic.Int64 // tokens the callers waiting for that call want
+	mu         sync.Mutex   // serialises Grant, Expire and Next; guards the fields below
+	seq        uint64       // last call number issued
+	applied    uint64       // call number of the last answer applied
+	uacked     atomic.Int64 // admitted tokens Redis has counted
+	active     atomic.Int64 // nodes active on the key, by the last answer
+	grantedAt  atomic.Int64 // time of the last answer applied, caller's monotonic clock; 0 if none
+	leaseUntil atomic.Int64 // the unused lease may be used until then (caller's clock)
+	retryAt    atomic.Int64 // a lease shorter than wanted: do not ask again before then (caller's clock)
+	demand     float64      // estimated demand on this node, tokens/s (admitted + denied)
+	sentUsed   int64        // used (admitted) tokens at the last call
+	ackCum     int64        // total sent by the last call Redis applied
+	sentDenied int64        // denied tokens at the last call
+	sentAt     int64        // time of the last call (caller's clock); before the first call, minus the time the syncer first saw the entry
+	next       *Entry       // dirty-list link; written only by the goroutine that set dirty
 }
 
 // LimitID returns the identity of a limit as the store keys entries by it: two limits with the same
@@ -231,11 +226,12 @@ func (e *Entry) Next(now, minWindow int64) Call {
 	den := e.denied.Load()
 	got := float64(used - e.sentUsed + den - e.sentDenied)
 	active := got > 0
-	if e.sentAt == 0 {
-		if e.bornAt == 0 {
-			e.bornAt = now
+	if e.sentAt <= 0 {
+		born := -e.sentAt
+		if born == 0 {
+			born = now
 		}
-		e.demand = got / (float64(max(now-e.bornAt, int64(1e9))) / 1e9)
+		e.demand = got / (float64(max(now-born, int64(1e9))) / 1e9)
 	} else {
 		obs := got / (float64(max(now-e.sentAt, minWindow, 1)) / 1e9)
 		e.demand = (e.demand + obs) / 2
@@ -251,8 +247,8 @@ func (e *Entry) Next(now, minWindow int64) Call {
 // Seen notes the first time the syncer sees the entry, for the first demand estimate.
 func (e *Entry) Seen(now int64) {
 	e.mu.Lock()
-	if e.bornAt == 0 {
-		e.bornAt = now
+	if e.sentAt == 0 && now > 0 {
+		e.sentAt = -now
 	}
 	e.mu.Unlock()
 }
@@ -289,7 +285,7 @@ func (e *Entry) Demand() float64 {
 func (e *Entry) LastCall() int64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.sentAt
+	return max(e.sentAt, 0)
 }
 
 // Answer is Redis's answer to a call, as [Entry.Grant] applies it.
@@ -299,8 +295,6 @@ type Answer struct {
 	Charged    int64  // tokens charged to the incarnation
 	Global     int64  // global micro-tokens
 	Active     int64  // nodes active on the key
-	Reset      int64  // time to a full bucket, µs
-	Retry      int64  // the answer's retry-after, µs
 	SentUsed   int64  // the call's Used (Redis has counted it unless Stale)
 	SentCum    int64  // the call's Cum
 	Credit     int64  // overdraft allowed beyond Charged
@@ -329,8 +323,6 @@ func (e *Entry) Grant(a Answer) {
 	e.mark.Store(e.charged.Load() + a.Credit)
 	e.globalMicro.Store(a.Global)
 	e.active.Store(a.Active)
-	e.resetMicros.Store(a.Reset)
-	e.retryMicros.Store(a.Retry)
 	e.grantedAt.Store(a.At)
 	e.leaseUntil.Store(a.LeaseUntil)
 	e.retryAt.Store(a.RetryAt)
@@ -367,9 +359,6 @@ func (e *Entry) LeaseUntil() int64 { return e.leaseUntil.Load() }
 // RetryAt returns the time before which the node should not ask for more (caller's clock).
 func (e *Entry) RetryAt() int64 { return e.retryAt.Load() }
 
-// RetryMicros returns the last answer's retry-after, µs.
-func (e *Entry) RetryMicros() int64 { return e.retryMicros.Load() }
-
 // Denied returns the tokens this node denied locally so far.
 func (e *Entry) Denied() int64 { return e.denied.Load() }
 
@@ -402,7 +391,7 @@ func (e *Entry) ResetAfterNanos(burst, rem int64) int64 {
 	return int64(lo)
 }
 
-// Global returns the global tokens (micro-tokens), active nodes and time to full (µs) of the last answer.
-func (e *Entry) Global() (micro, active, resetMicros int64) {
-	return e.globalMicro.Load(), e.active.Load(), e.resetMicros.Load()
+// Global returns the global tokens (micro-tokens) and the nodes sharing the key, by the last answer.
+func (e *Entry) Global() (micro, active int64) {
+	return e.globalMicro.Load(), e.active.Load()
 }

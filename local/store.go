@@ -91,15 +91,16 @@ func (s *Store) Hash(key string, lid uint64) uint64 {
 	return h
 }
 
-// Lookup returns the entry for key under the limit lid, or nil. It never blocks and never allocates.
-func (s *Store) Lookup(key string, lid, h uint64) *Entry {
+// Lookup returns the entry for key under the limit (rate, burst), or nil; h is Hash(key,
+// LimitID(rate, burst)). It never blocks and never allocates.
+func (s *Store) Lookup(key string, rate float64, burst int64, h uint64) *Entry {
 	t := s.shards[h&(numShards-1)].tab.Load()
 	for i := (h >> shardBits) & t.mask; ; i = (i + 1) & t.mask {
 		e := t.slots[i].Load()
 		if e == nil {
 			return nil
 		}
-		if e.hash == h && e.lid == lid && e.key == key && e != tomb {
+		if e.hash == h && e.rate == rate && e.burst == burst && e.key == key && e != tomb {
 			return e
 		}
 	}
@@ -122,7 +123,6 @@ func (s *Store) Len() int {
 // answers). h is Hash(key, LimitID(rate, burst)). It returns nil when the shard is at its cap and
 // every key in it has pending consumption; the caller then decides without local state.
 func (s *Store) Insert(key string, h uint64, rate float64, burst, credit int64) *Entry {
-	lid := LimitID(rate, burst)
 	sh := &s.shards[h&(numShards-1)]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -139,7 +139,7 @@ func (s *Store) Insert(key string, h uint64, rate float64, burst, credit int64) 
 			}
 			continue
 		}
-		if e.hash == h && e.lid == lid && e.key == key {
+		if e.hash == h && e.rate == rate && e.burst == burst && e.key == key {
 			return e
 		}
 	}
@@ -147,7 +147,7 @@ func (s *Store) Insert(key string, h uint64, rate float64, burst, credit int64) 
 		s.stats.Full.Add(1)
 		return nil
 	}
-	e := &Entry{key: key, hash: h, lid: lid, rate: rate, burst: burst, inc: s.inc.Add(1), store: s, sh: sh,
+	e := &Entry{key: key, hash: h, rate: rate, burst: burst, inc: s.inc.Add(1), store: s,
 		nsPerToken: int64(min(1e9/rate, maxNsPerToken))}
 	e.mark.Store(max(credit, 0))
 	e.globalMicro.Store(burst * 1_000_000) // until Redis answers, Remaining assumes a full bucket
@@ -237,7 +237,7 @@ func (s *Store) markDirty(e *Entry) {
 	if e.dirty.Load() || !e.dirty.CompareAndSwap(false, true) {
 		return
 	}
-	sh := e.sh
+	sh := &s.shards[e.hash&(numShards-1)]
 	for {
 		old := sh.head.Load()
 		e.next = old

@@ -57,12 +57,12 @@ func TestInsertLookupGrow(t *testing.T) {
 	assert.Equal(t, n, s.Len())
 	for i := range n {
 		k := "key-" + strconv.Itoa(i)
-		e := s.Lookup(k, lid, hash(s, k))
+		e := s.Lookup(k, 100, 100, hash(s, k))
 		require.NotNil(t, e, k)
 		assert.Equal(t, k, e.Key())
 	}
-	assert.Nil(t, s.Lookup("absent", lid, hash(s, "absent")))
-	assert.Nil(t, s.Lookup("", lid, hash(s, "")), "the tombstone's empty key never matches")
+	assert.Nil(t, s.Lookup("absent", 100, 100, hash(s, "absent")))
+	assert.Nil(t, s.Lookup("", 100, 100, hash(s, "")), "the tombstone's empty key never matches")
 }
 
 func TestTakeWithinMark(t *testing.T) {
@@ -106,8 +106,8 @@ func TestLimitIsPartOfTheIdentity(t *testing.T) {
 	require.NotNil(t, a)
 	require.NotNil(t, b)
 	assert.NotSame(t, a, b, "one key under two limits has two entries")
-	assert.Same(t, a, s.Lookup("k", LimitID(100, 10), s.Hash("k", LimitID(100, 10))))
-	assert.Same(t, b, s.Lookup("k", LimitID(10, 10), s.Hash("k", LimitID(10, 10))))
+	assert.Same(t, a, s.Lookup("k", 100, 10, s.Hash("k", LimitID(100, 10))))
+	assert.Same(t, b, s.Lookup("k", 10, 10, s.Hash("k", LimitID(10, 10))))
 }
 
 func TestExpireWritesOffTheUnusedLease(t *testing.T) {
@@ -173,7 +173,7 @@ func TestEvictionSkipsPendingEntries(t *testing.T) {
 	pending := map[string]*Entry{}
 	for i := 0; len(pending) < 64 && i < 100_000; i++ {
 		k := "p" + strconv.Itoa(i)
-		if s.Lookup(k, lid, hash(s, k)) != nil {
+		if s.Lookup(k, 100, 100, hash(s, k)) != nil {
 			continue
 		}
 		e := s.Insert(k, hash(s, k), 100, 100, 0)
@@ -228,7 +228,7 @@ func TestConcurrentTakesAndEvictionsLoseNothing(t *testing.T) {
 			for i := range 5000 {
 				k := "c" + strconv.Itoa((g*7919+i)%300)
 				h := hash(s, k)
-				e := s.Lookup(k, lid, h)
+				e := s.Lookup(k, 100, 100, h)
 				if e == nil {
 					if e = s.Insert(k, h, 100, 100, 0); e == nil {
 						continue
@@ -269,7 +269,7 @@ func TestHotPathAllocatesNothing(t *testing.T) {
 	grant(e, math.MaxInt32, 0, 0)
 	h := hash(s, "hot")
 	allocs := testing.AllocsPerRun(1000, func() {
-		if s.Lookup("hot", lid, hash(s, "hot")).TryTake(1) != Taken {
+		if s.Lookup("hot", 100, 100, hash(s, "hot")).TryTake(1) != Taken {
 			t.Fatal("take failed")
 		}
 		_ = h

@@ -341,7 +341,7 @@ func (s *Syncer) Apply(e *local.Entry, seq uint64, u central.Update, st central.
 	}
 	e.Grant(local.Answer{
 		Seq: seq, Stale: st.Status == central.StatusStale, Charged: st.Charged, Global: st.Tokens,
-		Active: active, Reset: st.ResetAfter.Microseconds(), Retry: st.RetryAfter.Microseconds(),
+		Active:   active,
 		SentUsed: counted, SentCum: u.Cum, Credit: credit, At: at, LeaseUntil: sent + int64(s.cfg.LeaseLife),
 		RetryAt: retryAt,
 	})
