@@ -40,6 +40,8 @@ type Stats struct {
 	Evictions  int64 // clean keys evicted
 
 	Flushes, FlushedKeys, FailedKeys int64         // background reconcile work
+	BadKeys                          int64         // keys Redis refused (e.g. WRONGTYPE); the other keys of their calls went through
+	LeasesWrittenOff                 int64         // unused lease tokens written off when their LeaseLife ended
 	FlushTime, LastFlushTime         time.Duration // total and last reconcile round time
 
 	RedisCommands int64  // script calls this limiter sent
@@ -77,6 +79,7 @@ func (l *Limiter) Stats() Stats {
 	s.Evictions = l.store.Stats().Evictions.Load()
 	ss := l.syncer.Stats()
 	s.Flushes, s.FlushedKeys, s.FailedKeys = ss.Flushes.Load(), ss.Keys.Load(), ss.FailedKeys.Load()
+	s.BadKeys, s.LeasesWrittenOff = ss.BadKeys.Load(), ss.Burned.Load()
 	s.FlushTime = time.Duration(ss.FlushMicros.Load()) * time.Microsecond
 	s.LastFlushTime = time.Duration(ss.LastFlushMicros.Load()) * time.Microsecond
 	cs := l.central.Stats()
@@ -116,7 +119,7 @@ func newMetrics(l *Limiter) (*metrics, error) {
 	pending, err3 := m.Int64ObservableGauge("hybridrate.pending", metric.WithDescription("Keys with consumption not yet applied to Redis."))
 	flushes, err4 := m.Int64ObservableCounter("hybridrate.sync.flushes", metric.WithDescription("Background reconcile rounds."))
 	flushed, err5 := m.Int64ObservableCounter("hybridrate.sync.keys", metric.WithDescription("Keys sent in background reconciles."))
-	failed, err6 := m.Int64ObservableCounter("hybridrate.sync.failed_keys", metric.WithDescription("Keys whose reconcile failed (kept pending)."))
+	failed, err6 := m.Int64ObservableCounter("hybridrate.sync.failed_keys", metric.WithDescription("Keys whose reconcile failed (kept pending), by reason: bad_key (Redis refused the key, e.g. WRONGTYPE; the other keys of its call went through) or other."))
 	cmds, err7 := m.Int64ObservableCounter("hybridrate.redis.commands", metric.WithDescription("Script calls sent to Redis."))
 	errs, err8 := m.Int64ObservableCounter("hybridrate.redis.errors", metric.WithDescription("Redis calls that failed or were not sent, by class: error (network, timeout, error reply), breaker_open (refused by the open circuit breaker), noscript (script cache lost, reloaded)."))
 	breaker, err9 := m.Int64ObservableGauge("hybridrate.breaker.open", metric.WithDescription("1 while the circuit breaker is open or half-open."))
@@ -161,7 +164,8 @@ func newMetrics(l *Limiter) (*metrics, error) {
 		o.ObserveInt64(flushes, s.Flushes, a)
 		o.ObserveFloat64(flushTime, s.FlushTime.Seconds(), a)
 		o.ObserveInt64(flushed, s.FlushedKeys, a)
-		o.ObserveInt64(failed, s.FailedKeys, a)
+		o.ObserveInt64(failed, s.FailedKeys-s.BadKeys, metric.WithAttributes(node, fp, attribute.String("reason", "other")))
+		o.ObserveInt64(failed, s.BadKeys, metric.WithAttributes(node, fp, attribute.String("reason", "bad_key")))
 		o.ObserveInt64(cmds, s.RedisCommands, a)
 		o.ObserveInt64(errs, s.RedisErrors, class("error"))
 		o.ObserveInt64(errs, s.RedisRejected, class("breaker_open"))

@@ -2,6 +2,7 @@ package hybrid_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -110,4 +111,66 @@ func TestTLS(t *testing.T) {
 		return rdb
 	}
 	exerciseLimiter(t, client(), client())
+}
+
+// TestUserKeysNamedLikeInternalsOnRealRedis is issue 11 item 1 on real Redis: traffic on user keys
+// named like the limiter's own structures ("bans", "{bans}", the hash fields of a bucket…) neither
+// lifts a ban nor bans anybody: a user key can only ever name a bucket.
+func TestUserKeysNamedLikeInternalsOnRealRedis(t *testing.T) {
+	_, rdb := startRedis(t)
+	lim := newLimiter(t, rdb, hybrid.WithSyncTimeout(time.Second))
+	ctx := context.Background()
+	require.NoError(t, lim.Ban(ctx, "victim", time.Hour))
+	names := []string{"bans", "{bans}", "x:bans", "hr:v2:x:{bans}", "ts", "nt", "tk", "t", "s", "c", "w", "b", "x", "n:a", "victim}"}
+	limit := hybrid.Limit{Rate: 1000, Burst: 1000}
+	for range 3 {
+		for _, k := range names {
+			d, err := lim.Allow(ctx, k, limit)
+			require.NoError(t, err)
+			assert.True(t, d.Allowed, "%q is an ordinary key", k)
+		}
+		require.NoError(t, lim.Flush(ctx))
+	}
+	other := newLimiter(t, rdb, hybrid.WithSyncTimeout(time.Second))
+	require.Eventually(t, func() bool {
+		d, err := other.Allow(ctx, "victim", limit)
+		return err == nil && !d.Allowed && d.Source == hybrid.SourceDenyCache
+	}, 5*time.Second, 10*time.Millisecond, "the ban still holds on a new node")
+	for _, k := range names {
+		d, err := other.Allow(ctx, k, limit)
+		require.NoError(t, err)
+		assert.True(t, d.Allowed, "%q was not banned by the traffic", k)
+	}
+	keys, err := rdb.Keys(ctx, "hr:*").Result()
+	require.NoError(t, err)
+	for _, k := range keys {
+		if strings.HasPrefix(k, "hr:"+central.Version+":x:") {
+			continue // the limiter's own structures
+		}
+		assert.True(t, strings.HasPrefix(k, "hr:"+central.Version+":b:{"), "%q: a user key only names a bucket", k)
+	}
+}
+
+// TestOneBadKeyCostsOnlyThatKeyOnRealRedis is issue 11 item 2 end to end: a key whose Redis value has
+// the wrong type (WRONGTYPE) fails alone; the other keys' consumption reaches Redis, AllowN never
+// returns an error, and Stats counts the bad key.
+func TestOneBadKeyCostsOnlyThatKeyOnRealRedis(t *testing.T) {
+	_, rdb := startRedis(t)
+	lim := newLimiter(t, rdb, hybrid.WithSyncTimeout(time.Second))
+	ctx := context.Background()
+	limit := hybrid.Limit{Rate: 1, Burst: 100}
+	require.NoError(t, rdb.Set(ctx, central.BucketKey("hr", "poisoned", central.Limit{Rate: limit.Rate, Burst: limit.Burst}), "x", 0).Err())
+	keys := []string{"good:1", "poisoned", "good:2"}
+	for range 5 {
+		for _, k := range keys {
+			_, err := lim.Allow(ctx, k, limit)
+			require.NoError(t, err, k)
+		}
+	}
+	err := lim.Flush(ctx)
+	require.ErrorIs(t, err, central.ErrBadKey, "Flush names the key it could not apply")
+	got := consumed(t, rdb, []string{"good:1", "good:2"})
+	assert.Equal(t, []int64{5, 5}, got, "the other keys' consumption reached Redis")
+	assert.Positive(t, lim.Stats().BadKeys)
+	assert.False(t, lim.Stats().BreakerOpen, "a bad key says nothing about Redis")
 }
