@@ -472,9 +472,18 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 			// The answer renewed the node's lease; n is taken from it like any local decision.
 			// Concurrent callers share the lease: one whose n was covered may find it spent by the
 			// others' admissions, and asks again (twice at most) while Redis says it has tokens.
-			allowed = e.TryTake(n) == local.Taken
-			if !allowed && res.Status == central.StatusCovered && attempt < maxAttempts {
-				continue
+			switch e.TryTake(n) {
+			case local.Taken:
+				allowed = true
+			case local.Gone:
+				// The entry was evicted meanwhile. A covered n was charged to its lease and counted
+				// by Redis for this very request: admit it.
+				allowed = res.Status == central.StatusCovered
+			default:
+				allowed = false
+				if res.Status == central.StatusCovered && attempt < maxAttempts {
+					continue
+				}
 			}
 			if !allowed && res.RetryAfter == 0 {
 				res.RetryAfter = time.Duration(float64(time.Second) / limit.Rate)
