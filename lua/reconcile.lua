@@ -219,11 +219,12 @@ local function process(i, key)
         local frac = 1
         if demand > 0 and wv > 0 then frac = demand / wv end
         -- Ask again once this node's share of the refill covers half its share of the burst (at
-        -- least a token), or the shortfall if smaller, and do so at twice that pace: the nodes of a
-        -- key over its limit collect the refill faster than it comes, so little of it waits in the
-        -- bucket unclaimed, and a node is not told to wait longer than a few requests' worth.
+        -- least a token), or the shortfall if smaller, and do so at about three times that pace:
+        -- the nodes of a key over its limit collect the refill faster than it comes, so little of
+        -- it waits in the bucket unclaimed, and a node is not told to wait longer than a few
+        -- requests' worth.
         local need = math.min(short, math.max(1, math.ceil(share / 2)))
-        retry = clamp(math.ceil(need * 500000 / (rate * frac)))
+        retry = clamp(math.ceil(need * 350000 / (rate * frac)))
       end
     end
     tokens = tokens - g * 1000000
