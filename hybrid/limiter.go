@@ -341,8 +341,11 @@ func (l *Limiter) starved(e *local.Entry, limit Limit, n int64) (Decision, bool)
 		return Decision{}, false
 	}
 	e.Deny(n)
-	refill := time.Duration(min(float64(n*1_000_000-g)/limit.Rate*1e3, 1<<62)) // ns until n refills
-	wait := max(refill-time.Duration(now-at), time.Duration(e.RetryAt()-now), l.opts.syncInterval)
+	// The syncer asks again once Redis's answer allows it (RetryAt) and the bucket could hold a token
+	// again; the caller is told to come back once n could have refilled and the syncer has asked
+	// (two intervals later), so that a client honouring RetryAfter finds the renewed lease.
+	until := max(e.RetryAt(), e.RefillAt(n))
+	wait := max(time.Duration(until-now)+2*l.opts.syncInterval, l.opts.syncInterval)
 	free := max(g/1_000_000, 0)
 	return Decision{Limit: limit, RetryAfter: wait, ResetAfter: resetAfter(limit, free), Remaining: free, Source: SourceLocal}, true
 }

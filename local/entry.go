@@ -359,6 +359,17 @@ func (e *Entry) LeaseUntil() int64 { return e.leaseUntil.Load() }
 // RetryAt returns the time before which the node should not ask for more (caller's clock).
 func (e *Entry) RetryAt() int64 { return e.retryAt.Load() }
 
+// RefillAt returns when, by the last answer, the global bucket holds n tokens again (caller's clock):
+// the answer's time plus the refill the missing tokens take at the entry's rate; the answer's time
+// when it already held them.
+func (e *Entry) RefillAt(n int64) int64 {
+	at, g := e.grantedAt.Load(), e.globalMicro.Load()
+	if g >= n*1_000_000 {
+		return at
+	}
+	return at + int64(min(float64(n*1_000_000-g)/e.rate*1e3, 1<<62))
+}
+
 // Denied returns the tokens this node denied locally so far.
 func (e *Entry) Denied() int64 { return e.denied.Load() }
 

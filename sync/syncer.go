@@ -222,7 +222,7 @@ func (s *Syncer) flush(ctx context.Context, m mode) error {
 		send, urgent := false, false
 		switch m {
 		case due:
-			if now >= w.notBefore && (debt || active && now >= e.RetryAt()) {
+			if now >= w.notBefore && (debt || active && now >= max(e.RetryAt(), e.RefillAt(1))) {
 				d := e.Demand()
 				switch {
 				case debt || unused <= s.urgentWater(d):
