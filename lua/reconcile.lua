@@ -48,13 +48,18 @@
 --   its rate: when this node should ask again; else 0), time to a full bucket µs.
 -- Errors for the whole call only for bad global arguments: "ERR hybridrate: bad <arg>".
 
+-- Library functions as locals: a global lookup per call costs Redis CPU in a per-key loop.
+local floor, ceil, mmin, mmax = math.floor, math.ceil, math.min, math.max
+local smatch, sformat, sfind, ssub, tonum = string.match, string.format, string.find, string.sub, tonumber
+local rcall = redis.call
+
 local node = ARGV[1]
-local prune_ms = tonumber(ARGV[2])
-local scan_ms = tonumber(ARGV[3])
-local window_ms = tonumber(ARGV[4])
-local horizon_ms = tonumber(ARGV[5])
-local now = tonumber(ARGV[6])
-if node == nil or node == '' or string.find(node, ':', 1, true) then
+local prune_ms = tonum(ARGV[2])
+local scan_ms = tonum(ARGV[3])
+local window_ms = tonum(ARGV[4])
+local horizon_ms = tonum(ARGV[5])
+local now = tonum(ARGV[6])
+if node == nil or node == '' or sfind(node, ':', 1, true) then
   return redis.error_reply('ERR hybridrate: bad node id')
 end
 if prune_ms == nil or prune_ms ~= prune_ms or prune_ms < 1 or prune_ms > 1e10 then
@@ -73,10 +78,10 @@ if now == nil or now ~= now or now < 0 or now > 1e17 then
   return redis.error_reply('ERR hybridrate: bad time override')
 end
 if now == 0 then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local t = rcall('TIME')
+  now = tonum(t[1]) * 1000000 + tonum(t[2])
 end
-local now_ms = math.floor(now / 1000)
+local now_ms = floor(now / 1000)
 local field = 'n:' .. node
 local NG, NA = 6, 10
 if #ARGV ~= NG + NA * #KEYS then
@@ -94,19 +99,19 @@ end
 -- parse reads a node record; nil when absent or malformed.
 local function parse(s)
   if not s then return nil end
-  local a, b, c, d, e = string.match(s, '^(%d+):(%d+):(%d+):([%d.]+):(%d+)$')
+  local a, b, c, d, e = smatch(s, '^(%d+):(%d+):(%d+):([%d.]+):(%d+)$')
   if a == nil then return nil end
-  return { inc = tonumber(a), chg = tonumber(b), used = tonumber(c), d = tonumber(d), seen = tonumber(e) }
+  return { inc = tonum(a), chg = tonum(b), used = tonum(c), d = tonum(d), seen = tonum(e) }
 end
 
 local function process(i, key)
   local b = NG + (i - 1) * NA
   -- Checked inline (no function calls): NaN fails every comparison, so "not (lo <= x and x <= hi)"
   -- rejects it; "x % 1 == 0" requires an integer.
-  local inc, cum, acked = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
-  local used, uacked, demand = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6])
-  local want, n = tonumber(ARGV[b + 7]), tonumber(ARGV[b + 8])
-  local rate, burst = tonumber(ARGV[b + 9]), tonumber(ARGV[b + 10])
+  local inc, cum, acked = tonum(ARGV[b + 1]), tonum(ARGV[b + 2]), tonum(ARGV[b + 3])
+  local used, uacked, demand = tonum(ARGV[b + 4]), tonum(ARGV[b + 5]), tonum(ARGV[b + 6])
+  local want, n = tonum(ARGV[b + 7]), tonum(ARGV[b + 8])
+  local rate, burst = tonum(ARGV[b + 9]), tonum(ARGV[b + 10])
   local bad = nil
   if not (inc and inc >= 0 and inc <= MAXI and inc % 1 == 0) then bad = 'inc'
   elseif not (cum and cum >= 0 and cum <= MAXI and cum % 1 == 0) then bad = 'cum'
@@ -121,13 +126,13 @@ local function process(i, key)
   end
   if bad then error('hybridrate: bad ' .. bad .. ' for key ' .. i, 0) end
 
-  local h = redis.call('HMGET', key, 'b', field)
+  local h = rcall('HMGET', key, 'b', field)
   local burst_u = burst * 1000000
   local tokens, ts, consumed, w, next_scan, ttl_set
   if h[1] then
-    local t1, t2, t3, t4, t5, t6 = string.match(h[1], '^(%-?%d+):(%d+):(%d+):([%d.]+):(%d+):(%-?%d+)$')
-    tokens, ts, consumed, w = tonumber(t1), tonumber(t2), tonumber(t3), tonumber(t4)
-    next_scan, ttl_set = tonumber(t5), tonumber(t6)
+    local t1, t2, t3, t4, t5, t6 = smatch(h[1], '^(%-?%d+):(%d+):(%d+):([%d.]+):(%d+):(%-?%d+)$')
+    tokens, ts, consumed, w = tonum(t1), tonum(t2), tonum(t3), tonum(t4)
+    next_scan, ttl_set = tonum(t5), tonum(t6)
   end
   if tokens == nil then
     -- A new bucket (or an unreadable one): full.
@@ -136,10 +141,10 @@ local function process(i, key)
 
   -- Refill by Redis time only (a clock that went backwards refills nothing).
   if now > ts then
-    if tokens < burst_u then tokens = math.min(tokens + (now - ts) * rate, burst_u) end
+    if tokens < burst_u then tokens = mmin(tokens + (now - ts) * rate, burst_u) end
     ts = now
   end
-  local ttl = math.min(math.ceil(2000 * burst / rate) + 1000, 1e12)
+  local ttl = mmin(ceil(2000 * burst / rate) + 1000, 1e12)
 
   if inc == 0 then
     -- A take by a node without local state for the key (its key cap is full of keys with consumption
@@ -150,18 +155,18 @@ local function process(i, key)
       consumed = consumed + n
       status = 1
     else
-      retry = clamp(math.ceil((n * 1000000 - tokens) / rate))
+      retry = clamp(ceil((n * 1000000 - tokens) / rate))
     end
-    tokens = math.floor(tokens)
-    redis.call('HSET', key, 'b', string.format('%d:%d:%d:%.3f:%d:%d', tokens, ts, consumed, w, next_scan, now_ms))
-    redis.call('PEXPIRE', key, ttl)
-    return { status, 0, tokens, math.floor(w * 1000), retry, clamp(math.ceil((burst_u - tokens) / rate)) }
+    tokens = floor(tokens)
+    rcall('HSET', key, 'b', sformat('%d:%d:%d:%.3f:%d:%d', tokens, ts, consumed, w, next_scan, now_ms))
+    rcall('PEXPIRE', key, ttl)
+    return { status, 0, tokens, floor(w * 1000), retry, clamp(ceil((burst_u - tokens) / rate)) }
   end
 
   local rec = parse(h[2])
   if rec ~= nil and rec.inc > inc then
     -- A late call from an incarnation the node has already replaced.
-    return { -2, acked, math.floor(tokens), math.floor(w * 1000), 0, clamp(math.ceil((burst_u - tokens) / rate)) }
+    return { -2, acked, floor(tokens), floor(w * 1000), 0, clamp(ceil((burst_u - tokens) / rate)) }
   end
   -- Demand: the node's declared demand replaces what it declared before (if that still counts).
   if rec ~= nil and rec.seen >= now_ms - window_ms then w = w - rec.d end
@@ -187,8 +192,8 @@ local function process(i, key)
   local status = -1
   local retry = 0
   local have = rec.chg - cum
-  local target = math.max(want, n)
-  local wv = math.max(w, demand)
+  local target = mmax(want, n)
+  local wv = mmax(w, demand)
   local granted = true
   if target > have then
     -- Each node's lease is at most its demand-weighted share of the burst. When the key's demand
@@ -199,22 +204,22 @@ local function process(i, key)
     local share = target
     local reserve = 0
     if demand > 0 and wv > 0 then
-      if wv * horizon_ms / 1000 > burst and wv < rate then reserve = math.floor(burst / 2) end
-      share = math.max(math.floor(burst * demand / wv + 0.5), 1)
+      if wv * horizon_ms / 1000 > burst and wv < rate then reserve = floor(burst / 2) end
+      share = mmax(floor(burst * demand / wv + 0.5), 1)
     end
-    local g = math.min(target, math.max(share, n)) - have
-    local avail = math.floor(tokens / 1000000)
+    local g = mmin(target, mmax(share, n)) - have
+    local avail = floor(tokens / 1000000)
     -- A synchronous call may use the reserve for its n.
-    g = math.min(g, math.max(avail - reserve, n - have), avail)
+    g = mmin(g, mmax(avail - reserve, n - have), avail)
     if g < 0 then g = 0 end
     if n > 0 and have + g < n then
       -- A synchronous call that cannot be covered takes nothing.
       g = 0
       granted = false
       status = 0
-      retry = clamp(math.ceil(((n - have) * 1000000 - tokens) / rate))
+      retry = clamp(ceil(((n - have) * 1000000 - tokens) / rate))
     else
-      local short = math.min(target, math.max(share, n)) - have - g
+      local short = mmin(target, mmax(share, n)) - have - g
       if short > 0 and reserve == 0 then
         local frac = 1
         if demand > 0 and wv > 0 then frac = demand / wv end
@@ -223,8 +228,8 @@ local function process(i, key)
         -- the nodes of a key over its limit collect the refill faster than it comes, so little of
         -- it waits in the bucket unclaimed, and a node is not told to wait longer than a few
         -- requests' worth.
-        local need = math.min(short, math.max(1, math.ceil(share / 2)))
-        retry = clamp(math.ceil(need * 350000 / (rate * frac)))
+        local need = mmin(short, mmax(1, ceil(share / 2)))
+        retry = clamp(ceil(need * 350000 / (rate * frac)))
       end
     end
     tokens = tokens - g * 1000000
@@ -234,7 +239,7 @@ local function process(i, key)
     -- The caller takes n from its lease at once: count them now. Its next call reports them as used;
     -- counts are cumulative (max), so they are not counted twice, and a replayed call neither.
     status = 1
-    local u = math.max(rec.used, used + n)
+    local u = mmax(rec.used, used + n)
     consumed = consumed + (u - rec.used)
     rec.used = u
   end
@@ -244,14 +249,14 @@ local function process(i, key)
   -- Now and then, recompute w from the nodes active within the window and drop the records of
   -- nodes gone for longer than the prune age.
   if now >= next_scan then
-    local all = redis.call('HGETALL', key)
+    local all = rcall('HGETALL', key)
     w = demand
     for j = 1, #all, 2 do
       local f = all[j]
-      if string.sub(f, 1, 2) == 'n:' and f ~= field then
+      if ssub(f, 1, 2) == 'n:' and f ~= field then
         local r = parse(all[j + 1])
         if r == nil or r.seen < now_ms - prune_ms then
-          redis.call('HDEL', key, f)
+          rcall('HDEL', key, f)
         elseif r.seen >= now_ms - window_ms then
           w = w + r.d
         end
@@ -260,16 +265,16 @@ local function process(i, key)
     next_scan = now + scan_ms * 1000
   end
 
-  tokens = math.floor(tokens)
+  tokens = floor(tokens)
   -- Keep the key while a full refill takes (twice, plus a second), refreshed once half of it has
   -- passed (every write command costs a few µs of Redis CPU).
   local refresh = ttl_set < 0 or now_ms - ttl_set > ttl / 2 or now_ms < ttl_set
   if refresh then ttl_set = now_ms end
-  redis.call('HSET', key,
-    'b', string.format('%d:%d:%d:%.3f:%d:%d', tokens, ts, consumed, w, next_scan, ttl_set),
-    field, string.format('%d:%d:%d:%.3f:%d', rec.inc, rec.chg, rec.used, rec.d, rec.seen))
-  if refresh then redis.call('PEXPIRE', key, ttl) end
-  return { status, rec.chg, tokens, math.floor(w * 1000), retry, clamp(math.ceil((burst_u - tokens) / rate)) }
+  rcall('HSET', key,
+    'b', sformat('%d:%d:%d:%.3f:%d:%d', tokens, ts, consumed, w, next_scan, ttl_set),
+    field, sformat('%d:%d:%d:%.3f:%d', rec.inc, rec.chg, rec.used, rec.d, rec.seen))
+  if refresh then rcall('PEXPIRE', key, ttl) end
+  return { status, rec.chg, tokens, floor(w * 1000), retry, clamp(ceil((burst_u - tokens) / rate)) }
 end
 
 local res = {}
