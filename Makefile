@@ -16,8 +16,8 @@ bench: ## benchmarks against the peers on a real redis-server, benchstat-ready: 
 	$(GO) test ./bench -run '^$$' -bench . -benchmem -count 6 -timeout 60m | tee bench.txt
 
 FUZZTIME ?= 3s
-fuzz: ## run every fuzz target for FUZZTIME (seed corpora under testdata/fuzz run in `make test` too)
-	@set -e; for pkg in ./central ./hybrid ./local ./sidecar; do \
+fuzz: ## run every fuzz target for FUZZTIME (seed corpora under testdata/fuzz run in `make test` too); the packages are found, not listed
+	@set -e; for pkg in $$(grep -rl '^func Fuzz' --include='*_test.go' . | xargs -n1 dirname | sort -u); do \
 	  for t in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
 	    echo "fuzz $$pkg $$t"; $(GO) test $$pkg -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME); \
 	  done; done
