@@ -281,12 +281,6 @@ func (e *Entry) Demand() float64 {
 	return e.demand
 }
 
-// LastCall returns the time of the last call (caller's clock; 0 if none).
-func (e *Entry) LastCall() int64 {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return max(e.sentAt, 0)
-}
 
 // Answer is Redis's answer to a call, as [Entry.Grant] applies it.
 type Answer struct {
