@@ -281,7 +281,6 @@ func (e *Entry) Demand() float64 {
 	return e.demand
 }
 
-
 // Answer is Redis's answer to a call, as [Entry.Grant] applies it.
 type Answer struct {
 	Seq        uint64 // the number of the call answered (Call.Seq)
