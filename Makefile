@@ -27,12 +27,14 @@ lint: ## gofmt, go vet, staticcheck
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
-deps: ## check the package graph of DESIGN.md: imports flow downward only
+deps: ## check the package graph of DESIGN.md: imports flow downward only (internal/ packages may be imported by any)
 	@$(GO) list -f '{{.ImportPath}} {{join .Imports " "}}' ./... | awk -v mod="$(MOD)" ' \
 	function short(p) { sub(mod "/", "", p); return p } \
 	BEGIN { allow["local"]=""; allow["denycache"]=""; allow["lua"]=""; allow["central"]="lua"; \
+	        allow["strict"]="lua"; allow["internal/redisx"]="lua"; allow["internal/limits"]=""; \
 	        allow["sync"]="local central"; allow["hybrid"]="local sync denycache central"; \
-	        allow["policy"]="hybrid central"; allow["middleware"]="policy"; \
+	        allow["policy"]="hybrid strict"; allow["middleware"]="policy concurrency"; \
+	        allow["concurrency"]="lua"; \
 	        allow["observe"]="policy hybrid"; allow["sidecar"]="policy hybrid"; \
 	        allow["dashboard"]="observe"; } \
 	{ pkg = short($$1); if (!(pkg in allow)) next; \

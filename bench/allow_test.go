@@ -57,7 +57,7 @@ func BenchmarkAllow(b *testing.B) {
 				b.Run(v.name, func(b *testing.B) {
 					once.Do(func() {
 						lim = newLimiter(b, rdb, hybrid.WithKeyPrefix("bench"+ks.name[5:]+v.name[5:]),
-							hybrid.WithSyncTimeout(time.Second), hybrid.WithSyncInterval(v.sync))
+							hybrid.WithCheckTimeout(time.Second), hybrid.WithSyncInterval(v.sync))
 						warm(b, lim, keys, ks.warm(seq))
 					})
 					benchDecide(b, keys, seq, func(key string) bool {

@@ -79,7 +79,7 @@ func BenchmarkCentral(b *testing.B) {
 		})
 	})
 	b.Run("impl=hybrid-drift0", func(b *testing.B) {
-		lim := newLimiter(b, rdb, hybrid.WithDriftThreshold(0), hybrid.WithKeyPrefix("benchd0"), hybrid.WithSyncTimeout(time.Second))
+		lim := newLimiter(b, rdb, hybrid.WithDriftThreshold(0), hybrid.WithKeyPrefix("benchd0"), hybrid.WithCheckTimeout(time.Second))
 		var local, all atomic.Int64
 		benchRemote(b, seq, func(k int32) (bool, error) {
 			d, err := lim.Allow(ctx, keys[k], generous)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hybridrate/hybridrate/central"
+	"github.com/hybridrate/hybridrate/internal/redisx"
 )
 
 // incarnation numbers the benchmark's runs, as a limiter numbers its local entries.
@@ -27,7 +28,7 @@ func BenchmarkReconcile(b *testing.B) {
 				Client: rdb, Prefix: "benchrec" + strconv.Itoa(perCall), NodeID: "bench",
 				SyncTimeout: time.Second, FlushTimeout: 10 * time.Second, MaxBatch: perCall,
 				PruneAge: 10 * time.Minute, Recount: time.Minute, ActiveWindow: 16 * time.Second, Horizon: 4 * time.Second,
-				Breaker: central.BreakerConfig{Threshold: 5, Cooldown: 500 * time.Millisecond},
+				Breaker: redisx.BreakerConfig{Threshold: 5, Cooldown: 500 * time.Millisecond},
 			})
 			if err != nil {
 				b.Fatal(err)

@@ -53,8 +53,8 @@ func (c *Client) BanChangesSince(ctx context.Context, cursor BanCursor, page int
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.FlushTimeout)
 	defer cancel()
-	res, err := c.run(ctx, true, c.banKeys(), []any{"changes", "", strconv.FormatInt(cursor.Since, 10), strconv.Itoa(page),
-		strconv.FormatInt(cursor.Skip, 10)})
+	res, err := c.runner.Run(ctx, c.flushRDB, banScript, c.banKeys(), "changes", "",
+		strconv.FormatInt(cursor.Since, 10), strconv.Itoa(page), strconv.FormatInt(cursor.Skip, 10))
 	if err != nil {
 		return BanChanges{}, fmt.Errorf("central: ban changes: %w", err)
 	}
@@ -69,7 +69,7 @@ func (c *Client) BanChangesSince(ctx context.Context, cursor BanCursor, page int
 		}
 	}
 	out := BanChanges{Reload: head[1] == 1, Total: head[2], Next: BanCursor{Since: head[3], Skip: head[5]}, More: head[4] == 1}
-	out.Events, err = decodeBans(vals[6:], true)
+	out.Events, err = decodeBans(vals[6:], zeroIsUnban)
 	return out, err
 }
 
@@ -83,7 +83,7 @@ func (c *Client) ScanBans(ctx context.Context, cursor string, page int) (bans []
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.FlushTimeout)
 	defer cancel()
-	res, err := c.run(ctx, true, c.banKeys(), []any{"scan", "", cursor, strconv.Itoa(page)})
+	res, err := c.runner.Run(ctx, c.flushRDB, banScript, c.banKeys(), "scan", "", cursor, strconv.Itoa(page))
 	if err != nil {
 		return nil, "", 0, fmt.Errorf("central: scan bans: %w", err)
 	}
@@ -96,7 +96,7 @@ func (c *Client) ScanBans(ctx context.Context, cursor string, page int) (bans []
 	if !ok1 || !ok2 {
 		return nil, "", 0, fmt.Errorf("%w: ban scan header %T %T", ErrBadReply, vals[0], vals[1])
 	}
-	bans, err = decodeBans(vals[2:], false)
+	bans, err = decodeBans(vals[2:], zeroIsInvalid)
 	return bans, next, now, err
 }
 
@@ -121,7 +121,7 @@ func (c *Client) BannedKeys(ctx context.Context, keys []string) ([]time.Duration
 	for _, k := range keys {
 		args = append(args, k)
 	}
-	res, err := c.run(ctx, true, c.banKeys(), args)
+	res, err := c.runner.Run(ctx, c.flushRDB, banScript, c.banKeys(), args...)
 	if err != nil {
 		return nil, fmt.Errorf("central: check bans: %w", err)
 	}
@@ -139,13 +139,21 @@ func (c *Client) BannedKeys(ctx context.Context, keys []string) ([]time.Duration
 	return out, nil
 }
 
-// decodeBans decodes flat {key, remaining_ms, ...}; with zero allowed, 0 means not banned.
-func decodeBans(vals []any, zero bool) ([]BanEvent, error) {
+// zeroMeans says what a remaining time of 0 means in a reply of ban entries.
+type zeroMeans uint8
+
+const (
+	zeroIsInvalid zeroMeans = iota // a list of bans in force: 0 is a bad reply
+	zeroIsUnban                    // a change log: 0 means the key was unbanned
+)
+
+// decodeBans decodes flat {key, remaining_ms, ...}; zero says what a remaining time of 0 means.
+func decodeBans(vals []any, zero zeroMeans) ([]BanEvent, error) {
 	out := make([]BanEvent, 0, len(vals)/2)
 	for i := 0; i+1 < len(vals); i += 2 {
 		k, ok1 := vals[i].(string)
 		ms, ok2 := vals[i+1].(int64)
-		if !ok1 || !ok2 || ms < 0 || ms > 1e12 || ms == 0 && !zero {
+		if !ok1 || !ok2 || ms < 0 || ms > 1e12 || ms == 0 && zero != zeroIsUnban {
 			return nil, fmt.Errorf("%w: ban entry %T %v", ErrBadReply, vals[i], vals[i+1])
 		}
 		out = append(out, BanEvent{Key: k, Banned: ms > 0, TTL: time.Duration(ms) * time.Millisecond})

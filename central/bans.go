@@ -32,8 +32,8 @@ func (c *Client) Unban(ctx context.Context, key string) error {
 func (c *Client) banCall(ctx context.Context, action, key string, ms int64) error {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.FlushTimeout)
 	defer cancel()
-	_, err := c.run(ctx, true, c.banKeys(),
-		[]any{action, BansChannel(c.cfg.Prefix), key, strconv.FormatInt(ms, 10)})
+	_, err := c.runner.Run(ctx, c.flushRDB, banScript, c.banKeys(),
+		action, BansChannel(c.cfg.Prefix), key, strconv.FormatInt(ms, 10))
 	if err != nil {
 		return fmt.Errorf("central: %s %q: %w", action, key, err)
 	}
@@ -46,7 +46,7 @@ func (c *Client) banCall(ctx context.Context, action, key string, ms int64) erro
 func (c *Client) Bans(ctx context.Context) ([]BanEvent, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.FlushTimeout)
 	defer cancel()
-	res, err := c.run(ctx, true, c.banKeys(), []any{"list", BansChannel(c.cfg.Prefix), "", "0"})
+	res, err := c.runner.Run(ctx, c.flushRDB, banScript, c.banKeys(), "list", BansChannel(c.cfg.Prefix), "", "0")
 	if err != nil {
 		return nil, fmt.Errorf("central: list bans: %w", err)
 	}

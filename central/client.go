@@ -6,24 +6,30 @@ import (
 	"fmt"
 	"math"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/hybridrate/hybridrate/internal/limits"
+	"github.com/hybridrate/hybridrate/internal/redisx"
 	"github.com/hybridrate/hybridrate/lua"
 )
 
-// Errors returned by the client. Redis errors are wrapped with %w.
+// Errors returned by the client. Redis errors are wrapped with %w. redisx.Class sorts all of them.
 var (
-	// ErrUnavailable means the breaker is open: the call was not sent.
-	ErrUnavailable = errors.New("central: redis unavailable (circuit breaker open)")
-	// ErrBadReply means Redis answered with a reply of an unexpected shape.
-	ErrBadReply = errors.New("central: unexpected reply from redis")
+	// ErrUnavailable means the breaker is open: the call was not sent. It is the same value as
+	// strict.ErrUnavailable.
+	ErrUnavailable = redisx.ErrUnavailable
+	// ErrBadReply means Redis answered with a reply of an unexpected shape. It is the same value as
+	// strict.ErrBadReply.
+	ErrBadReply = redisx.ErrBadReply
 	// ErrBadKey means Redis could not process one key of a batch (for example its Redis key holds a
 	// value of another type: WRONGTYPE); the other keys of the batch were processed.
-	ErrBadKey = errors.New("central: redis refused this key")
+	ErrBadKey = redisx.NewError(redisx.ClassBadKey, "central: redis refused this key")
+	// ErrInvalid is wrapped by every error for an update the client refuses to send (a limit or a
+	// counter out of range). Such an update never reaches Redis and never counts against the breaker.
+	ErrInvalid = redisx.NewError(redisx.ClassInvalid, "central: invalid request")
 )
 
 // Config configures a [Client]. Every field is required unless it says otherwise; package hybrid
@@ -54,8 +60,12 @@ type Config struct {
 	// Horizon is how long a lease is sized to last at a node's demand; Redis keeps half the bucket in
 	// reserve when the key's demand over the horizon exceeds the burst while staying under the rate.
 	Horizon time.Duration
+	// Advance is how much of the coming refill leases may draw on while a key's demand is under its
+	// rate (the bucket may be lent down to -Rate·Advance); 0 lends only tokens in the bucket. It
+	// widens the overshoot bound by Rate·Advance (docs/accuracy.md).
+	Advance time.Duration
 	// Breaker configures the circuit breaker.
-	Breaker BreakerConfig
+	Breaker redisx.BreakerConfig
 	// Now is the clock for the breaker; nil means time.Now.
 	Now func() time.Time
 }
@@ -66,16 +76,10 @@ type Limit struct {
 	Burst int64
 }
 
-// MinRate is the smallest rate the scripts accept (reconcile.lua rejects smaller ones as "bad rate"):
-// one token per 31.7 years.
-const MinRate = 1e-9
-
-// Valid reports whether the limit can be sent to the scripts: MinRate ≤ Rate ≤ 1e9, 1 ≤ Burst ≤ 1e9.
-// (It said 0 < Rate, so a rate below MinRate reached the script and came back as a Redis error:
-// found by hybrid's FuzzAllowN.)
-func (l Limit) Valid() bool {
-	return l.Rate >= MinRate && l.Rate <= 1e9 && !math.IsNaN(l.Rate) && l.Burst >= 1 && l.Burst <= 1e9
-}
+// Valid reports whether the limit can be sent to the scripts: within the bounds of
+// limits.CheckRate, which reconcile.lua checks again. (It said 0 < Rate, so a rate below the
+// minimum reached the script and came back as a Redis error: found by hybrid's FuzzAllowN.)
+func (l Limit) Valid() bool { return limits.CheckRate(l.Rate, l.Burst) == nil }
 
 // Update is one key's part of a reconcile: what this node consumed, and the lease it wants.
 // reconcile.lua documents the model.
@@ -144,22 +148,24 @@ type Client struct {
 	flushRDB      redis.UniversalClient // Config.Client, with socket timeouts of FlushTimeout where possible
 	enforced      bool                  // socket deadlines follow our timeouts
 	hooksBypassed bool                  // syncRDB/flushRDB are copies without the client's hooks
-	breaker       *Breaker
-	reconcile     *redis.Script // with the #!lua header
-	legacyRec     *redis.Script // without it, for servers that predate script flags
-	ban           *redis.Script
-	legacyBan     *redis.Script
-	legacy        atomic.Bool // the server rejected the #!lua header; use the legacy scripts
+	guard         *redisx.Guard
+	runner        redisx.Runner // counts into stats; remembers a server that rejects the #!lua line
 	stats         Stats
 	keyArgs       []any // the global ARGV values
 }
+
+// The client's scripts.
+var (
+	reconcileScript = redisx.NewScript(lua.Reconcile())
+	banScript       = redisx.NewScript(lua.Ban())
+)
 
 // New validates cfg and returns a client. It does no I/O.
 func New(cfg Config) (*Client, error) {
 	switch {
 	case cfg.Client == nil:
 		return nil, errors.New("central: nil redis client")
-	case !validPrefix(cfg.Prefix):
+	case !redisx.ValidPrefix(cfg.Prefix):
 		return nil, ErrBadPrefix
 	case !validNodeID(cfg.NodeID):
 		return nil, fmt.Errorf("central: bad node id %q: want 1 to 64 bytes of [A-Za-z0-9_-]", cfg.NodeID)
@@ -170,17 +176,17 @@ func New(cfg Config) (*Client, error) {
 	case cfg.PruneAge < time.Millisecond || cfg.Recount < time.Millisecond || cfg.ActiveWindow < time.Millisecond ||
 		cfg.Horizon < time.Millisecond:
 		return nil, errors.New("central: PruneAge, Recount, ActiveWindow and Horizon must be at least 1ms")
-	case cfg.Breaker.Threshold < 1 || cfg.Breaker.Cooldown <= 0 || cfg.Breaker.MinSpan < 0:
-		return nil, errors.New("central: breaker needs Threshold ≥ 1, a positive Cooldown and a MinSpan ≥ 0")
+	case cfg.Advance < 0 || cfg.Advance > time.Hour:
+		return nil, errors.New("central: Advance must be from 0 to an hour")
+	}
+	if err := cfg.Breaker.Validate(); err != nil {
+		return nil, fmt.Errorf("central: %w", err)
 	}
 	c := &Client{
-		cfg:       cfg,
-		breaker:   NewBreaker(cfg.Breaker, cfg.Now),
-		reconcile: redis.NewScript(lua.Reconcile()),
-		legacyRec: redis.NewScript(lua.StripShebang(lua.Reconcile())),
-		ban:       redis.NewScript(lua.Ban()),
-		legacyBan: redis.NewScript(lua.StripShebang(lua.Ban())),
+		cfg:   cfg,
+		guard: redisx.NewGuard(redisx.NewBreaker(cfg.Breaker, cfg.Now), cfg.Client),
 	}
+	c.runner.Commands, c.runner.Loads = &c.stats.Commands, &c.stats.ScriptLoads
 	// go-redis applies a context deadline to the socket only with ContextTimeoutEnabled; otherwise a
 	// hung Redis holds a call for the client's ReadTimeout (3s by default), far beyond our timeouts.
 	// A *redis.Client (also a Sentinel failover client) gives us shallow copies that share its pool
@@ -200,7 +206,7 @@ func New(cfg Config) (*Client, error) {
 		c.enforced = rc.Options().ContextTimeoutEnabled
 	}
 	c.keyArgs = []any{cfg.NodeID, cfg.PruneAge.Milliseconds(), cfg.Recount.Milliseconds(),
-		cfg.ActiveWindow.Milliseconds(), cfg.Horizon.Milliseconds(), 0}
+		cfg.ActiveWindow.Milliseconds(), cfg.Horizon.Milliseconds(), cfg.Advance.Milliseconds(), 0}
 	return c, nil
 }
 
@@ -233,11 +239,10 @@ func (c *Client) HooksBypassed() bool { return c.hooksBypassed }
 func (c *Client) Preload(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.FlushTimeout)
 	defer cancel()
-	if err := c.load(ctx); err != nil {
+	if err := c.runner.Load(ctx, c.flushRDB, reconcileScript); err != nil {
 		return fmt.Errorf("central: preload: %w", err)
 	}
-	_, ban := c.scripts()
-	if err := ban.Load(ctx, c.flushRDB).Err(); err != nil {
+	if err := c.runner.Load(ctx, c.flushRDB, banScript); err != nil {
 		return fmt.Errorf("central: preload: %w", err)
 	}
 	return nil
@@ -247,38 +252,33 @@ func (c *Client) Preload(ctx context.Context) error {
 func (c *Client) Stats() *Stats { return &c.stats }
 
 // Breaker returns the client's circuit breaker.
-func (c *Client) Breaker() *Breaker { return c.breaker }
-
-func (c *Client) scripts() (rec, ban *redis.Script) {
-	if c.legacy.Load() {
-		return c.legacyRec, c.legacyBan
-	}
-	return c.reconcile, c.ban
-}
+func (c *Client) Breaker() *redisx.Breaker { return c.guard.Breaker() }
 
 // argsPerKey is the number of script arguments per key (reconcile.lua).
 const argsPerKey = 10
 
-// appendArgs appends u's script arguments.
+// appendArgs appends u's script arguments: hexadecimal integers (the script parses them with
+// strtoul, cheaper in Redis's Lua than the strtod of a decimal), the demand in milli-tokens/s, and
+// the rate in decimal.
 func appendArgs(args []any, u Update) []any {
 	return append(args,
-		strconv.FormatUint(u.Inc, 10),
-		strconv.FormatInt(u.Cum, 10),
-		strconv.FormatInt(u.Acked, 10),
-		strconv.FormatInt(u.Used, 10),
-		strconv.FormatInt(u.UAcked, 10),
-		strconv.FormatFloat(u.Demand, 'f', 3, 64),
-		strconv.FormatInt(u.Want, 10),
-		strconv.FormatInt(u.N, 10),
+		strconv.FormatUint(u.Inc, 16),
+		strconv.FormatInt(u.Cum, 16),
+		strconv.FormatInt(u.Acked, 16),
+		strconv.FormatInt(u.Used, 16),
+		strconv.FormatInt(u.UAcked, 16),
+		strconv.FormatInt(int64(math.Round(u.Demand*1000)), 16), // validate bounds Demand to [0, 1e9]
+		strconv.FormatInt(u.Want, 16),
+		strconv.FormatInt(u.N, 16),
 		strconv.FormatFloat(u.Limit.Rate, 'f', -1, 64), // no exponent: gopher-lua (miniredis) cannot parse "1e+09"
-		strconv.FormatInt(u.Limit.Burst, 10))
+		strconv.FormatInt(u.Limit.Burst, 16))
 }
 
 // validate checks an update before it is sent: NaN, infinities and out-of-range numbers never reach Redis.
 func validate(u Update) error {
 	switch {
 	case !u.Limit.Valid():
-		return fmt.Errorf("%w: key %q: invalid limit rate=%v burst=%d", ErrInvalid, u.Key, u.Limit.Rate, u.Limit.Burst)
+		return fmt.Errorf("%w: key %q: %w", ErrInvalid, u.Key, limits.CheckRate(u.Limit.Rate, u.Limit.Burst))
 	case u.Cum < 0 || u.Acked < 0 || u.Cum > 1<<53 || u.Acked > 1<<53 || u.Used < 0 || u.Used > u.Cum ||
 		u.UAcked < 0 || u.UAcked > 1<<53:
 		return fmt.Errorf("%w: key %q: invalid counters cum=%d acked=%d used=%d uacked=%d", ErrInvalid, u.Key,
@@ -301,7 +301,7 @@ func (c *Client) Take(ctx context.Context, u Update) (State, error) {
 	if err := validate(u); err != nil {
 		return State{}, err
 	}
-	if !c.breaker.Allow() {
+	if !c.guard.Allow() {
 		c.stats.Rejected.Add(1)
 		return State{}, ErrUnavailable
 	}
@@ -311,7 +311,7 @@ func (c *Client) Take(ctx context.Context, u Update) (State, error) {
 	keys := []string{BucketKey(c.cfg.Prefix, u.Key, u.Limit)}
 	args := appendArgs(append(make([]any, 0, len(c.keyArgs)+argsPerKey), c.keyArgs...), u)
 	c.stats.Takes.Add(1)
-	res, err := c.run(ctx, false, keys, args)
+	res, err := c.runner.Run(ctx, c.syncRDB, reconcileScript, keys, args...)
 	c.record(caller, err)
 	if err != nil {
 		return State{}, fmt.Errorf("central: take %q: %w", u.Key, err)
@@ -327,67 +327,13 @@ func (c *Client) Take(ctx context.Context, u Update) (State, error) {
 	return out[0], nil
 }
 
-// record feeds the breaker with the outcome of a call. caller is the caller's context, before our own
-// timeout was added: when it ended (cancelled, or a deadline shorter than ours), the failure says
-// nothing about Redis.
+// record feeds the breaker with the outcome of a call (redisx.Guard.Done) and counts the errors.
+// caller is the caller's context, before our own timeout was added.
 func (c *Client) record(caller context.Context, err error) {
-	switch {
-	case err == nil:
-		c.breaker.Success()
-	case caller.Err() != nil:
+	if err != nil {
 		c.stats.Errors.Add(1)
-		c.breaker.Cancel() // the caller gave up; says nothing about Redis
-	case !unhealthy(err):
-		c.stats.Errors.Add(1)
-		c.breaker.Success() // Redis served the call, with a per-key error (ClassBadKey): it is up
-	default: // ClassTransport or ClassRefused: Redis did not serve the call
-		c.stats.Errors.Add(1)
-		c.breaker.Fail(err)
-		if c.cluster != nil {
-			// go-redis reloads the slot map on MOVED, but not when a dead master refuses connections;
-			// its periodic reload can take a minute (go-redis #3979). Ask for one now; it is
-			// deduplicated and rate-limited inside go-redis.
-			c.cluster.ReloadState(caller)
-		}
 	}
-}
-
-// run sends one script call (reconcile, or ban when ban is true) with NOSCRIPT and shebang recovery.
-func (c *Client) run(ctx context.Context, ban bool, keys []string, args []any) (any, error) {
-	for attempt := 0; ; attempt++ {
-		legacy := c.legacy.Load()
-		rec, bs := c.scripts()
-		s := rec
-		if ban {
-			s = bs
-		}
-		c.stats.Commands.Add(1)
-		rdb := c.syncRDB
-		if ban {
-			rdb = c.flushRDB
-		}
-		res, err := s.EvalSha(ctx, rdb, keys, args...).Result()
-		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			c.stats.ScriptLoads.Add(1)
-			c.stats.Commands.Add(1)
-			res, err = s.Eval(ctx, rdb, keys, args...).Result()
-		}
-		if err != nil && attempt == 0 && !legacy && isShebangUnsupported(err) {
-			c.legacy.Store(true)
-			continue
-		}
-		return res, err
-	}
-}
-
-// isShebangUnsupported reports whether err is a server's complaint about the "#!lua" first line.
-func isShebangUnsupported(err error) bool {
-	var re redis.Error
-	if !errors.As(err, &re) {
-		return false
-	}
-	msg := re.Error()
-	return strings.Contains(msg, "compiling script") && strings.Contains(msg, "'#'")
+	c.guard.Done(caller, err)
 }
 
 // Reconcile applies updates in pipelined script calls of up to MaxBatch keys (grouped by slot in a
@@ -420,7 +366,7 @@ func (c *Client) Reconcile(ctx context.Context, updates []Update, out []State, e
 	if len(groups) == 0 {
 		return first
 	}
-	if !c.breaker.Allow() {
+	if !c.guard.Allow() {
 		c.stats.Rejected.Add(1)
 		for _, g := range groups {
 			for _, i := range g {
@@ -469,7 +415,7 @@ func (c *Client) Reconcile(ctx context.Context, updates []Update, out []State, e
 					continue
 				}
 			}
-			if cerr != nil && attempt == 0 && (redis.HasErrorPrefix(cerr, "NOSCRIPT") || isShebangUnsupported(cerr)) {
+			if attempt == 0 && redisx.NeedsLoad(cerr) {
 				noscript = true
 				retry = append(retry, g)
 				continue
@@ -481,13 +427,13 @@ func (c *Client) Reconcile(ctx context.Context, updates []Update, out []State, e
 				if first == nil {
 					first = fmt.Errorf("central: reconcile %d keys: %w", len(valid), cerr)
 				}
-				if unhealthy(cerr) {
+				if redisx.IsTransport(cerr) {
 					transport = cerr
 				}
 			}
 		}
 		if noscript {
-			if lerr := c.load(ctx); lerr != nil {
+			if lerr := c.runner.Load(ctx, c.flushRDB, reconcileScript); lerr != nil {
 				for _, g := range retry {
 					for _, i := range g {
 						errs[i] = lerr
@@ -496,7 +442,7 @@ func (c *Client) Reconcile(ctx context.Context, updates []Update, out []State, e
 				if first == nil {
 					first = fmt.Errorf("central: reload scripts: %w", lerr)
 				}
-				if unhealthy(lerr) {
+				if redisx.IsTransport(lerr) {
 					transport = lerr
 				}
 				retry = nil
@@ -525,7 +471,7 @@ func (c *Client) group(updates []Update, valid []int) [][]int {
 	bySlot := make(map[int][]int)
 	var order []int
 	for _, i := range valid {
-		s := Slot(BucketKey(c.cfg.Prefix, updates[i].Key, updates[i].Limit))
+		s := redisx.Slot(BucketKey(c.cfg.Prefix, updates[i].Key, updates[i].Limit))
 		if _, ok := bySlot[s]; !ok {
 			order = append(order, s)
 		}
@@ -539,7 +485,6 @@ func (c *Client) group(updates []Update, valid []int) [][]int {
 
 // pipeline sends one EVALSHA per group in one pipeline (the cluster client splits it per node).
 func (c *Client) pipeline(ctx context.Context, updates []Update, groups [][]int) ([]*redis.Cmd, error) {
-	rec, _ := c.scripts()
 	pipe := c.flushRDB.Pipeline()
 	cmds := make([]*redis.Cmd, len(groups))
 	for gi, g := range groups {
@@ -550,25 +495,10 @@ func (c *Client) pipeline(ctx context.Context, updates []Update, groups [][]int)
 			keys[k] = BucketKey(c.cfg.Prefix, updates[i].Key, updates[i].Limit)
 			args = appendArgs(args, updates[i])
 		}
-		cmds[gi] = rec.EvalSha(ctx, pipe, keys, args...)
+		cmds[gi] = c.runner.EvalSha(ctx, pipe, reconcileScript, keys, args...)
 	}
-	c.stats.Commands.Add(int64(len(groups)))
 	_, err := pipe.Exec(ctx)
 	return cmds, err
-}
-
-// load loads the reconcile script (on every master of a cluster).
-func (c *Client) load(ctx context.Context) error {
-	c.stats.ScriptLoads.Add(1)
-	if c.legacy.Load() {
-		return c.legacyRec.Load(ctx, c.flushRDB).Err()
-	}
-	err := c.reconcile.Load(ctx, c.flushRDB).Err()
-	if err != nil && isShebangUnsupported(err) {
-		c.legacy.Store(true)
-		return c.legacyRec.Load(ctx, c.flushRDB).Err()
-	}
-	return err
 }
 
 // replyWidth is the number of reply elements per key (reconcile.lua).
@@ -621,14 +551,4 @@ func lenOf(x any) int {
 		return len(v)
 	}
 	return -1
-}
-
-// IsTransport reports whether err means Redis could not serve the call, so that the failure policy
-// should decide: [Class] is ClassTransport (unreachable, timed out, breaker open, or an error it does
-// not recognise) or ClassRefused (an error reply with which Redis refuses writes or this client:
-// OOM, READONLY, BUSY, NOAUTH, WRONGPASS, NOPERM, ...). It is false for a nil error, a per-key fault
-// (ClassBadKey), a request refused before sending (ClassInvalid) and a cancelled caller.
-func IsTransport(err error) bool {
-	c := Class(err)
-	return c == ClassTransport || c == ClassRefused
 }

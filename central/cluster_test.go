@@ -1,9 +1,7 @@
 package central
 
 import (
-	"bytes"
 	"context"
-	"runtime"
 	"strconv"
 	"sync"
 	"testing"
@@ -14,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/internal/redisx"
 )
 
 // slotSeeds are limiter keys whose slots are checked against Redis; FuzzSlot starts from them too.
@@ -31,7 +30,7 @@ func TestCluster(t *testing.T) {
 		t.Skip("starts a 6-node Redis Cluster and fails a master over; run without -short")
 	}
 	t.Parallel()
-	t.Cleanup(func() { awaitDialRetries(t) }) // registered first: runs after the clients are closed
+	t.Cleanup(func() { redistest.AwaitDialRetries(t) }) // registered first: runs after the clients are closed
 	cl := redistest.StartCluster(t, 3, 1)
 	// ContextTimeoutEnabled makes go-redis honour our SyncTimeout and FlushTimeout (see New).
 	cc := cl.Client(t, func(o *redis.ClusterOptions) { o.ContextTimeoutEnabled = true })
@@ -43,7 +42,7 @@ func TestCluster(t *testing.T) {
 			for _, rk := range []string{k, BucketKey("hr", k, Limit{Rate: 1, Burst: 1})} {
 				want, ok := node.Do(t, "CLUSTER", "KEYSLOT", rk).(int64)
 				require.True(t, ok)
-				assert.EqualValues(t, want, Slot(rk), "%q", rk)
+				assert.EqualValues(t, want, redisx.Slot(rk), "%q", rk)
 			}
 		}
 	})
@@ -54,7 +53,7 @@ func TestCluster(t *testing.T) {
 		m := cl.MasterFor(t, declared)
 		var sameNode string
 		for i := 0; sameNode == ""; i++ {
-			if k := "{k" + strconv.Itoa(i) + "}"; Slot(k) != Slot(declared) && cl.MasterFor(t, k) == m {
+			if k := "{k" + strconv.Itoa(i) + "}"; redisx.Slot(k) != redisx.Slot(declared) && cl.MasterFor(t, k) == m {
 				sameNode = k
 			}
 		}
@@ -69,7 +68,7 @@ func TestCluster(t *testing.T) {
 		// Our scripts carry the header and run on the cluster: a reconcile of keys spread over every
 		// slot range (grouped by slot, one script call per slot) and the ban script.
 		c := newTestClient(t, cc, "a")
-		require.False(t, c.legacy.Load())
+		require.False(t, c.runner.Legacy())
 		ups := make([]Update, 200)
 		for i := range ups {
 			ups[i] = Update{Key: "decl:" + strconv.Itoa(i), Limit: Limit{Rate: 10, Burst: 100}, Inc: 1, Cum: int64(i % 7), Used: int64(i % 7)}
@@ -96,7 +95,7 @@ func TestCluster(t *testing.T) {
 		assert.Positive(t, rem[0])
 		assert.Zero(t, rem[1])
 		require.NoError(t, c.Unban(ctx, "decl:banned"))
-		assert.False(t, c.legacy.Load(), "the scripts ran with their #!lua header")
+		assert.False(t, c.runner.Legacy(), "the scripts ran with their #!lua header")
 
 		// The eviction policy is read from every master; one unsafe master makes it unsafe.
 		p, err := c.EvictionPolicy(ctx)
@@ -195,20 +194,4 @@ func TestCluster(t *testing.T) {
 		assert.Less(t, recovered.Sub(healthy), 10*time.Second, "recovery within seconds of the new master")
 		assert.Zero(t, failed, "after recovery every take succeeds (last error: %v)", lastErr)
 	})
-}
-
-// awaitDialRetries waits, for up to 3s, until no go-redis connection pool is retrying a dial: after
-// a dial fails, a pool probes its server once a second from a goroutine that exits only when the
-// server answers or the client is closed, so after a master was killed for good that goroutine
-// outlives the test by up to a second, and goleak (TestMain) would report it. Register it as the
-// test's first cleanup, so that it runs after the cleanups that close the clients.
-func awaitDialRetries(tb testing.TB) {
-	tb.Helper()
-	buf := make([]byte, 8<<20)
-	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if n := runtime.Stack(buf, true); !bytes.Contains(buf[:n], []byte("pool.(*ConnPool).tryDial")) {
-			return
-		}
-	}
-	tb.Logf("a go-redis dial retry is still running after 3s")
 }

@@ -1,6 +1,8 @@
-// Package central owns everything that touches Redis: key naming with hash tags, script loading
-// (EVALSHA with NOSCRIPT recovery, also inside pipelines), the synchronous take, the pipelined
-// batch reconcile, the ban list, and the circuit breaker that keeps a sick Redis off the request path.
+// Package central is the hybrid limiter's side of Redis: key naming with hash tags, the synchronous
+// take, the pipelined batch reconcile (reconcile.lua), and the ban list. The Redis plumbing it shares
+// with package strict (the circuit breaker, EVALSHA with NOSCRIPT recovery, also inside pipelines,
+// error classes, and the Cluster slot-map reload after a failover) lives in internal/redisx; the
+// strict algorithms and the shaper live in package strict.
 //
 // A [Client] is safe for concurrent use. It does no I/O in [New]; scripts are loaded on first use and
 // reloaded when a server answers NOSCRIPT (after a restart, SCRIPT FLUSH or failover).

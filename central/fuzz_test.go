@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridrate/hybridrate/internal/redisx"
 )
 
 var _ redis.Error = replyErr("")
@@ -282,10 +284,10 @@ func FuzzSlot(f *testing.F) {
 	f.Add("", "k")
 	f.Add("p{", "k")
 	f.Fuzz(func(t *testing.T, prefix, key string) {
-		if got := Slot(prefix); got != refSlot([]byte(prefix)) {
+		if got := redisx.Slot(prefix); got != refSlot([]byte(prefix)) {
 			t.Fatalf("Slot(%q) = %d, want %d", prefix, got, refSlot([]byte(prefix)))
 		}
-		if !validPrefix(prefix) {
+		if !redisx.ValidPrefix(prefix) {
 			return
 		}
 		rk := BucketKey(prefix, key, Limit{Rate: 2.5, Burst: 7})
@@ -293,14 +295,14 @@ func FuzzSlot(f *testing.F) {
 		if !strings.HasPrefix(rk, head) || !strings.HasSuffix(rk, "}:2.5:7") || rk[len(head):len(rk)-len("}:2.5:7")] != key {
 			t.Fatalf("BucketKey(%q, %q) = %q: the key cannot be recovered", prefix, key, rk)
 		}
-		slot := Slot(rk)
+		slot := redisx.Slot(rk)
 		if slot < 0 || slot > 16383 || slot != refSlot([]byte(rk)) {
 			t.Fatalf("Slot(%q) = %d, want %d", rk, slot, refSlot([]byte(rk)))
 		}
-		if key != "" && !strings.ContainsAny(key, "{}") && slot != int(crc16(key)&16383) {
+		if key != "" && !strings.ContainsAny(key, "{}") && slot != int(redisx.CRC16(key)&16383) {
 			t.Fatalf("Slot(%q) = %d: a key without braces is its own hash tag", rk, slot)
 		}
-		if Slot(BansKey(prefix)) != int(crc16("bans")&16383) {
+		if redisx.Slot(BansKey(prefix)) != int(redisx.CRC16("bans")&16383) {
 			t.Fatalf("BansKey(%q) is not in the slot of {bans}", prefix)
 		}
 	})

@@ -5,27 +5,21 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/hybridrate/hybridrate/internal/redisx"
 )
 
 // Version is the key-layout version embedded in every Redis key; it changes when the layout does.
 // v2: leases (reconcile.lua), buckets per (key, limit), and disjoint namespaces for buckets and the
-// limiter's own structures.
-const Version = "v2"
-
-// StrictVersion is the layout version of the strict algorithms' keys ("<prefix>:v1:{tag}:rule:alg"),
-// which did not change with v2; they never share a name with the hybrid buckets ("<prefix>:v2:b:…")
-// or the limiter's internal structures ("<prefix>:v2:x:…").
-const StrictVersion = "v1"
+// limiter's own structures. v3: the same model in cheaper records (hexadecimal numbers in the
+// bucket field, node records packed with struct.pack where Redis has it; reconcile.lua). The keys
+// of package strict ("<prefix>:v1:{tag}:…", strict.Version) never share a name with them.
+const Version = "v3"
 
 // ErrBadPrefix is returned for a key prefix that is empty or contains a '{', '}' or whitespace.
-var ErrBadPrefix = errors.New("central: key prefix must be non-empty and contain no braces or spaces")
+var ErrBadPrefix = redisx.NewError(redisx.ClassInvalid, "central: key prefix must be non-empty and contain no braces or spaces")
 
-// validPrefix reports whether p can start a key without disturbing the hash tag that follows it.
-func validPrefix(p string) bool {
-	return p != "" && !strings.ContainsAny(p, "{} \t\r\n")
-}
-
-// The namespaces under "<prefix>:v2:". User keys only ever appear after "b:" (buckets); the limiter's
+// The namespaces under "<prefix>:v3:". User keys only ever appear after "b:" (buckets); the limiter's
 // own structures live under "x:", which no user key can reach.
 const (
 	bucketSpace   = ":" + Version + ":b:"
@@ -33,7 +27,7 @@ const (
 )
 
 // BucketKey returns the Redis key of the global bucket for key under lim:
-// "<prefix>:v2:b:{<key>}:<rate>:<burst>". The key is the hash tag, so in a Cluster every bucket of one
+// "<prefix>:v3:b:{<key>}:<rate>:<burst>". The key is the hash tag, so in a Cluster every bucket of one
 // key lives in one slot. Any key is accepted, including one with braces or NUL bytes: two different
 // (key, limit) pairs always give two different Redis keys, and none of them can equal [BansKey] or
 // any other key of the limiter's own. The same key used with two limits has two buckets: each limit
@@ -49,34 +43,6 @@ func BansKey(prefix string) string { return prefix + internalSpace + "{bans}" }
 // BansChannel returns the Pub/Sub channel that carries ban changes.
 func BansChannel(prefix string) string { return prefix + internalSpace + "bans" }
 
-// Slot returns the Redis Cluster slot of a Redis key, with the hash-tag rule: if the key has a '{'
-// followed later by a '}' with at least one byte between them, only those bytes are hashed.
-func Slot(redisKey string) int {
-	s := redisKey
-	if i := strings.IndexByte(s, '{'); i >= 0 {
-		if j := strings.IndexByte(s[i+1:], '}'); j > 0 {
-			s = s[i+1 : i+1+j]
-		}
-	}
-	return int(crc16(s) & 16383)
-}
-
-// crc16 is CRC-16/XMODEM (polynomial 0x1021), the checksum Redis Cluster uses for slots.
-func crc16(s string) uint16 {
-	var crc uint16
-	for i := 0; i < len(s); i++ {
-		crc ^= uint16(s[i]) << 8
-		for b := 0; b < 8; b++ {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return crc
-}
-
 // Bucket is the state of a global bucket as reconcile.lua stores it in the bucket's "b" field.
 type Bucket struct {
 	Tokens   int64   // tokens in the bucket, micro-tokens (negative: debt)
@@ -88,18 +54,19 @@ type Bucket struct {
 // BucketField is the hash field of a bucket's state; see [ParseBucket].
 const BucketField = "b"
 
-// ParseBucket decodes a bucket's "b" field ("t:s:c:w:nt:x"), for tests and admin tools.
+// ParseBucket decodes a bucket's "b" field ("t:s:c:w:nt:x": t and c decimal, the others
+// hexadecimal, w in milli-tokens/s; reconcile.lua), for tests and admin tools.
 func ParseBucket(b string) (Bucket, error) {
 	p := strings.Split(b, ":")
 	if len(p) != 6 {
 		return Bucket{}, fmt.Errorf("%w: bucket field %q", ErrBadReply, b)
 	}
 	t, err1 := strconv.ParseInt(p[0], 10, 64)
-	s, err2 := strconv.ParseInt(p[1], 10, 64)
+	s, err2 := strconv.ParseInt(p[1], 16, 64)
 	c, err3 := strconv.ParseInt(p[2], 10, 64)
-	w, err4 := strconv.ParseFloat(p[3], 64)
+	w, err4 := strconv.ParseInt(p[3], 16, 64)
 	if err := errors.Join(err1, err2, err3, err4); err != nil {
 		return Bucket{}, fmt.Errorf("%w: bucket field %q: %v", ErrBadReply, b, err)
 	}
-	return Bucket{Tokens: t, Refilled: s, Consumed: c, Demand: w}, nil
+	return Bucket{Tokens: t, Refilled: s, Consumed: c, Demand: float64(w) / 1000}, nil
 }

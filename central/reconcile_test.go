@@ -8,27 +8,19 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/internal/redisx"
 	"github.com/hybridrate/hybridrate/lua"
 )
 
 // forEachBackend runs fn on miniredis and on a real redis-server, because gopher-lua is not Redis's Lua.
 func forEachBackend(t *testing.T, fn func(t *testing.T, rdb redis.UniversalClient)) {
-	t.Run("miniredis", func(t *testing.T) {
-		m := miniredis.RunT(t)
-		rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
-		t.Cleanup(func() { _ = rdb.Close() })
-		fn(t, rdb)
-	})
-	t.Run("redis", func(t *testing.T) {
-		srv := redistest.Start(t)
-		fn(t, srv.Client(t))
-	})
+	t.Helper()
+	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) { fn(t, rdb) })
 }
 
 func testConfig(rdb redis.UniversalClient, node string) Config {
@@ -36,7 +28,7 @@ func testConfig(rdb redis.UniversalClient, node string) Config {
 		Client: rdb, Prefix: "t", NodeID: node,
 		SyncTimeout: time.Second, FlushTimeout: 2 * time.Second, MaxBatch: 100,
 		PruneAge: time.Minute, Recount: time.Second, ActiveWindow: 20 * time.Second, Horizon: 4 * time.Second,
-		Breaker: BreakerConfig{Threshold: 3, Cooldown: 50 * time.Millisecond},
+		Breaker: redisx.BreakerConfig{Threshold: 3, Cooldown: 50 * time.Millisecond},
 	}
 }
 
@@ -176,7 +168,7 @@ func TestScriptDebtFloorAndRetry(t *testing.T) {
 		c := newTestClient(t, rdb, "a")
 		nd := &node{c: c, key: "d", lim: Limit{Rate: 10, Burst: 20}, inc: 1}
 		c.at(t0)
-		// The node admitted 70 without a lease (a failure policy): debt, floored at -burst.
+		// The node admitted 70 without a lease (a failure policy): debt, floored at -(burst + rate·advance), here -burst.
 		st := nd.call(t, 70, 0, 0)
 		assert.Equal(t, int64(-20_000_000), st.Tokens)
 		assert.Equal(t, int64(70), st.Charged)
@@ -185,6 +177,73 @@ func TestScriptDebtFloorAndRetry(t *testing.T) {
 		assert.Equal(t, 2500*time.Millisecond, st.RetryAfter, "(5 - -20) / 10 per second")
 		assert.Equal(t, 4*time.Second, st.ResetAfter, "(20 - -20) / 10")
 		assert.Equal(t, int64(70), bucketField(t, rdb, BucketKey("t", "d", nd.lim), 2), "accounting keeps every consumed token")
+	})
+}
+
+// TestScriptLeaseAdvance: while a key's demand is under its rate (below 1.25·Rate), leases may draw
+// on the next Advance of refill: the bucket is lent below zero, down to -Rate·Advance, and the node is
+// told what could still be lent. Over the rate, only tokens in the bucket are lent.
+func TestScriptLeaseAdvance(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		cfg := testConfig(rdb, "a")
+		cfg.Advance = time.Second
+		c, err := New(cfg)
+		require.NoError(t, err)
+		c.at(t0)
+		// Demand 5/s under the rate 10/s: a background renewal may take the burst 20 plus what the
+		// demand takes of the next second's refill, 5.
+		nd := &node{c: c, key: "adv", lim: Limit{Rate: 10, Burst: 20}, inc: 1, demand: 5}
+		st := nd.call(t, 0, 40, 0)
+		assert.Equal(t, StatusDone, st.Status)
+		assert.Equal(t, int64(25), st.Charged, "burst + demand·Advance")
+		assert.Equal(t, int64(0), st.Tokens, "nothing more can be lent: the bucket is at -5, the advance 5")
+		assert.Equal(t, int64(-5_000_000), bucketField(t, rdb, BucketKey("t", "adv", nd.lim), 0), "lent below zero")
+		st = nd.call(t, 25, 40, 1) // the lease spent, one more now: the node is known, the advance is lent
+		assert.Equal(t, StatusDenied, st.Status)
+		assert.Equal(t, 100*time.Millisecond, st.RetryAfter, "the advance (5) covers the bucket's -5 only: one token refills in 0.1 s")
+		c.at(t0 + 200_000)
+		st = nd.call(t, 0, 40, 1) // two tokens refilled: -3 in the bucket, the advance 5
+		assert.Equal(t, StatusCovered, st.Status, "a known node's call may draw on the advance")
+		c.at(t0)
+		// A node's first call that needs tokens now gets no advance, even under the rate: a burst on
+		// a key that was quiet takes at most its burst.
+		sync := &node{c: c, key: "sync", lim: Limit{Rate: 10, Burst: 20}, inc: 1, demand: 5}
+		st = sync.call(t, 0, 40, 1)
+		assert.Equal(t, StatusCovered, st.Status)
+		assert.Equal(t, int64(20), st.Charged, "only the burst")
+		// The advance follows the demand, up to Rate·Advance.
+		slow := &node{c: c, key: "slow", lim: Limit{Rate: 10, Burst: 20}, inc: 1, demand: 0.5}
+		st = slow.call(t, 0, 40, 0)
+		assert.Equal(t, int64(20), st.Charged, "demand 0.5/s takes no whole token of the next second")
+		busy := &node{c: c, key: "busy", lim: Limit{Rate: 10, Burst: 20}, inc: 1, demand: 12}
+		st = busy.call(t, 0, 80, 0)
+		assert.Equal(t, int64(30), st.Charged, "demand 12/s: the advance is capped at Rate·Advance, 10")
+		// Over 1.25× the rate (demand 20/s ≥ 12.5/s) nothing is lent beyond the bucket.
+		hot := &node{c: c, key: "over", lim: Limit{Rate: 10, Burst: 20}, inc: 1, demand: 20}
+		st = hot.call(t, 0, 80, 0)
+		assert.Equal(t, int64(20), st.Charged, "only the burst")
+		assert.Equal(t, int64(0), st.Tokens)
+		st = hot.call(t, 20, 80, 1) // the lease spent, one more now
+		assert.Equal(t, StatusDenied, st.Status)
+		assert.Equal(t, 100*time.Millisecond, st.RetryAfter, "a token refills in 0.1 s")
+		// Debt floors at -(Burst + Rate·Advance): a lent bucket's debt is never forgiven.
+		st = nd.call(t, 100, 0, 0)
+		assert.Equal(t, int64(-25_000_000), st.Tokens, "floor -30, plus what the demand takes of the advance, 5")
+		// The bucket outlives every lease it lent: its TTL is at least the active window (20 s here),
+		// not only twice the refill of burst and advance (2·30/10 s + 1 s = 7 s).
+		ttl, err := rdb.PTTL(context.Background(), BucketKey("t", "adv", nd.lim)).Result()
+		require.NoError(t, err)
+		assert.InDelta(t, 20*time.Second, ttl, float64(2*time.Second))
+		// A zero advance is the plain model.
+		plain := newTestClient(t, rdb, "b")
+		plain.at(t0)
+		p := &node{c: plain, key: "plain", lim: Limit{Rate: 10, Burst: 20}, inc: 1, demand: 5}
+		st = p.call(t, 0, 40, 1)
+		assert.Equal(t, int64(20), st.Charged)
+		_, err = New(Config{Client: rdb, Prefix: "t", NodeID: "x", SyncTimeout: time.Second, FlushTimeout: time.Second,
+			MaxBatch: 1, PruneAge: time.Minute, Recount: time.Second, ActiveWindow: time.Second, Horizon: time.Second,
+			Advance: -time.Second, Breaker: redisx.BreakerConfig{Threshold: 1, Cooldown: time.Second}})
+		assert.Error(t, err, "a negative advance")
 	})
 }
 
@@ -269,14 +328,19 @@ func TestScriptPrunesDepartedNodes(t *testing.T) {
 	})
 }
 
-// bucketField reads element i of a bucket's packed "b" field (reconcile.lua: t:s:c:w:nt:x).
+// bucketField reads element i of a bucket's packed "b" field (reconcile.lua: t:s:c:w:nt:x, t and c
+// decimal, the others hexadecimal).
 func bucketField(t *testing.T, rdb redis.UniversalClient, key string, i int) int64 {
 	t.Helper()
 	b, err := rdb.HGet(context.Background(), key, "b").Result()
 	require.NoError(t, err)
 	parts := strings.Split(b, ":")
 	require.Len(t, parts, 6, b)
-	v, err := strconv.ParseInt(parts[i], 10, 64)
+	base := 16
+	if i == 0 || i == 2 {
+		base = 10
+	}
+	v, err := strconv.ParseInt(parts[i], base, 64)
 	require.NoError(t, err, b)
 	return v
 }
@@ -287,7 +351,7 @@ func TestScriptRejectsBadNumbers(t *testing.T) {
 		src := redis.NewScript(lua.StripShebang(lua.Reconcile()))
 		for _, tc := range []struct {
 			name string
-			args []any // inc, cum, acked, used, uacked, demand, want, n, rate, burst
+			args []any // inc, cum, acked, used, uacked, demand, want, n, rate, burst (hexadecimal but rate)
 		}{
 			{"nan rate", []any{1, 0, 0, 0, 0, 1, 1, 1, "nan", 10}},
 			{"inf rate", []any{1, 0, 0, 0, 0, 1, 1, 1, "inf", 10}},
@@ -301,19 +365,19 @@ func TestScriptRejectsBadNumbers(t *testing.T) {
 			{"nan demand", []any{1, 0, 0, 0, 0, "nan", 1, 1, "1", 10}},
 			{"garbage n", []any{1, 0, 0, 0, 0, 1, 1, "x", "1", 10}},
 		} {
-			args := append([]any{"node", 60000, 1000, 4000, 4000, 0}, tc.args...)
-			res, err := src.Eval(ctx, rdb, []string{"t:v2:b:{bad}:1:10"}, args...).Result()
+			args := append([]any{"node", 60000, 1000, 4000, 4000, 0, 0}, tc.args...)
+			res, err := src.Eval(ctx, rdb, []string{"t:v3:b:{bad}:1:10"}, args...).Result()
 			require.NoError(t, err, tc.name)
 			out, errs := make([]State, 1), make([]error, 1)
 			require.NoError(t, decodeStates(res, out, errs), tc.name)
 			require.ErrorIs(t, errs[0], ErrBadKey, tc.name)
 			assert.Contains(t, errs[0].Error(), "hybridrate: bad", tc.name)
 		}
-		n, err := rdb.Exists(ctx, "t:v2:b:{bad}:1:10").Result()
+		n, err := rdb.Exists(ctx, "t:v3:b:{bad}:1:10").Result()
 		require.NoError(t, err)
 		assert.Equal(t, int64(0), n, "a rejected key writes nothing")
 		// A bad global argument fails the whole call.
-		err = src.Eval(ctx, rdb, []string{"t:v2:b:{bad}:1:10"}, "no:de", 60000, 1000, 4000, 4000, 0,
+		err = src.Eval(ctx, rdb, []string{"t:v3:b:{bad}:1:10"}, "no:de", 60000, 1000, 4000, 4000, 0, 0,
 			1, 0, 0, 0, 0, 1, 1, 1, "1", 10).Err()
 		require.Error(t, err)
 		// Go rejects bad limits before they are sent.
@@ -321,7 +385,7 @@ func TestScriptRejectsBadNumbers(t *testing.T) {
 		for _, lim := range []Limit{{math.NaN(), 1}, {math.Inf(1), 1}, {-1, 1}, {1, 0}} {
 			_, err := c.Take(ctx, Update{Key: "x", Limit: lim, N: 1})
 			assert.Error(t, err)
-			assert.False(t, IsTransport(err))
+			assert.False(t, redisx.IsTransport(err))
 		}
 	})
 }
@@ -348,7 +412,7 @@ func TestOneBadKeyCostsOnlyThatKey(t *testing.T) {
 		for _, k := range []string{"ok1", "ok2"} {
 			assert.Equal(t, int64(5), bucketField(t, rdb, BucketKey("t", k, lim), 2), k)
 		}
-		assert.Equal(t, BreakerClosed, c.Breaker().State(), "a bad key says nothing about Redis")
+		assert.Equal(t, redisx.BreakerClosed, c.Breaker().State(), "a bad key says nothing about Redis")
 	})
 }
 
@@ -358,14 +422,14 @@ func TestUserKeysCannotReachInternalStructures(t *testing.T) {
 	internal := []string{BansKey("hr"), BansChannel("hr")}
 	lim := Limit{Rate: 1, Burst: 1}
 	for _, k := range []string{"bans", "{bans}", "x:bans", "ts", "nt", "tk", "t", "s", "c", "w", "b", "x",
-		"n:a", "hr:v2:x:{bans}", "}:1:1", "bans}:1:1"} {
+		"n:a", "hr:v3:x:{bans}", "}:1:1", "bans}:1:1"} {
 		for _, in := range internal {
 			assert.NotEqual(t, in, BucketKey("hr", k, lim), k)
 		}
-		assert.True(t, strings.HasPrefix(BucketKey("hr", k, lim), "hr:v2:b:{"), k)
+		assert.True(t, strings.HasPrefix(BucketKey("hr", k, lim), "hr:v3:b:{"), k)
 	}
 	for _, in := range internal {
-		assert.True(t, strings.HasPrefix(in, "hr:v2:x:"), in)
+		assert.True(t, strings.HasPrefix(in, "hr:v3:x:"), in)
 	}
 }
 
@@ -430,9 +494,9 @@ func TestBreakerOpensAndFailsFast(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		_, err := c.Take(ctx, Update{Key: "br", Limit: Limit{Rate: 1, Burst: 10}, Inc: 1, N: 1})
 		require.Error(t, err)
-		assert.True(t, IsTransport(err), "%v", err)
+		assert.True(t, redisx.IsTransport(err), "%v", err)
 	}
-	assert.Equal(t, BreakerOpen, c.Breaker().State())
+	assert.Equal(t, redisx.BreakerOpen, c.Breaker().State())
 	start := time.Now()
 	_, err := c.Take(ctx, Update{Key: "br", Limit: Limit{Rate: 1, Burst: 10}, Inc: 1, N: 1})
 	assert.ErrorIs(t, err, ErrUnavailable)
@@ -442,19 +506,19 @@ func TestBreakerOpensAndFailsFast(t *testing.T) {
 		_, err := c.Take(ctx, Update{Key: "br", Limit: Limit{Rate: 1, Burst: 10}, Inc: 1, N: 1})
 		return err == nil
 	}, 5*time.Second, 20*time.Millisecond)
-	assert.Equal(t, BreakerClosed, c.Breaker().State())
+	assert.Equal(t, redisx.BreakerClosed, c.Breaker().State())
 }
 
 func TestKeysAndSlots(t *testing.T) {
-	assert.Equal(t, "hr:v2:b:{user:1}:2.5:10", BucketKey("hr", "user:1", Limit{Rate: 2.5, Burst: 10}))
+	assert.Equal(t, "hr:v3:b:{user:1}:2.5:10", BucketKey("hr", "user:1", Limit{Rate: 2.5, Burst: 10}))
 	assert.NotEqual(t, BucketKey("hr", "k", Limit{Rate: 10, Burst: 10}), BucketKey("hr", "k", Limit{Rate: 100, Burst: 10}),
 		"one key under two limits: two buckets")
-	assert.Equal(t, uint16(0x31C3), crc16("123456789"), "CRC-16/XMODEM check value")
-	assert.Equal(t, Slot("bar"), Slot("x{bar}y"))
-	assert.Equal(t, Slot("a{}b"), int(crc16("a{}b")&16383), "empty tag hashes the whole key")
+	assert.Equal(t, uint16(0x31C3), redisx.CRC16("123456789"), "CRC-16/XMODEM check value")
+	assert.Equal(t, redisx.Slot("bar"), redisx.Slot("x{bar}y"))
+	assert.Equal(t, redisx.Slot("a{}b"), int(redisx.CRC16("a{}b")&16383), "empty tag hashes the whole key")
 	assert.NotEqual(t, BucketKey("hr", "a}b", Limit{1, 1}), BucketKey("hr", "a", Limit{1, 1}), "different keys stay different")
 	for _, p := range []string{"", "a{", "b}", "c d"} {
-		assert.False(t, validPrefix(p), p)
+		assert.False(t, redisx.ValidPrefix(p), p)
 	}
 }
 
@@ -475,31 +539,4 @@ func TestExtremeRatesReachTheScript(t *testing.T) {
 			assert.InDelta(t, math.Min(want, float64(lim.Burst)*1e6), float64(st.Tokens), 1, "%v: one second of refill", lim)
 		}
 	})
-}
-
-func TestBreakerMinSpan(t *testing.T) {
-	now := time.Unix(0, 0)
-	b := NewBreaker(BreakerConfig{Threshold: 3, Cooldown: time.Second, MinSpan: 50 * time.Millisecond}, func() time.Time { return now })
-	for range 10 { // a burst of simultaneous timeouts: many failures, no time between them
-		require.True(t, b.Allow())
-		b.Failure()
-	}
-	assert.Equal(t, BreakerClosed, b.State(), "a momentary stall does not open the breaker")
-	now = now.Add(50 * time.Millisecond)
-	require.True(t, b.Allow())
-	b.Failure()
-	assert.Equal(t, BreakerOpen, b.State(), "failures lasting MinSpan open it")
-	assert.False(t, b.Allow(), "open: no calls")
-	now = now.Add(time.Second)
-	assert.True(t, b.Allow(), "after the cooldown, one probe")
-	assert.False(t, b.Allow(), "only one")
-	b.Success()
-	assert.Equal(t, BreakerClosed, b.State())
-	require.True(t, b.Allow())
-	b.Failure()
-	b.Success()
-	now = now.Add(time.Hour)
-	require.True(t, b.Allow())
-	b.Failure()
-	assert.Equal(t, BreakerClosed, b.State(), "a success resets the run")
 }

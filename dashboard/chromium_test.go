@@ -213,7 +213,7 @@ func TestDashboardInChromium(t *testing.T) {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
 	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, StrictTimeout: time.Second, HybridOptions: []hybrid.Option{
-		hybrid.WithSyncTimeout(time.Second), hybrid.WithMeterProvider(mp), hybrid.WithInstance("demo-pod-1")}})
+		hybrid.WithCheckTimeout(time.Second), hybrid.WithMeterProvider(mp), hybrid.WithInstance("demo-pod-1")}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = enf.Close(context.Background()) })
 	obs, err := observe.New(enf, observe.Config{MeterProvider: mp, Instance: "demo-pod-1"})

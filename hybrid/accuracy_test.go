@@ -22,12 +22,17 @@ func TestAccuracyEightNodes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-second load test; run without -short")
 	}
+	t.Run("defaults", func(t *testing.T) { accuracyEightNodes(t, hybrid.LeaseAdvance) })
+	t.Run("no lease advance", func(t *testing.T) { accuracyEightNodes(t, 0) })
+}
+
+func accuracyEightNodes(t *testing.T, advance time.Duration) {
 	srv, rdb := startRedis(t)
 	const nodes = 8
 	interval := 20 * time.Millisecond
 	drift := 0.1
 	f := newFleet(t, srv.Addr, nodes, hybrid.WithSyncInterval(interval), hybrid.WithDriftThreshold(drift),
-		hybrid.WithSyncTimeout(250*time.Millisecond))
+		hybrid.WithCheckTimeout(250*time.Millisecond), hybrid.WithLeaseAdvance(advance))
 	limit := hybrid.Limit{Rate: 1000, Burst: 200}
 	over := workload{keys: []string{"over:a", "over:b", "over:c"}, limit: limit, demand: 4 * limit.Rate}
 	honest := workload{keys: []string{"honest:a", "honest:b"}, limit: limit, demand: 0.9 * limit.Rate}
@@ -42,7 +47,7 @@ func TestAccuracyEightNodes(t *testing.T) {
 	f.flush(t)
 
 	elapsed := tl.end.Sub(tl.start).Seconds()
-	bound := overshootBound(drift, limit, nodes)
+	bound := overshootBoundAdvance(drift, limit, nodes, advance)
 	allowed := float64(limit.Burst) + limit.Rate*elapsed
 	t.Logf("T=%.3fs allowance=%.0f bound E=%.1f sources=%v errors=%d", elapsed, allowed, bound, tl.sources, tl.errors)
 	assert.Zero(t, tl.errors)
@@ -73,7 +78,7 @@ func TestRedisCommandsPerThousandDecisions(t *testing.T) {
 	}
 	srv, _ := startRedis(t)
 	const nodes = 8
-	f := newFleet(t, srv.Addr, nodes, hybrid.WithSyncTimeout(250*time.Millisecond))
+	f := newFleet(t, srv.Addr, nodes, hybrid.WithCheckTimeout(250*time.Millisecond))
 	// Hot keys: 4 keys at 15,000/s, driven at 90% (about 54,000 decisions/s over the fleet, so about
 	// 135 decisions per node per 20ms sync interval).
 	limit := hybrid.Limit{Rate: 15000, Burst: 5000}
@@ -130,7 +135,7 @@ func TestRedisKilledMidLoad(t *testing.T) {
 	srv, rdb := startRedis(t)
 	const nodes = 4
 	syncTimeout := 20 * time.Millisecond
-	f := newFleet(t, srv.Addr, nodes, hybrid.WithSyncTimeout(syncTimeout), hybrid.WithFlushTimeout(100*time.Millisecond))
+	f := newFleet(t, srv.Addr, nodes, hybrid.WithCheckTimeout(syncTimeout), hybrid.WithFlushTimeout(100*time.Millisecond))
 	limit := hybrid.Limit{Rate: 500, Burst: 100}
 	w := workload{keys: []string{"k1", "k2", "k3"}, limit: limit, demand: 2 * limit.Rate}
 
@@ -372,4 +377,65 @@ func TestOneKeyTwoLimits(t *testing.T) {
 		assert.GreaterOrEqual(t, float64(c.adm), 0.8*c.limit.Rate*elapsed, "%s: still gets its rate", c.name)
 	}
 	assert.Equal(t, fastAdm.Load()+slowAdm.Load(), consumedInRedis(t, rdb, "shared"), "Redis counts both buckets")
+}
+
+// TestLeaseAdvanceBurst pins the price of the lease advance: a key that has run under its rate holds
+// leases that include refill lent ahead, so a sudden burst can take up to Burst + Rate·advance at
+// once (in fact Burst + W·advance, W the demand before it); with no advance it takes at most Burst
+// (plus what refills meanwhile and the node's overdraft credit). A key that was quiet has no demand
+// to lend ahead for: its first burst takes at most Burst, whatever the advance.
+func TestLeaseAdvanceBurst(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-second test; run without -short")
+	}
+	limit := hybrid.Limit{Rate: 4, Burst: 8}
+	for _, tc := range []struct {
+		name    string
+		advance time.Duration
+	}{{"no advance", 0}, {"default advance", hybrid.LeaseAdvance}} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, rdb := startRedis(t)
+			lim := newLimiter(t, rdb, hybrid.WithLeaseAdvance(tc.advance), hybrid.WithCheckTimeout(time.Second))
+			ctx := context.Background()
+			// Two seconds at 2/s, half the rate: leases sized to the demand, the bucket full.
+			for range 4 {
+				d, err := lim.Allow(ctx, "b", limit)
+				require.NoError(t, err)
+				require.True(t, d.Allowed)
+				time.Sleep(500 * time.Millisecond)
+			}
+			// Then 40 at once.
+			start := time.Now()
+			admitted := 0
+			for range 40 {
+				d, err := lim.Allow(ctx, "b", limit)
+				require.NoError(t, err)
+				if d.Allowed {
+					admitted++
+				}
+			}
+			refill := int(limit.Rate*time.Since(start).Seconds()) + 1
+			credit := int(max(1, hybrid.DefaultDriftThreshold*float64(limit.Burst))) // the overdraft of one node
+			most := int(limit.Burst) + int(limit.Rate*tc.advance.Seconds()) + refill + credit
+			t.Logf("advance %v: a burst of 40 took %d (at most Burst + Rate·advance + refill + credit = %d)", tc.advance, admitted, most)
+			assert.LessOrEqual(t, admitted, most)
+			assert.GreaterOrEqual(t, admitted, int(limit.Burst)-2, "the burst is there (less what the last 0.5 s took)")
+
+			// A key never used before: 40 at once take the burst, no refill lent ahead.
+			start = time.Now()
+			admitted = 0
+			for range 40 {
+				d, err := lim.Allow(ctx, "quiet", limit)
+				require.NoError(t, err)
+				if d.Allowed {
+					admitted++
+				}
+			}
+			refill = int(limit.Rate*time.Since(start).Seconds()) + 1
+			// Its cold-start credit is charged to the bucket like any consumption: no term of its own.
+			most = int(limit.Burst) + refill + credit
+			t.Logf("advance %v: a quiet key's burst of 40 took %d (at most Burst + refill + credit = %d)", tc.advance, admitted, most)
+			assert.LessOrEqual(t, admitted, most)
+		})
+	}
 }

@@ -7,11 +7,18 @@
 //	d, err := lim.Allow(ctx, "user:42", hybrid.Limit{Rate: 200, Burst: 50})
 //	if err == nil && !d.Allowed { /* 429, Retry-After: d.RetryAfter */ }
 //
+// Beyond Allow and AllowN: Wait and WaitN block until admitted; Reserve, ReserveN and Refund give
+// tokens a request did not use back to this node's lease (exactly: Redis never counts them twice);
+// Peek estimates the tokens left without taking any; Reset deletes a key's bucket. docs/api.md says
+// how accurate each is in a fleet.
+//
 // # How it decides
 //
 // Redis holds the global bucket of each (key, limit) pair, refilled by Redis TIME. A node takes
 // tokens from it in advance, as a lease sized to its own demand on the key (over LeaseHorizon,
-// within its demand-weighted share of the burst), and consumes them locally: no I/O, no allocation,
+// within its demand-weighted share of the burst, plus up to a second of the key's demand drawn on
+// its coming refill while it is under its rate: WithLeaseAdvance), and
+// consumes them locally: no I/O, no allocation,
 // no clock read (SourceLocal). A small overdraft credit (max(1, DriftThreshold·G/A) tokens while
 // the bucket G is not empty) covers the moment a lease runs out while its renewal is in flight, and
 // a key the node has never seen is admitted from a cold-start credit (WithoutColdStart turns it
@@ -26,19 +33,21 @@
 // Over any interval T, all nodes together admit at most Burst + Rate·T + E tokens per key and
 // limit, with
 //
-//	E ≤ min(Burst·H(N) + N, Burst + Rate·LeaseLife) + N·max(1, D·Burst) + N·min(Burst, max(2, D·Burst))
+//	E ≤ min(C·H(N) + N + A, C + Rate·LeaseLife) + N·max(1, D·Burst) + N·min(Burst, max(2, D·Burst))
 //
-// for N nodes, D the drift threshold and H(N) = 1 + 1/2 + … + 1/N: leases held unused while the
+// for N nodes, D the drift threshold, H(N) = 1 + 1/2 + … + 1/N, A = Rate·d the refill Redis lends
+// ahead with WithLeaseAdvance(d) (one second by default) and C = Burst + A: leases held unused while the
 // bucket refills, the overdraft credits and the cold-start credits. It is a worst case; under steady
 // load leases are spent within their horizon and the measured overshoot is zero. The overshoot is
-// debt, not loss: all consumption is charged in Redis (the bucket goes negative, down to −Burst),
+// debt, not loss: all consumption is charged in Redis (the bucket goes negative, down to −C),
 // and the long-run rate is exact. docs/accuracy.md derives the bound and names the tests that check
 // it on real Redis. A drift threshold of 0 makes every decision central and E zero.
 //
 // # When Redis fails
 //
 // Redis calls have short timeouts and a circuit breaker. While Redis cannot answer, leases are used
-// up and then the FailurePolicy decides: LocalFallback (the default) enforces this node's
+// up and then the FailurePolicy decides — the limit's own (Limit.OnFailure) or, when that is
+// DefaultFailure, the limiter's (WithFailurePolicy): LocalFallback (the default) enforces this node's
 // share of the limit locally, FailOpen admits, FailClosed denies. Consumption admitted meanwhile is
 // kept (bounded by the local key cap) and applied when Redis returns: nothing consumed is forgotten.
 package hybrid

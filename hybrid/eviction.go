@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hybridrate/hybridrate/central"
+	"github.com/hybridrate/hybridrate/internal/redisx"
 )
 
 // evictionWatch holds what the limiter knows of Redis's maxmemory-policy.
@@ -23,7 +24,7 @@ func (l *Limiter) watchEviction(ctx context.Context) {
 	check := func() {
 		p, err := l.central.EvictionPolicy(ctx)
 		if err != nil {
-			if ctx.Err() != nil || central.Class(err) == central.ClassTransport || err.Error() == lastErr {
+			if ctx.Err() != nil || redisx.Class(err) == redisx.ClassTransport || err.Error() == lastErr {
 				return
 			}
 			lastErr = err.Error()

@@ -27,7 +27,7 @@ func Example() {
 		hybrid.WithSyncInterval(20*time.Millisecond),
 		hybrid.WithDriftThreshold(0.1),
 		hybrid.WithFailurePolicy(hybrid.LocalFallback),
-		hybrid.WithSyncTimeout(time.Second)) // generous for an example on a busy machine; the default is 5ms
+		hybrid.WithCheckTimeout(time.Second)) // generous for an example on a busy machine; the default is 5ms
 	if err != nil {
 		panic(err)
 	}
@@ -39,8 +39,9 @@ func Example() {
 		if err != nil {
 			panic(err)
 		}
+		// RetryAfter is rounded to the second: it counts from Redis's answer on this process's clock.
 		fmt.Printf("allowed=%v remaining=%d retry-after=%v source=%v\n", d.Allowed, d.Remaining,
-			d.RetryAfter.Round(100*time.Millisecond), d.Source)
+			d.RetryAfter.Round(time.Second), d.Source)
 	}
 	// The first two requests for a new key are admitted locally from its cold-start credit; the third
 	// asks Redis, which charges the first two and grants the third; Redis's answer said the bucket is
@@ -62,7 +63,7 @@ func ExampleLimiter_AllowN() {
 	m.SetTime(time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC))
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	defer rdb.Close()
-	lim, err := hybrid.New(rdb, hybrid.WithSyncTimeout(time.Second))
+	lim, err := hybrid.New(rdb, hybrid.WithCheckTimeout(time.Second))
 	if err != nil {
 		panic(err)
 	}

@@ -26,3 +26,16 @@ func WithMaxBans(n int) Option {
 		return nil
 	})
 }
+
+// WithTestClock drives every clock of the limiter from now, for tests that must not sleep: the wall
+// clock of WithClock (deny-cache deadlines, the LocalFallback limiter) and the node's monotonic clock
+// (lease life, retry times, the trust in Redis's last answer), which counts from now's value at New.
+// The global buckets keep Redis TIME: pin it too (miniredis's SetTime) for a deterministic scenario.
+func WithTestClock(now func() time.Time) Option {
+	return optionFunc(func(o *options) error {
+		origin := now()
+		o.now = now
+		o.mono = func() int64 { return max(int64(now().Sub(origin)), 0) + 1 }
+		return nil
+	})
+}

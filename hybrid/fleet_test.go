@@ -171,15 +171,21 @@ func harmonic(n int) float64 {
 	return h
 }
 
-// overshootBound is docs/accuracy.md's bound on E for nodes nodes at the default lease life:
+// overshootBound is docs/accuracy.md's bound on E for nodes nodes at the default lease life and advance:
 //
-//	E = min(Burst·H(N) + N, Burst + Rate·L) + N·max(1, D·Burst) + N·min(Burst, max(2, D·Burst))
+//	E = min(C·H(N) + N + A, C + Rate·L) + N·max(1, D·Burst) + N·min(Burst, max(2, D·Burst)), A = Rate·LeaseAdvance, C = Burst + A
 //
 // unused leases held while the bucket refills, the nodes' overdraft credits, and their cold-start
 // credits.
 func overshootBound(drift float64, l hybrid.Limit, nodes int) float64 {
+	return overshootBoundAdvance(drift, l, nodes, hybrid.LeaseAdvance)
+}
+
+// overshootBoundAdvance is overshootBound for nodes that lend refill ahead (WithLeaseAdvance(advance)).
+func overshootBoundAdvance(drift float64, l hybrid.Limit, nodes int, advance time.Duration) float64 {
 	b, n := float64(l.Burst), float64(nodes)
-	leases := min(b*harmonic(nodes)+n, b+l.Rate*hybrid.LeaseLife.Seconds())
+	adv := l.Rate * advance.Seconds()
+	leases := min((b+adv)*harmonic(nodes)+n+adv, b+adv+l.Rate*hybrid.LeaseLife.Seconds())
 	credit := max(1, drift*b)
 	cold := min(b, max(2, drift*b))
 	return leases + n*credit + n*cold

@@ -54,7 +54,7 @@ func FuzzLimitValidate(f *testing.F) {
 func FuzzAllowN(f *testing.F) {
 	m := miniredis.RunT(f)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	lim, err := hybrid.New(rdb, hybrid.WithSyncTimeout(time.Second))
+	lim, err := hybrid.New(rdb, hybrid.WithCheckTimeout(time.Second))
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -84,7 +84,7 @@ func FuzzAllowN(f *testing.F) {
 		switch {
 		case len(key) == 0 || len(key) > hybrid.MaxKeyLen:
 			want = hybrid.ErrInvalidKey
-		case !validLimit(l) || rate < 1e-9: // the scripts' minimum rate (central.MinRate)
+		case !validLimit(l) || rate < 1e-9: // the scripts' minimum rate (limits.MinRate)
 			want = hybrid.ErrInvalidLimit
 		case n < 1 || n > burst:
 			want = hybrid.ErrInvalidCost

@@ -22,7 +22,7 @@ func newMini(t *testing.T, opts ...hybrid.Option) (*hybrid.Limiter, *miniredis.M
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	// A generous sync timeout: miniredis runs Lua slowly, and a busy CI machine must not turn a
 	// decision into a fallback one. Callers' options come after and win.
-	lim, err := hybrid.New(rdb, append([]hybrid.Option{hybrid.WithSyncTimeout(time.Second)}, opts...)...)
+	lim, err := hybrid.New(rdb, append([]hybrid.Option{hybrid.WithCheckTimeout(time.Second)}, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		_ = lim.Close(context.Background())
@@ -103,12 +103,14 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		hybrid.WithKeyPrefix(""),
 		hybrid.WithKeyPrefix("a{b"),
 		hybrid.WithMaxKeys(10),
-		hybrid.WithSyncTimeout(0),
+		hybrid.WithCheckTimeout(0),
 		hybrid.WithFlushTimeout(0),
 		hybrid.WithLogger(nil),
 		hybrid.WithMeterProvider(nil),
 		hybrid.WithTracerProvider(nil),
 		hybrid.WithNodeID("bad id"),
+		hybrid.WithLeaseAdvance(-time.Second),
+		hybrid.WithLeaseAdvance(time.Hour),
 		nil,
 	} {
 		_, err := hybrid.New(rdb, opt)
@@ -198,4 +200,62 @@ func TestLocalFallbackEnforcesShare(t *testing.T) {
 	st := lim.Stats()
 	assert.Equal(t, int64(20), st.FallbackAllowed)
 	assert.Equal(t, int64(1), st.Pending, "the admitted tokens wait for Redis")
+}
+
+// TestLimitOnFailureOverridesTheDefault: with Redis down, each call's Limit.OnFailure decides, and
+// DefaultFailure falls back to the limiter's WithFailurePolicy; the policy does not split the bucket.
+func TestLimitOnFailureOverridesTheDefault(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	now := time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)
+	for _, def := range []hybrid.FailurePolicy{hybrid.FailClosed, hybrid.FailOpen} {
+		lim, err := hybrid.New(rdb, hybrid.WithFailurePolicy(def), hybrid.WithoutColdStart(),
+			hybrid.WithClock(func() time.Time { return now }))
+		require.NoError(t, err)
+		assert.Equal(t, def, lim.FailurePolicy())
+		for _, tc := range []struct {
+			on   hybrid.FailurePolicy
+			want []bool // three calls with a burst of 2
+		}{
+			{hybrid.DefaultFailure, map[hybrid.FailurePolicy][]bool{
+				hybrid.FailClosed: {false, false, false}, hybrid.FailOpen: {true, true, true}}[def]},
+			{hybrid.FailOpen, []bool{true, true, true}},
+			{hybrid.FailClosed, []bool{false, false, false}},
+			{hybrid.LocalFallback, []bool{true, true, false}},
+		} {
+			key := "k-" + tc.on.String()
+			var got []bool
+			for range 3 {
+				d, err := lim.Allow(context.Background(), key, hybrid.Limit{Rate: 0.001, Burst: 2, OnFailure: tc.on})
+				require.NoError(t, err)
+				assert.Equal(t, hybrid.SourceFallback, d.Source)
+				assert.Equal(t, tc.on, d.Limit.OnFailure, "the decision reports the limit it was made under")
+				got = append(got, d.Allowed)
+			}
+			assert.Equal(t, tc.want, got, "default %v, limit %v", def, tc.on)
+		}
+		st := lim.Stats()
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		_ = lim.Close(ctx) // the final flush cannot reach Redis
+		cancel()
+		assert.Equal(t, 4, st.Keys, "default %v: one entry per key", def)
+	}
+
+	lim, err := hybrid.New(rdb, hybrid.WithoutColdStart(), hybrid.WithClock(func() time.Time { return now }))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		_ = lim.Close(ctx)
+	})
+	for _, on := range []hybrid.FailurePolicy{hybrid.FailOpen, hybrid.FailClosed, hybrid.LocalFallback} {
+		_, err := lim.Allow(context.Background(), "shared", hybrid.Limit{Rate: 1, Burst: 5, OnFailure: on})
+		require.NoError(t, err)
+	}
+	assert.Equal(t, 1, lim.Stats().Keys, "OnFailure does not split the bucket")
+
+	_, err = lim.Allow(context.Background(), "k", hybrid.Limit{Rate: 1, Burst: 1, OnFailure: 9})
+	assert.ErrorIs(t, err, hybrid.ErrInvalidLimit)
+	assert.ErrorIs(t, hybrid.Limit{Rate: 1, Burst: 1, OnFailure: -1}.Validate(), hybrid.ErrInvalidLimit)
+	assert.NoError(t, hybrid.Limit{Rate: 1, Burst: 1}.Validate(), "DefaultFailure is valid")
 }

@@ -21,6 +21,8 @@ import (
 
 	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/denycache"
+	"github.com/hybridrate/hybridrate/internal/limits"
+	"github.com/hybridrate/hybridrate/internal/redisx"
 	"github.com/hybridrate/hybridrate/local"
 	ratesync "github.com/hybridrate/hybridrate/sync"
 )
@@ -68,6 +70,9 @@ func (s Source) String() string {
 type Decision struct {
 	// Allowed reports whether the n tokens were granted.
 	Allowed bool
+	// Source says who decided. (Next to Allowed: the two pack into one word, which keeps a Decision
+	// at 56 bytes for the hot path's return.)
+	Source Source
 	// Limit is the limit the decision was made under.
 	Limit Limit
 	// Remaining estimates the global tokens left after this decision: exact when Source is
@@ -77,14 +82,15 @@ type Decision struct {
 	RetryAfter time.Duration
 	// ResetAfter estimates how long until the bucket is full again.
 	ResetAfter time.Duration
-	// Source says who decided.
-	Source Source
 }
 
 // Limiter is a distributed token-bucket rate limiter: decisions are made locally in nanoseconds from
 // an allowance that a background loop reconciles with Redis, and go to Redis synchronously only near
 // the limit. Create one with [New] per process (it can serve any number of keys and limits) and call
-// [Limiter.Close] when done. A Limiter is safe for concurrent use. Most callers want [Limiter.Allow].
+// [Limiter.Close] when done. A Limiter is safe for concurrent use. Most callers want [Limiter.Allow];
+// [Limiter.Wait] blocks until admitted, [Limiter.Reserve] and [Limiter.Refund] give unused tokens
+// back, [Limiter.Peek] and [Limiter.Reset] inspect and reset a key (docs/api.md says how accurate
+// each is in a fleet).
 type Limiter struct {
 	opts     options
 	central  *central.Client
@@ -138,7 +144,8 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		Recount:      recountPeriod,
 		ActiveWindow: 2 * LeaseLife,
 		Horizon:      LeaseHorizon,
-		Breaker: central.BreakerConfig{Threshold: breakerThreshold, Cooldown: breakerCooldown, MinSpan: breakerMinSpan,
+		Advance:      o.leaseAdvance,
+		Breaker: redisx.BreakerConfig{Threshold: breakerThreshold, Cooldown: breakerCooldown, MinSpan: breakerMinSpan,
 			OnStateChange: logs.breaker},
 		Now: nil, // the breaker measures its cooldown on the monotonic clock, never WithClock's
 	})
@@ -200,7 +207,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	}
 	if !cc.TimeoutsEnforced() {
 		o.logger.Warn("hybridrate: this Redis client ignores context deadlines; a hung Redis holds calls for the client's ReadTimeout. " +
-			"Create cluster clients with ContextTimeoutEnabled: true so that WithSyncTimeout and WithFlushTimeout bound every call")
+			"Create cluster clients with ContextTimeoutEnabled: true so that WithCheckTimeout and WithFlushTimeout bound every call")
 	}
 	if l.metrics, err = newMetrics(l); err != nil {
 		return nil, fmt.Errorf("hybrid: metrics: %w", err)
@@ -223,7 +230,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	go func() {
 		defer l.wg.Done()
 		// Load the scripts and open a connection off the request path, so that the first decisions
-		// do not spend their short sync timeout on a dial and a NOSCRIPT round trip.
+		// do not spend their short check timeout on a dial and a NOSCRIPT round trip.
 		if err := l.central.Preload(ctx); err != nil && ctx.Err() == nil {
 			l.opts.logger.Warn("hybridrate: preloading scripts", slog.Any("error", err))
 		}
@@ -261,10 +268,11 @@ func (l *Limiter) Allow(ctx context.Context, key string, limit Limit) (Decision,
 // (ErrInvalidKey, ErrInvalidLimit, ErrInvalidCost), a closed limiter (ErrClosed) or a cancelled
 // ctx. Keys are 1 to MaxKeyLen bytes of anything (braces and NUL bytes included); n is 1 to
 // limit.Burst. The same key should always be used with the same limit; when it changes, the newest
-// limit applies from the next reconcile on.
+// limit applies from the next reconcile on. limit.OnFailure does not select the bucket: it only says
+// what this call gets while Redis cannot answer (see [Limit]).
 //
 // Most calls are answered from local state without I/O or allocation. A call that must ask Redis
-// waits at most the sync timeout (WithSyncTimeout) and ctx.
+// waits at most the check timeout (WithCheckTimeout) and ctx.
 func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) (Decision, error) {
 	if l.closed.Load() {
 		return Decision{}, ErrClosed
@@ -275,7 +283,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) 
 	if len(key) == 0 || len(key) > MaxKeyLen {
 		return Decision{}, invalidKey(key)
 	}
-	if !(limit.Rate >= central.MinRate && limit.Rate <= 1e9) || limit.Burst < 1 || limit.Burst > 1e9 {
+	if !limits.RateOK(limit.Rate, limit.Burst) || uint(limit.OnFailure) > uint(FailClosed) {
 		return Decision{}, limit.Validate() // the same bounds, with the reason
 	}
 	if n < 1 || n > limit.Burst {
@@ -314,7 +322,14 @@ func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) 
 }
 
 // mono returns the time since the limiter started on the monotonic clock, in ns (always positive).
-func (l *Limiter) mono() int64 { return int64(time.Since(l.started)) + 1 }
+// Lease lives, retry times and the trust in Redis's last answer are measured on it; tests replace it
+// (export_test.go's WithTestClock drives it and WithClock's clock from one fake clock).
+func (l *Limiter) mono() int64 {
+	if l.opts.mono != nil {
+		return l.opts.mono()
+	}
+	return int64(time.Since(l.started)) + 1
+}
 
 // starved denies locally a key whose lease and credit are spent while Redis's last answer for this
 // node, less than a second old, said the global bucket could not cover n. The demand is recorded,
@@ -521,11 +536,12 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 	return d, nil
 }
 
-// failure applies the failure policy to a decision Redis could not make.
+// failure applies the limit's failure policy (or, for DefaultFailure, the limiter's) to a decision
+// Redis could not make.
 func (l *Limiter) failure(key string, e *local.Entry, limit Limit, n int64) Decision {
 	st := &l.counts[0]
 	d := Decision{Limit: limit, Source: SourceFallback}
-	switch l.opts.policy {
+	switch l.failurePolicy(limit) {
 	case FailOpen:
 		d.Allowed = true
 	case FailClosed:
@@ -684,4 +700,13 @@ func (l *Limiter) Close(ctx context.Context) error {
 		return fmt.Errorf("hybrid: close: final flush: %w", err)
 	}
 	return nil
+}
+
+// failurePolicy returns the policy that answers for limit while Redis cannot: its own, or the
+// limiter's default.
+func (l *Limiter) failurePolicy(limit Limit) FailurePolicy {
+	if limit.OnFailure == DefaultFailure {
+		return l.opts.policy
+	}
+	return limit.OnFailure
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hybridrate/hybridrate/central"
+	"github.com/hybridrate/hybridrate/internal/redisx"
 )
 
 // bgLog writes the limiter's background log: state changes of the circuit breaker as they happen,
@@ -64,7 +65,7 @@ func (l *bgLog) failed(s *failureSummary, err error) {
 	s.mu.Unlock()
 	l.logger.LogAttrs(context.Background(), slog.LevelWarn, "hybridrate: "+s.what+" failing; "+s.hint,
 		slog.Int64("failures", n), slog.Duration("since_last_report", since.Round(time.Millisecond)),
-		slog.Any("last_error", err), slog.String("class", central.Class(err).String()))
+		slog.Any("last_error", err), slog.String("class", redisx.Class(err).String()))
 }
 
 // take returns and resets the failures not reported yet.
@@ -78,14 +79,14 @@ func (s *failureSummary) take() (int64, error) {
 
 // breaker logs the circuit breaker's changes: opened (with the failure that opened it) and closed.
 // The open ↔ half-open changes of the probes in between are not logged.
-func (l *bgLog) breaker(ev central.BreakerEvent) {
+func (l *bgLog) breaker(ev redisx.BreakerEvent) {
 	switch {
-	case ev.From == central.BreakerClosed && ev.To == central.BreakerOpen:
+	case ev.From == redisx.BreakerClosed && ev.To == redisx.BreakerOpen:
 		l.logger.LogAttrs(context.Background(), slog.LevelWarn,
 			"hybridrate: Redis unavailable, circuit breaker opened; the failure policy decides what needs Redis",
 			slog.Int("consecutive_failures", ev.Failures), slog.Any("last_error", ev.Err),
-			slog.String("class", central.Class(ev.Err).String()))
-	case ev.To == central.BreakerClosed:
+			slog.String("class", redisx.Class(ev.Err).String()))
+	case ev.To == redisx.BreakerClosed:
 		n, last := l.reconcile.take()
 		attrs := []slog.Attr{slog.Int64("unreported_reconcile_failures", n)}
 		if last != nil {

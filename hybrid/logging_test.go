@@ -66,7 +66,7 @@ func TestOutageLogsStateChanges(t *testing.T) {
 	// Strict mode (drift 0): every decision asks Redis, so the outage meets the synchronous checks
 	// and the breaker at once; the failure policy's admissions are reconciled every millisecond.
 	lim := newLimiter(t, rdb, hybrid.WithSyncInterval(time.Millisecond), hybrid.WithLogger(slog.New(rec)),
-		hybrid.WithDriftThreshold(0), hybrid.WithSyncTimeout(20*time.Millisecond), hybrid.WithFlushTimeout(50*time.Millisecond))
+		hybrid.WithDriftThreshold(0), hybrid.WithCheckTimeout(20*time.Millisecond), hybrid.WithFlushTimeout(50*time.Millisecond))
 	keys := keyNames("log:", 32)
 	limit := hybrid.Limit{Rate: 1e4, Burst: 1e6}
 	for _, k := range keys {

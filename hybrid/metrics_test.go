@@ -64,7 +64,7 @@ func TestMetricsDecisionsBySourceWithStableInstance(t *testing.T) {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
 	lim, err := hybrid.New(rdb, hybrid.WithMeterProvider(mp), hybrid.WithInstance("pod-7"),
-		hybrid.WithSyncTimeout(time.Second), hybrid.WithSyncInterval(time.Millisecond))
+		hybrid.WithCheckTimeout(time.Second), hybrid.WithSyncInterval(time.Millisecond))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = lim.Close(context.Background()) })
 
@@ -113,7 +113,7 @@ func TestMetricsRedisErrorsAndBreakerState(t *testing.T) {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
 	lim, err := hybrid.New(rdb, hybrid.WithMeterProvider(mp), hybrid.WithFailurePolicy(hybrid.FailOpen), hybrid.WithoutColdStart(),
-		hybrid.WithSyncTimeout(100*time.Millisecond), hybrid.WithSyncInterval(time.Minute))
+		hybrid.WithCheckTimeout(100*time.Millisecond), hybrid.WithSyncInterval(time.Minute))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = lim.Close(context.Background()) })
 

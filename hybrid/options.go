@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"strings"
 	"time"
 
@@ -12,7 +11,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/hybridrate/hybridrate/central"
+	"github.com/hybridrate/hybridrate/internal/limits"
 )
 
 // The defaults, all in one place.
@@ -21,7 +20,7 @@ const (
 	DefaultDriftThreshold = 0.1
 	DefaultKeyPrefix      = "hr"
 	DefaultMaxKeys        = 1 << 20
-	DefaultSyncTimeout    = 5 * time.Millisecond
+	DefaultCheckTimeout   = 5 * time.Millisecond
 	DefaultFlushTimeout   = 500 * time.Millisecond
 	// MaxKeyLen is the longest key AllowN accepts, in bytes.
 	MaxKeyLen = 1024
@@ -32,7 +31,16 @@ const (
 	// off. It bounds how long leased tokens can sit unused while the bucket refills
 	// (docs/accuracy.md).
 	LeaseLife = 8 * time.Second
+	// LeaseAdvance is the default of WithLeaseAdvance: lease renewals (not a node's first call for a
+	// key) may draw on what the key's demand takes of the next second's refill while the key is
+	// under 1.25× its rate.
+	LeaseAdvance = time.Second
 )
+
+// DefaultSyncTimeout is the former name of DefaultCheckTimeout.
+//
+// Deprecated: use DefaultCheckTimeout.
+const DefaultSyncTimeout = DefaultCheckTimeout
 
 // Tunables that have no option yet; documented in docs/operations.md.
 const (
@@ -58,23 +66,33 @@ const (
 // FailurePolicy says what a limit does when Redis cannot answer a decision that needs it (the circuit
 // breaker is open, or the synchronous check failed or timed out). Keys with local allowance left keep
 // using it whatever the policy.
+//
+// A limiter has a default policy ([WithFailurePolicy]); a [Limit] may carry its own in
+// Limit.OnFailure, so that one limiter serves limits with different policies. The zero value,
+// [DefaultFailure], means "the limiter's default".
 type FailurePolicy int
 
 // The failure policies.
 const (
+	// DefaultFailure, the zero value, is not a policy of its own: in a [Limit] it stands for the
+	// limiter's default (WithFailurePolicy), and WithFailurePolicy(DefaultFailure) keeps the built-in
+	// default, LocalFallback.
+	DefaultFailure FailurePolicy = iota
 	// LocalFallback enforces, on this node, its share of the global limit (Rate/active nodes, at least
 	// one token of burst) with golang.org/x/time/rate until Redis is back. Admitted tokens are counted
-	// and applied to Redis later. This is the default.
-	LocalFallback FailurePolicy = iota
+	// and applied to Redis later. This is the limiter's default.
+	LocalFallback
 	// FailOpen admits every request; admitted tokens are counted and applied to Redis later.
 	FailOpen
 	// FailClosed denies every request that needs Redis.
 	FailClosed
 )
 
-// String returns "local-fallback", "fail-open" or "fail-closed".
+// String returns "default", "local-fallback", "fail-open" or "fail-closed".
 func (p FailurePolicy) String() string {
 	switch p {
+	case DefaultFailure:
+		return "default"
 	case LocalFallback:
 		return "local-fallback"
 	case FailOpen:
@@ -84,6 +102,9 @@ func (p FailurePolicy) String() string {
 	}
 	return fmt.Sprintf("FailurePolicy(%d)", int(p))
 }
+
+// valid reports whether p is one of the constants above.
+func (p FailurePolicy) valid() bool { return p >= DefaultFailure && p <= FailClosed }
 
 // Option configures a [Limiter]; see the With functions.
 type Option interface{ apply(*options) error }
@@ -106,10 +127,12 @@ type options struct {
 	tracerProvider trace.TracerProvider
 	nodeID         string
 	coldStart      bool
+	leaseAdvance   time.Duration
 	instance       string
 	evictionCheck  time.Duration // not an option; tests shorten it
 	banRefresh     time.Duration // not an option; tests shorten it
 	maxBans        int           // not an option; tests shrink it
+	mono           func() int64  // not an option; tests drive the monotonic clock (nil: time since New)
 }
 
 func defaultOptions() options {
@@ -119,13 +142,14 @@ func defaultOptions() options {
 		policy:         LocalFallback,
 		prefix:         DefaultKeyPrefix,
 		maxKeys:        DefaultMaxKeys,
-		syncTimeout:    DefaultSyncTimeout,
+		syncTimeout:    DefaultCheckTimeout,
 		flushTimeout:   DefaultFlushTimeout,
 		now:            time.Now,
 		logger:         slog.New(slog.DiscardHandler),
 		meterProvider:  otel.GetMeterProvider(),
 		tracerProvider: otel.GetTracerProvider(),
 		coldStart:      true,
+		leaseAdvance:   LeaseAdvance,
 		evictionCheck:  evictionCheck,
 		banRefresh:     banRefresh,
 		maxBans:        maxBans,
@@ -169,11 +193,15 @@ func WithDriftThreshold(f float64) Option {
 	})
 }
 
-// WithFailurePolicy sets what happens while Redis is unavailable. The default is LocalFallback.
+// WithFailurePolicy sets what happens while Redis is unavailable to limits whose OnFailure is
+// DefaultFailure. The default is LocalFallback (as is WithFailurePolicy(DefaultFailure)).
 func WithFailurePolicy(p FailurePolicy) Option {
 	return optionFunc(func(o *options) error {
-		if p < LocalFallback || p > FailClosed {
+		if !p.valid() {
 			return badOption("unknown failure policy %d", int(p))
+		}
+		if p == DefaultFailure {
+			p = LocalFallback
 		}
 		o.policy = p
 		return nil
@@ -188,6 +216,28 @@ func WithFailurePolicy(p FailurePolicy) Option {
 func WithoutColdStart() Option {
 	return optionFunc(func(o *options) error {
 		o.coldStart = false
+		return nil
+	})
+}
+
+// WithLeaseAdvance lets Redis lend, as leases, refill that has not come yet: while a key's demand W
+// is under 1.25 × its rate, a node's lease renewal may draw on what that demand takes of the next d
+// (W·d tokens, at most Rate·d; the bucket may be lent down to -Rate·d, which the refill repays
+// because the demand is below the rate). Leases then last longer than a share of the burst allows:
+// fewer Redis calls per decision for keys whose burst is small next to their rate or split over
+// many nodes. A node's first call for a key never draws on the advance, and a key that was quiet
+// has no demand to lend ahead for, so a burst on a quiet key takes at most its burst. The price: a
+// key that has run at W under its rate holds leases that include refill lent ahead, so a sudden
+// burst on it can admit up to Burst + W·d at once, and the overshoot bound widens by Rate·d
+// (docs/accuracy.md). The default, LeaseAdvance, is one second; 0 lends only tokens in the bucket
+// (a burst never exceeds Burst plus the overdraft credits). From 0 to a minute; every node of a
+// fleet should use the same.
+func WithLeaseAdvance(d time.Duration) Option {
+	return optionFunc(func(o *options) error {
+		if d < 0 || d > time.Minute {
+			return badOption("lease advance %v out of range [0, 1m]", d)
+		}
+		o.leaseAdvance = d
 		return nil
 	})
 }
@@ -217,17 +267,25 @@ func WithMaxKeys(n int) Option {
 	})
 }
 
-// WithSyncTimeout bounds a synchronous Redis check, from 100µs to 10s. A check that times out is
-// answered by the failure policy. The default is 5ms.
-func WithSyncTimeout(d time.Duration) Option {
+// WithCheckTimeout bounds the synchronous Redis check that a decision makes when local allowance
+// cannot answer it (one script call, round trip included), from 100µs to 10s. A check that times out
+// is answered by the failure policy. It does not bound the background loop's calls (see
+// WithFlushTimeout). The default is 5ms (DefaultCheckTimeout).
+func WithCheckTimeout(d time.Duration) Option {
 	return optionFunc(func(o *options) error {
 		if d < 100*time.Microsecond || d > 10*time.Second {
-			return badOption("sync timeout %v out of range [100µs, 10s]", d)
+			return badOption("check timeout %v out of range [100µs, 10s]", d)
 		}
 		o.syncTimeout = d
 		return nil
 	})
 }
+
+// WithSyncTimeout is the former name of WithCheckTimeout ("sync" also names the background loop,
+// which this timeout does not bound).
+//
+// Deprecated: use WithCheckTimeout.
+func WithSyncTimeout(d time.Duration) Option { return WithCheckTimeout(d) }
 
 // WithFlushTimeout bounds one background reconcile (one pipeline round), from 1ms to 1 minute. The
 // default is 500ms.
@@ -320,9 +378,15 @@ func WithInstance(name string) Option {
 
 // Limit is a token bucket: Rate tokens per second refill a bucket that holds at most Burst tokens.
 // Rate must be finite, from 1e-9 (one token in 31.7 years) to 1e9; Burst from 1 to 1e9.
+//
+// OnFailure is what the limit does while Redis cannot answer; the zero value, DefaultFailure, is the
+// limiter's default (WithFailurePolicy). The bucket is kept per key, Rate and Burst only: calls for
+// one key and bucket with different OnFailure share the same tokens, locally and in Redis, and each
+// call's own OnFailure decides when Redis is away. So one [Limiter] can serve limits of every policy.
 type Limit struct {
-	Rate  float64
-	Burst int64
+	Rate      float64
+	Burst     int64
+	OnFailure FailurePolicy
 }
 
 // PerSecond returns a limit of n per second with a burst of n.
@@ -336,14 +400,15 @@ func PerHour(n int64) Limit { return Limit{Rate: float64(n) / 3600, Burst: n} }
 
 // Validate reports why l cannot be used, or nil.
 func (l Limit) Validate() error {
-	switch {
-	case math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0) || l.Rate < central.MinRate || l.Rate > 1e9:
-		return fmt.Errorf("%w: rate %v: want a finite number in [1e-9, 1e9]", ErrInvalidLimit, l.Rate)
-	case l.Burst < 1 || l.Burst > 1e9:
-		return fmt.Errorf("%w: burst %d: want 1 to 1e9", ErrInvalidLimit, l.Burst)
+	if err := limits.CheckRate(l.Rate, l.Burst); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidLimit, err)
+	}
+	if !l.OnFailure.valid() {
+		return fmt.Errorf("%w: unknown failure policy %d", ErrInvalidLimit, int(l.OnFailure))
 	}
 	return nil
 }
 
-// FailurePolicy returns the limiter's failure policy (WithFailurePolicy).
+// FailurePolicy returns the limiter's default failure policy (WithFailurePolicy): the one limits with
+// OnFailure DefaultFailure use. It is never DefaultFailure.
 func (l *Limiter) FailurePolicy() FailurePolicy { return l.opts.policy }

@@ -53,7 +53,7 @@ func TestKeyCardinalityAttack(t *testing.T) {
 	n, maxKeys := cardinality(t)
 	srv := redistest.Start(t)
 	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1; o.PoolSize = 32 })
-	lim := newLimiter(t, rdb, hybrid.WithMaxKeys(maxKeys), hybrid.WithSyncTimeout(time.Second))
+	lim := newLimiter(t, rdb, hybrid.WithMaxKeys(maxKeys), hybrid.WithCheckTimeout(time.Second))
 	// A bucket of 100 refilled at 1/s lives 201s in Redis: longer than the test.
 	limit := hybrid.Limit{Rate: 1, Burst: 100}
 	const perKey = 3
@@ -75,7 +75,6 @@ func TestKeyCardinalityAttack(t *testing.T) {
 			}
 		}
 	}()
-	start := time.Now()
 	const workers = 32
 	var wg sync.WaitGroup
 	for w := range workers {
@@ -99,13 +98,13 @@ func TestKeyCardinalityAttack(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
 	flushed(t, lim, 30*time.Second)
 	close(done)
 	sampler.Wait()
 	st := lim.Stats()
-	t.Logf("%d keys × %d decisions in %v (%.0f keys/s); local keys max %d (cap %d), now %d; evictions %d; stats %+v",
-		n, perKey, elapsed.Round(time.Millisecond), float64(n)/elapsed.Seconds(), maxLocal.Load(), maxKeys, st.Keys, st.Evictions, st)
+	// The speed of many keys is BenchmarkAllow's to measure (bench/, keys=1M-zipf); this test checks the cap.
+	t.Logf("%d keys × %d decisions; local keys max %d (cap %d), now %d; evictions %d; stats %+v",
+		n, perKey, maxLocal.Load(), maxKeys, st.Keys, st.Evictions, st)
 	assert.Zero(t, errs.Load())
 	assert.EqualValues(t, n*perKey, admitted.Load(), "every decision admitted (bucket of 100)")
 	assert.LessOrEqual(t, maxLocal.Load(), int64(maxKeys), "local keys stay under the cap")
@@ -116,8 +115,7 @@ func TestKeyCardinalityAttack(t *testing.T) {
 	// Every bucket in Redis: it has a TTL, and the consumed counters add up to what was admitted.
 	ctx := context.Background()
 	var buckets, noTTL, total int64
-	t0 := time.Now()
-	iter := rdb.Scan(ctx, 0, "hr:v2:b:{card:*", 10_000).Iterator()
+	iter := rdb.Scan(ctx, 0, "hr:v3:b:{card:*", 10_000).Iterator()
 	batch := make([]string, 0, 1000)
 	check := func() {
 		pipe := rdb.Pipeline()
@@ -141,7 +139,7 @@ func TestKeyCardinalityAttack(t *testing.T) {
 		batch = batch[:0]
 	}
 	for iter.Next(ctx) {
-		if k := iter.Val(); strings.HasPrefix(k, "hr:v2:b:{card:") {
+		if k := iter.Val(); strings.HasPrefix(k, "hr:v3:b:{card:") {
 			batch = append(batch, k)
 		}
 		if len(batch) == cap(batch) {
@@ -150,7 +148,7 @@ func TestKeyCardinalityAttack(t *testing.T) {
 	}
 	require.NoError(t, iter.Err())
 	check()
-	t.Logf("Redis: %d buckets scanned in %v, %d without TTL, consumed %d", buckets, time.Since(t0).Round(time.Millisecond), noTTL, total)
+	t.Logf("Redis: %d buckets, %d without TTL, consumed %d", buckets, noTTL, total)
 	assert.EqualValues(t, n, buckets, "one bucket per key")
 	assert.Zero(t, noTTL, "every bucket has a TTL")
 	assert.Equal(t, admitted.Load(), total, "nothing consumed was dropped on eviction")

@@ -1,9 +1,7 @@
 package hybrid_test
 
 import (
-	"bytes"
 	"context"
-	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -47,7 +45,7 @@ type failoverCase struct {
 //     it is logged, and bounded by what was admitted in the 250ms before the kill.
 func runFailover(t *testing.T, fc failoverCase) {
 	t.Helper()
-	opts := []hybrid.Option{hybrid.WithSyncInterval(20 * time.Millisecond), hybrid.WithSyncTimeout(100 * time.Millisecond),
+	opts := []hybrid.Option{hybrid.WithSyncInterval(20 * time.Millisecond), hybrid.WithCheckTimeout(100 * time.Millisecond),
 		hybrid.WithFlushTimeout(500 * time.Millisecond)}
 	lim := newLimiter(t, fc.client(), opts...)
 	probe := newLimiter(t, fc.client(), append(opts, hybrid.WithDriftThreshold(0))...)
@@ -167,10 +165,10 @@ func TestClusterFailoverUnderLoad(t *testing.T) {
 		t.Skip("starts a 6-node Redis Cluster and fails a master over; run without -short")
 	}
 	t.Parallel()
-	t.Cleanup(func() { awaitDialRetries(t) }) // registered first: runs after the clients are closed
+	t.Cleanup(func() { redistest.AwaitDialRetries(t) }) // registered first: runs after the clients are closed
 	cl := redistest.StartCluster(t, 3, 1)
 	client := func() redis.UniversalClient {
-		// ContextTimeoutEnabled makes go-redis honour the limiter's timeouts (see WithSyncTimeout).
+		// ContextTimeoutEnabled makes go-redis honour the limiter's timeouts (see WithCheckTimeout).
 		return cl.Client(t, func(o *redis.ClusterOptions) { o.ContextTimeoutEnabled = true })
 	}
 	keys := keyNames("cfo:", 24)
@@ -206,7 +204,7 @@ func TestSentinelFailoverUnderLoad(t *testing.T) {
 		t.Skip("starts a master, a replica and 3 sentinels and fails the master over; run without -short")
 	}
 	t.Parallel()
-	t.Cleanup(func() { awaitDialRetries(t) }) // registered first: runs after the clients are closed
+	t.Cleanup(func() { redistest.AwaitDialRetries(t) }) // registered first: runs after the clients are closed
 	s := redistest.StartSentinel(t)
 	keys := keyNames("sfo:", 16)
 	lost := make([]bool, len(keys))
@@ -217,20 +215,4 @@ func TestSentinelFailoverUnderLoad(t *testing.T) {
 		client: func() redis.UniversalClient { return s.Client(t) }, keys: keys, lost: lost, probeKey: "sfo:probe",
 		fail: func() { s.Failover(t) },
 	})
-}
-
-// awaitDialRetries waits, for up to 3s, until no go-redis connection pool is retrying a dial: after
-// a dial fails, a pool probes its server once a second from a goroutine that exits only when the
-// server answers or the client is closed, so after a master was killed for good that goroutine
-// outlives the test by up to a second, and goleak (TestMain) would report it. Register it as the
-// test's first cleanup, so that it runs after the cleanups that close the clients.
-func awaitDialRetries(tb testing.TB) {
-	tb.Helper()
-	buf := make([]byte, 8<<20)
-	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if n := runtime.Stack(buf, true); !bytes.Contains(buf[:n], []byte("pool.(*ConnPool).tryDial")) {
-			return
-		}
-	}
-	tb.Logf("a go-redis dial retry is still running after 3s")
 }

@@ -56,7 +56,7 @@ func TestRedisOOMGoesToFailurePolicy(t *testing.T) {
 	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
 	// Strict mode (drift 0): every decision needs Redis, so every one meets the OOM.
 	lim := newLimiter(t, rdb, hybrid.WithFailurePolicy(hybrid.FailOpen), hybrid.WithDriftThreshold(0),
-		hybrid.WithSyncInterval(5*time.Millisecond), hybrid.WithSyncTimeout(200*time.Millisecond))
+		hybrid.WithSyncInterval(5*time.Millisecond), hybrid.WithCheckTimeout(200*time.Millisecond))
 	ctx := context.Background()
 	limit := hybrid.Limit{Rate: 1, Burst: 1000}
 	keys := keyNames("oom:", 16)

@@ -34,8 +34,8 @@ var limiterACL = []any{
 func exerciseLimiter(t *testing.T, rdb, rdb2 redis.UniversalClient) {
 	t.Helper()
 	ctx := context.Background()
-	lim := newLimiter(t, rdb, hybrid.WithSyncTimeout(time.Second))
-	other := newLimiter(t, rdb2, hybrid.WithSyncTimeout(time.Second))
+	lim := newLimiter(t, rdb, hybrid.WithCheckTimeout(time.Second))
+	other := newLimiter(t, rdb2, hybrid.WithCheckTimeout(time.Second))
 	limit := hybrid.Limit{Rate: 100, Burst: 1000}
 	d, err := lim.Allow(ctx, "acl:k", limit)
 	require.NoError(t, err)
@@ -118,10 +118,10 @@ func TestTLS(t *testing.T) {
 // lifts a ban nor bans anybody: a user key can only ever name a bucket.
 func TestUserKeysNamedLikeInternalsOnRealRedis(t *testing.T) {
 	_, rdb := startRedis(t)
-	lim := newLimiter(t, rdb, hybrid.WithSyncTimeout(time.Second))
+	lim := newLimiter(t, rdb, hybrid.WithCheckTimeout(time.Second))
 	ctx := context.Background()
 	require.NoError(t, lim.Ban(ctx, "victim", time.Hour))
-	names := []string{"bans", "{bans}", "x:bans", "hr:v2:x:{bans}", "ts", "nt", "tk", "t", "s", "c", "w", "b", "x", "n:a", "victim}"}
+	names := []string{"bans", "{bans}", "x:bans", "hr:v3:x:{bans}", "ts", "nt", "tk", "t", "s", "c", "w", "b", "x", "n:a", "victim}"}
 	limit := hybrid.Limit{Rate: 1000, Burst: 1000}
 	for range 3 {
 		for _, k := range names {
@@ -131,7 +131,7 @@ func TestUserKeysNamedLikeInternalsOnRealRedis(t *testing.T) {
 		}
 		require.NoError(t, lim.Flush(ctx))
 	}
-	other := newLimiter(t, rdb, hybrid.WithSyncTimeout(time.Second))
+	other := newLimiter(t, rdb, hybrid.WithCheckTimeout(time.Second))
 	require.Eventually(t, func() bool {
 		d, err := other.Allow(ctx, "victim", limit)
 		return err == nil && !d.Allowed && d.Source == hybrid.SourceDenyCache
@@ -156,7 +156,7 @@ func TestUserKeysNamedLikeInternalsOnRealRedis(t *testing.T) {
 // returns an error, and Stats counts the bad key.
 func TestOneBadKeyCostsOnlyThatKeyOnRealRedis(t *testing.T) {
 	_, rdb := startRedis(t)
-	lim := newLimiter(t, rdb, hybrid.WithSyncTimeout(time.Second))
+	lim := newLimiter(t, rdb, hybrid.WithCheckTimeout(time.Second))
 	ctx := context.Background()
 	limit := hybrid.Limit{Rate: 1, Burst: 100}
 	require.NoError(t, rdb.Set(ctx, central.BucketKey("hr", "poisoned", central.Limit{Rate: limit.Rate, Burst: limit.Burst}), "x", 0).Err())

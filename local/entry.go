@@ -130,6 +130,48 @@ func (e *Entry) Add(n int64) TakeResult {
 	return Taken
 }
 
+// Refund gives back up to n tokens this incarnation admitted (a caller that took them and did not
+// use them): its consumption goes down, so the tokens can be taken again by TryTake. They stay
+// charged to this node, as part of its lease (or as debt not incurred), which is exact under the
+// cumulative protocol: the next call reports the lower consumption, and Redis, which keeps the
+// largest counts it was sent, neither charges nor counts anything twice. A refund into a lease
+// whose life has ended (now ≥ LeaseUntil, caller's monotonic clock) writes those tokens off at once,
+// as Expire would. Refund never gives back more than the incarnation admitted and did not write
+// off; it returns the tokens it gave back, 0 if the entry was evicted.
+func (e *Entry) Refund(n, now int64) int64 {
+	if n <= 0 {
+		return 0
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for {
+		if e.evicted.Load() {
+			return 0
+		}
+		t := e.total.Load()
+		k := min(n, t-e.burned.Load())
+		if k <= 0 {
+			return 0
+		}
+		nt := t - k
+		burn := int64(0)
+		if now >= e.leaseUntil.Load() {
+			burn = max(min(t, e.charged.Load())-nt, 0) // refunded into an expired lease: written off
+		}
+		if !e.total.CompareAndSwap(t, nt+burn) {
+			continue // a concurrent take: look again
+		}
+		e.burned.Add(burn)
+		if e.evicted.Load() {
+			// Evicted meanwhile (see TryTake): the entry is gone; the refund is lost with it, which
+			// never over-admits.
+			return 0
+		}
+		e.store.markDirty(e)
+		return k
+	}
+}
+
 // Deny records n tokens of demand this node denied locally, so that the next call asks for a lease
 // sized to the demand, and puts the entry on the dirty list.
 func (e *Entry) Deny(n int64) {
@@ -224,7 +266,7 @@ func (e *Entry) Next(now, minWindow int64) Call {
 	burned := e.burned.Load()
 	used := total - burned
 	den := e.denied.Load()
-	got := float64(used - e.sentUsed + den - e.sentDenied)
+	got := float64(max(used-e.sentUsed, 0) + den - e.sentDenied) // used falls after a Refund
 	active := got > 0
 	if e.sentAt <= 0 {
 		born := -e.sentAt
@@ -258,14 +300,6 @@ func (e *Entry) Active() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.total.Load()-e.burned.Load() != e.sentUsed || e.denied.Load() != e.sentDenied
-}
-
-// HeldByRedis reports whether Redis's record, as of the last call it applied, counts part of the
-// lease as unused (the total sent was below the tokens charged).
-func (e *Entry) HeldByRedis() bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.ackCum < e.charged.Load()
 }
 
 // Unreported reports whether the entry admitted tokens Redis has not counted yet.

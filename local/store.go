@@ -171,6 +171,30 @@ func (s *Store) Insert(key string, h uint64, rate float64, burst, credit int64) 
 	return e
 }
 
+// Remove drops the entry for key under the limit (rate, burst) whatever it holds, and reports
+// whether there was one; h is Hash(key, LimitID(rate, burst)). Its pending consumption and unused
+// lease are forgotten (the caller reset the key's bucket). A concurrent TryTake on the removed entry
+// either completed before, or reports Gone.
+func (s *Store) Remove(key string, rate float64, burst int64, h uint64) bool {
+	sh := &s.shards[h&(numShards-1)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	t := sh.tab.Load()
+	for i := (h >> shardBits) & t.mask; ; i = (i + 1) & t.mask {
+		e := t.slots[i].Load()
+		if e == nil {
+			return false
+		}
+		if e != tomb && e.hash == h && e.rate == rate && e.burst == burst && e.key == key {
+			e.evicted.Store(true)
+			t.slots[i].Store(tomb)
+			sh.live--
+			sh.tombs++
+			return true
+		}
+	}
+}
+
 // rebuildLocked replaces the table with one sized for want live entries at most half full,
 // dropping tombstones. Readers of the old table still find every entry that existed before.
 func (sh *shard) rebuildLocked(want int) *table {

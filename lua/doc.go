@@ -1,4 +1,4 @@
-// Package lua holds the Redis Lua scripts used by package central, embedded with go:embed.
+// Package lua holds the Redis Lua scripts of packages central and concurrency, embedded with go:embed.
 //
 // Each .lua file starts with a header that documents its KEYS, ARGV and reply. The scripts use Redis
 // TIME as their only clock, keep fractional tokens as Lua numbers stored with full precision (numbers

@@ -78,3 +78,10 @@ var leakyBucket string
 // LeakyBucket returns the leaky-bucket shaper, an algorithm of [Strict] that needs [GCRA] spliced in
 // before it; leaky_bucket.lua documents it.
 func LeakyBucket() string { return leakyBucket }
+
+//go:embed concurrency.lua
+var concurrency string
+
+// Concurrency returns the source of the in-flight lease script of package concurrency (acquire,
+// release, extend, count); concurrency.lua documents its KEYS, ARGV and reply.
+func Concurrency() string { return concurrency }

@@ -91,7 +91,7 @@ func BenchmarkMiddleware(b *testing.B) {
 	b.Run("floor", func(b *testing.B) { run(b, floor) })
 	for _, tc := range cases {
 		b.Run(tc.name, func(b *testing.B) {
-			tc.cfg.HybridOptions = []hybrid.Option{hybrid.WithSyncTimeout(time.Second)}
+			tc.cfg.HybridOptions = []hybrid.Option{hybrid.WithCheckTimeout(time.Second)}
 			s := newStack(b, tc.cfg, &policy.Policy{Rules: tc.rules}, tc.opts...)
 			m, err := middleware.New(s.enf, tc.opts...)
 			if err != nil {

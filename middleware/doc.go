@@ -48,6 +48,16 @@
 // counter consulted; [WithHeaders] selects which. An admitted request carries the policy's result in
 // its context: see [FromContext].
 //
+// # Concurrency caps
+//
+// [WithConcurrency] caps the requests in flight per dimension value across the fleet ("at most 20
+// requests of each tenant at once") with a [concurrency.Limiter]: an admitted request takes a lease
+// before the next handler and gives it back when the handler returns or panics. A request over the
+// cap gets 429, Retry-After: 1 and {"error":"concurrency_limit_exceeded","dimension":"<name>",
+// "retry_after_seconds":1}; one refused because Redis is away and the Limiter fails closed gets the
+// fail-closed answer above. docs/concurrency.md has the model and its cost (two Redis round trips
+// per capped request).
+//
 // # Load shedding
 //
 // [WithLoadShedding] sheds requests by priority before any rate limit is consulted, in Stripe's

@@ -40,6 +40,9 @@ func New(c Checker, opts ...Option) (*Middleware, error) {
 			return nil, err
 		}
 	}
+	if err := o.checkCaps(); err != nil {
+		return nil, err
+	}
 	return &Middleware{c: c, o: o}, nil
 }
 
@@ -75,7 +78,8 @@ func (st *state) Value(key any) any {
 }
 
 // Handler wraps next: a denied request gets 429 (503 when the limiter could not decide and the rule
-// fails closed: see [WithFailClosedStatus]) and never reaches next; an admitted one reaches next
+// fails closed: see [WithFailClosedStatus]) and never reaches next, as does one over a concurrency
+// cap ([WithConcurrency]); an admitted one reaches next
 // with the decision in its context and the rate-limit headers already set on w. A nil next answers
 // admitted requests with 404, as an empty ServeMux would.
 func (m *Middleware) Handler(next http.Handler) http.Handler {
@@ -125,6 +129,10 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 		}
 		st.res = res
 		st.Context = r.Context()
+		if len(m.o.caps) > 0 {
+			m.serveCapped(w, r, next, st, 0)
+			return
+		}
 		next.ServeHTTP(w, r.WithContext(st))
 	})
 }

@@ -65,6 +65,7 @@ type options struct {
 	closedRetry   time.Duration // its Retry-After; 0: the decision's
 	exempt        []string      // methods not rate-limited
 	skipPreflight bool          // CORS preflight requests are not rate-limited
+	caps          []Concurrency // in-flight caps, taken in order
 }
 
 func defaultOptions() options {

@@ -36,7 +36,7 @@ func newStack(tb testing.TB, cfg policy.Config, p *policy.Policy, opts ...middle
 	cfg.Redis = srv.Client(tb, func(o *redis.Options) { o.MaxRetries = -1 })
 	if cfg.HybridOptions == nil {
 		// Drift 0: every hybrid decision is made in Redis, so the tests can count exactly.
-		cfg.HybridOptions = []hybrid.Option{hybrid.WithDriftThreshold(0), hybrid.WithSyncTimeout(time.Second)}
+		cfg.HybridOptions = []hybrid.Option{hybrid.WithDriftThreshold(0), hybrid.WithCheckTimeout(time.Second)}
 	}
 	if cfg.StrictTimeout == 0 {
 		cfg.StrictTimeout = time.Second

@@ -24,7 +24,7 @@ func BenchmarkCheck(b *testing.B) {
 	b.Cleanup(func() { _ = rdb.Close() })
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 	b.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, HybridOptions: []hybrid.Option{hybrid.WithSyncTimeout(time.Second)}})
+	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, HybridOptions: []hybrid.Option{hybrid.WithCheckTimeout(time.Second)}})
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = enf.Close(context.Background()) })
 	obs, err := observe.New(enf, observe.Config{MeterProvider: mp})

@@ -24,7 +24,7 @@ func Example() {
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	defer rdb.Close()
 	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb,
-		HybridOptions: []hybrid.Option{hybrid.WithSyncTimeout(time.Second)}}) // miniredis's Lua is slow
+		HybridOptions: []hybrid.Option{hybrid.WithCheckTimeout(time.Second)}}) // miniredis's Lua is slow
 	if err != nil {
 		panic(err)
 	}

@@ -64,7 +64,7 @@ func newFixture(t *testing.T, cfg observe.Config) *fixture {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
 	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, HybridOptions: []hybrid.Option{
-		hybrid.WithSyncTimeout(time.Second), hybrid.WithMeterProvider(mp), hybrid.WithInstance("node-1")}})
+		hybrid.WithCheckTimeout(time.Second), hybrid.WithMeterProvider(mp), hybrid.WithInstance("node-1")}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = enf.Close(context.Background()) })
 	p, err := policy.Parse([]byte(testPolicy), "test.yaml")
@@ -339,7 +339,7 @@ func TestStrictAndBreakerHealthWhenRedisIsDown(t *testing.T) {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
 	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, StrictTimeout: 100 * time.Millisecond,
-		HybridOptions: []hybrid.Option{hybrid.WithSyncTimeout(100 * time.Millisecond), hybrid.WithMeterProvider(mp)}})
+		HybridOptions: []hybrid.Option{hybrid.WithCheckTimeout(100 * time.Millisecond), hybrid.WithMeterProvider(mp)}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = enf.Close(context.Background()) })
 	obs, err := observe.New(enf, observe.Config{MeterProvider: mp, Instance: "n"})

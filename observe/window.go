@@ -207,7 +207,7 @@ type Snapshot struct {
 
 // Health is the state of the Redis paths, when the wrapped Checker is a *policy.Enforcer.
 type Health struct {
-	// Limiters are the hybrid limiters, one per failure policy in use.
+	// Limiters are the hybrid limiters: the Enforcer's one, once a policy with hybrid rules is set.
 	Limiters []LimiterHealth `json:"limiters"`
 	// Strict is the strict rules' client; nil when unknown.
 	Strict *policy.StrictHealth `json:"strict,omitempty"`
@@ -217,7 +217,7 @@ type Health struct {
 
 // LimiterHealth is the Redis side of one hybrid limiter.
 type LimiterHealth struct {
-	FailurePolicy string `json:"failurePolicy"` // the limiter's failure policy: "local-fallback", ...
+	FailurePolicy string `json:"failurePolicy"` // the limiter's default failure policy: "local-fallback", ...
 	Breaker       string `json:"breaker"`       // its circuit breaker: "closed", "open" or "half-open"
 	RedisCommands int64  `json:"redisCommands"` // script calls sent
 	RedisErrors   int64  `json:"redisErrors"`   // calls that failed

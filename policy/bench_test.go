@@ -32,7 +32,7 @@ func BenchmarkCheck(b *testing.B) {
 		b.Run(tc.name, func(b *testing.B) {
 			srv := redistest.Start(b)
 			tc.cfg.Redis = srv.Client(b, func(o *redis.Options) { o.MaxRetries = -1 })
-			tc.cfg.HybridOptions = []hybrid.Option{hybrid.WithSyncTimeout(time.Second)}
+			tc.cfg.HybridOptions = []hybrid.Option{hybrid.WithCheckTimeout(time.Second)}
 			enf, err := policy.NewEnforcer(tc.cfg)
 			if err != nil {
 				b.Fatal(err)

@@ -30,7 +30,7 @@ type env struct {
 }
 
 // exact makes hybrid rules decide every request in Redis (drift 0), so counts are exact.
-var exact = []hybrid.Option{hybrid.WithDriftThreshold(0), hybrid.WithSyncTimeout(time.Second)}
+var exact = []hybrid.Option{hybrid.WithDriftThreshold(0), hybrid.WithCheckTimeout(time.Second)}
 
 func newEnv(t *testing.T, cfg policy.Config, p *policy.Policy) *env {
 	t.Helper()
@@ -589,7 +589,7 @@ func TestConcurrentChecksAndPolicyChanges(t *testing.T) {
 		{ID: "h", Dimensions: []string{"api_key"}, Rate: 10, Burst: 10, OnFailure: hybrid.FailOpen},
 		{ID: "s2", Algorithm: policy.SlidingWindow, Limit: 5, Period: time.Second, Shadow: true},
 	}}
-	e := newEnv(t, policy.Config{HybridOptions: []hybrid.Option{hybrid.WithSyncTimeout(time.Second)}}, a)
+	e := newEnv(t, policy.Config{HybridOptions: []hybrid.Option{hybrid.WithCheckTimeout(time.Second)}}, a)
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -643,7 +643,8 @@ func TestLimitersAndStrictHealth(t *testing.T) {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
-	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, HybridOptions: []hybrid.Option{hybrid.WithSyncTimeout(time.Second)}})
+	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, StrictTimeout: time.Second, // miniredis's Lua is slow under -race
+		HybridOptions: []hybrid.Option{hybrid.WithCheckTimeout(time.Second)}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = enf.Close(context.Background()) })
 	assert.Empty(t, enf.Limiters(), "no limiter before a policy needs one")
@@ -658,4 +659,58 @@ func TestLimitersAndStrictHealth(t *testing.T) {
 	assert.Positive(t, h.Calls)
 	assert.Zero(t, h.Errors)
 	assert.Equal(t, "closed", h.Breaker)
+}
+
+// TestOneHybridLimiterServesEveryFailurePolicy: hybrid rules of the three failure policies share the
+// Enforcer's one hybrid limiter, and with Redis stopped each rule still answers by its own policy.
+// (Not parallel: it counts limiters through a package variable.)
+func TestOneHybridLimiterServesEveryFailurePolicy(t *testing.T) {
+	created := policy.CountHybridLimiters(t)
+	route := func(r string) policy.Match { return policy.Match{Routes: []string{r}} }
+	p := &policy.Policy{Rules: []policy.Rule{
+		{ID: "open", Rate: 0.001, Burst: 1, OnFailure: hybrid.FailOpen, Match: route("/open")},
+		{ID: "closed", Rate: 1000, Burst: 1000, OnFailure: hybrid.FailClosed, Match: route("/closed")},
+		{ID: "local", Rate: 0.001, Burst: 2, OnFailure: hybrid.LocalFallback, Match: route("/local")},
+		{ID: "default", Rate: 0.001, Burst: 1, Match: route("/default")}, // LocalFallback
+		{ID: "strict", Algorithm: policy.GCRA, Limit: 1000, Period: time.Hour, OnFailure: hybrid.FailClosed, Match: route("/strict")},
+	}}
+	// The limiter's own default does not reach the rules: a rule without on_failure falls back locally.
+	opts := append(append([]hybrid.Option(nil), exact...), hybrid.WithFailurePolicy(hybrid.FailOpen))
+	e := newEnv(t, policy.Config{HybridOptions: opts}, p)
+	require.NoError(t, e.enf.SetPolicy(p), "a second policy reuses the limiter")
+	assert.Equal(t, int64(1), created.Load(), "one hybrid limiter for every failure policy")
+	assert.Len(t, e.enf.Limiters(), 1)
+
+	e.srv.Kill(t)
+	answers := func(route string, n int) (allowed []bool, sources []policy.Source, unavailable []bool) {
+		for range n {
+			res := e.check(t, req("GET", route))
+			require.NotEmpty(t, res.Decisions, route)
+			d := res.Decisions[0]
+			allowed, sources, unavailable = append(allowed, res.Allowed), append(sources, d.Source), append(unavailable, res.Unavailable)
+		}
+		return allowed, sources, unavailable
+	}
+	fb, memo := policy.SourceFallback, policy.SourceMemo
+	for _, tc := range []struct {
+		route       string
+		allowed     []bool
+		sources     []policy.Source
+		unavailable []bool
+	}{
+		{"/open", []bool{true, true, true}, []policy.Source{fb, fb, fb}, []bool{false, false, false}},
+		{"/closed", []bool{false, false}, []policy.Source{fb, fb}, []bool{true, true}},
+		// The local bucket holds the burst; its denial is then remembered until its retry-after.
+		{"/local", []bool{true, true, false, false}, []policy.Source{fb, fb, fb, memo}, []bool{false, false, false, false}},
+		{"/default", []bool{true, false}, []policy.Source{fb, fb}, []bool{false, false}},
+		{"/strict", []bool{false}, []policy.Source{fb}, []bool{true}},
+	} {
+		allowed, sources, unavailable := answers(tc.route, len(tc.allowed))
+		assert.Equal(t, tc.allowed, allowed, "%s: allowed", tc.route)
+		assert.Equal(t, tc.sources, sources, "%s: sources", tc.route)
+		assert.Equal(t, tc.unavailable, unavailable, "%s: unavailable", tc.route)
+	}
+	assert.Equal(t, int64(1), created.Load())
+	assert.Len(t, e.enf.Limiters(), 1)
+	assert.Equal(t, hybrid.FailOpen, e.enf.Limiters()[0].FailurePolicy(), "the limiter keeps the default it was given")
 }

@@ -1,17 +1,20 @@
 package policy
 
 import (
-	"math"
 	"sync/atomic"
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
-	"golang.org/x/time/rate"
 )
 
 // memo remembers denials until their retry-after, so that a request a counter is known to deny is
 // denied before any other counter consumes anything. It is bounded (least recently used entries go
 // first) and safe for concurrent use.
+//
+// It is not a copy of hybrid's deny cache: hybrid remembers a key's denial for that key alone, when
+// the request reaches it, while the memo is consulted for every enforced counter of a request (strict
+// ones too) before the first counter consumes, which is what keeps a denied request from consuming
+// the broader rules' tokens on every retry (see "Hierarchy" in the package documentation).
 type memo struct {
 	c *lru.Cache[string, memoEntry]
 	n atomic.Int64 // the cache's length after the last change: a hint that lets Check skip the lock
@@ -54,40 +57,31 @@ func (m *memo) add(key string, gen uint64, n int64, until time.Time) {
 	m.n.Store(int64(m.c.Len()))
 }
 
-// fallbacks holds the local limiters of strict rules under LocalFallback while Redis is away.
-type fallbacks struct {
-	c *lru.Cache[string, *rate.Limiter]
+// remember records a denial in the memo until its retry-after.
+func (e *Enforcer) remember(p *planned, gen uint64, wait time.Duration) {
+	if e.memo == nil || wait <= 0 {
+		return
+	}
+	e.memo.add(p.key, gen, p.n, e.now().Add(wait))
 }
 
-func newFallbacks(size int) *fallbacks {
-	c, _ := lru.New[string, *rate.Limiter](size)
-	return &fallbacks{c: c}
-}
-
-// reserve takes n tokens for key from a local limiter enforcing the unit's limit divided by nodes. It
-// returns whether they were available, how long until they would be, and a function that puts them
-// back (nil when nothing was taken).
-func (f *fallbacks) reserve(key string, u *unit, n int64, nodes int, now time.Time) (bool, time.Duration, func()) {
-	r := rate.Limit(float64(u.limit) / u.window.Seconds() / float64(nodes))
-	b := int(max(u.limit/int64(nodes), n, 1))
-	l, ok := f.c.Get(key)
-	if !ok {
-		l = rate.NewLimiter(r, b)
-		if prev, found, _ := f.c.PeekOrAdd(key, l); found {
-			l = prev
+// checkMemo denies the request, before any counter is consulted or consumes anything, when the memo
+// remembers that one of its enforced counters denied the same subject at this cost or less.
+func (e *Enforcer) checkMemo(c *compiled, enforced []planned, res *Result) {
+	if e.memo == nil || e.memo.empty() {
+		return
+	}
+	now := e.now()
+	for i := range enforced {
+		p := &enforced[i]
+		if wait, ok := e.memo.denied(p.key, c.gen, p.n, now); ok {
+			e.stats.Memo.Add(1)
+			d := p.decision(false, SourceMemo)
+			d.RetryAfter = wait
+			d.ResetAfter = wait
+			res.Decisions = append(res.Decisions, d)
+			res.Allowed, res.Rule, res.RetryAfter = false, p.r.id, wait
+			return
 		}
 	}
-	if l.Limit() != r || l.Burst() != b {
-		l.SetLimitAt(now, r)
-		l.SetBurstAt(now, b)
-	}
-	res := l.ReserveN(now, int(min(n, math.MaxInt32)))
-	if !res.OK() {
-		return false, time.Duration(math.MaxInt64), nil
-	}
-	if wait := res.DelayFrom(now); wait > 0 {
-		res.CancelAt(now)
-		return false, wait, nil
-	}
-	return true, 0, func() { res.CancelAt(now) }
 }

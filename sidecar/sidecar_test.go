@@ -72,7 +72,7 @@ func newEnv(t *testing.T) *env {
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb,
-		HybridOptions: []hybrid.Option{hybrid.WithSyncTimeout(time.Second)},
+		HybridOptions: []hybrid.Option{hybrid.WithCheckTimeout(time.Second)},
 		CostFuncs:     map[string]policy.CostFunc{sidecar.HitsCostName: sidecar.HitsCost}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = enf.Close(context.Background()) })

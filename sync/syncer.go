@@ -71,9 +71,8 @@ type Syncer struct {
 	mu       sync.Mutex // serialises flushes; guards the fields below
 	waiting  map[*local.Entry]*watch
 	entries  []*local.Entry
-	batch    []*local.Entry
-	idle     []bool // per batch entry: no requests for idleAfter
-	lastSent int64  // time of the last round that sent something
+	batch    []pick
+	lastSent int64 // time of the last round that sent something
 	updates  []central.Update
 	seqs     []uint64
 	states   []central.State
@@ -83,6 +82,7 @@ type Syncer struct {
 // watch is what the syncer remembers of a key it watches.
 type watch struct {
 	notBefore int64 // no call before then (a key Redis refused)
+	fresh     bool  // the syncer saw the entry first in this round
 	seen      int64 // consumed plus denied at the last round
 	changedAt int64 // when seen last changed
 }
@@ -146,7 +146,7 @@ type mode int
 const (
 	due     mode = iota // keys with debt, and active keys whose lease is nearly spent
 	pending             // every key with debt or consumption Redis has not counted, now (Flush)
-	final               // every key with debt or a lease: leases are written off and reported (Close)
+	final               // leases are written off; every key with debt or uncounted consumption is sent (Close)
 )
 
 // Flush reports to Redis now every key's consumption since its last call: debt beyond the lease is
@@ -155,8 +155,9 @@ const (
 // one after another.
 func (s *Syncer) Flush(ctx context.Context) error { return s.flush(ctx, pending) }
 
-// Release writes off every unused lease and reports it with any debt, so that Redis can lend those
-// tokens to other nodes at once; for Close. It returns the first error.
+// Release writes off every unused lease and reports every key's debt and the consumption Redis has
+// not counted; for Close. A lease is not given back (Redis charged it; it refills at the key's rate),
+// so a key that holds only a lease costs no call. It returns the first error.
 func (s *Syncer) Release(ctx context.Context) error { return s.flush(ctx, final) }
 
 // Want returns the unused lease a call for e should ask for: the node's demand over the horizon,
@@ -170,11 +171,12 @@ func (s *Syncer) Want(e *local.Entry, demand float64, n int64) int64 {
 	return min(max(int64(min(w, 1e9)), n), burst)
 }
 
-// lowWater returns the unused lease below which an active key asks for more: about five intervals
-// of its demand, rounded; 0 for a key whose demand is below one token per five intervals (the
-// answer's credit covers the next request while the lease is renewed).
+// lowWater returns the unused lease below which an active key asks for more: its demand over the
+// time a renewal may wait for others to join its round (coalesceBusy intervals) plus three,
+// rounded; 0 for a key whose demand is below one token per that time (the answer's credit covers
+// the next request while the lease is renewed).
 func (s *Syncer) lowWater(demand float64) int64 {
-	return int64(math.Round(demand * 5 * s.cfg.Interval.Seconds()))
+	return int64(math.Round(demand * (coalesceBusy + 3) * s.cfg.Interval.Seconds()))
 }
 
 // urgentWater returns the unused lease below which a renewal cannot wait for other keys to join
@@ -183,9 +185,25 @@ func (s *Syncer) urgentWater(demand float64) int64 {
 	return int64(math.Round(demand * 2 * s.cfg.Interval.Seconds()))
 }
 
-// coalesce is how many intervals a renewal that is not urgent may wait, so that renewals share
-// script calls: Redis's cost is mostly per call, not per key.
-const coalesce = 3
+// freshCredit is the largest cold-start credit (tokens) with which a new key's first report waits
+// a round for a second request: the minimum cold-start credit, two.
+const freshCredit = 2
+
+// rareNeed is how long a key's allowance left must last at its demand for its report to wait for
+// the next round rather than go at once: at a demand below one request per rareNeed, a request
+// arrives within the wait (coalesce intervals, 200 ms by default) less than 4% of the time.
+const rareNeed = 5 * time.Second
+
+// coalesceBusy is how many intervals a renewal that is not urgent may wait, so that renewals share
+// script calls. Redis's cost is mostly per call, not per key: on a loaded 8-node loadgen run a
+// pipeline cost Redis ~100–200 µs of CPU beyond its keys, a key ~7–30 µs (docs/accuracy.md, cost
+// model). Renewals start early enough (lowWater) for the lease to last the wait.
+const coalesceBusy = 20
+
+// coalesce is how many intervals the report of a rare key (rareNeed) may wait: shorter than
+// coalesceBusy, because a request that finds its allowance spent meanwhile goes to Redis
+// synchronously.
+const coalesce = 10
 
 func (s *Syncer) flush(ctx context.Context, m mode) error {
 	s.mu.Lock()
@@ -194,14 +212,14 @@ func (s *Syncer) flush(ctx context.Context, m mode) error {
 	s.entries = s.cfg.Store.Collect(s.entries[:0])
 	for _, e := range s.entries {
 		if _, ok := s.waiting[e]; !ok {
-			s.waiting[e] = &watch{seen: -1}
+			s.waiting[e] = &watch{seen: -1, fresh: true}
 			e.Seen(now)
 		}
 	}
 	clear(s.entries)
 	s.batch = s.batch[:0]
-	s.idle = s.idle[:0]
 	anyUrgent := m != due
+	wait := int64(coalesceBusy) // intervals the round may wait for more keys, unless one is urgent
 	for e, w := range s.waiting {
 		if e.Evicted() {
 			delete(s.waiting, e)
@@ -222,23 +240,44 @@ func (s *Syncer) flush(ctx context.Context, m mode) error {
 		send, urgent := false, false
 		switch m {
 		case due:
-			if now >= w.notBefore && (debt || active && now >= max(e.RetryAt(), e.RefillAt(1))) {
+			fresh := w.fresh && e.GrantedAt() == 0 && e.Mark() <= freshCredit
+			w.fresh = false
+			switch {
+			case now < w.notBefore || fresh:
+				// A key Redis refused waits. A key never answered whose cold-start credit is a
+				// couple of tokens (a sparse key: a new client, a new IP) reports its use from the
+				// round after the one that first saw it, so that a second request following the
+				// first at once is reported in the same call. A key with a larger credit (a hot key
+				// on a small fleet) is sent at once: its demand and debt should reach Redis early.
+			case debt || active && now >= max(e.RetryAt(), e.RefillAt(1)):
 				d := e.Demand()
+				// A key this node sees rarely (its allowance left, credit included, lasts rareNeed
+				// at its demand: a minority node of a sticky key, a Zipf tail key) is not urgent even
+				// with debt or no lease left: the next request is likely seconds away, so its report
+				// waits for the next round (at most coalesce intervals), with other keys. A key not
+				// yet called has no demand estimate: it counts as rare when its cold-start credit is
+				// the minimum (a new client, a new IP), not when it is larger (a hot key on a small
+				// fleet, whose demand and debt should reach Redis early).
+				left := max(e.Mark()-e.Total(), 0)
+				rare := d > 0 && float64(left+1) >= d*rareNeed.Seconds() ||
+					d == 0 && e.Mark() <= freshCredit // not called yet, with a sparse key's cold-start credit
 				switch {
-				case debt || unused <= s.urgentWater(d):
+				case (debt || unused <= s.urgentWater(d)) && !rare:
 					send, urgent = true, true
-				case unused <= s.lowWater(d):
+				case debt || unused <= s.lowWater(d):
 					send = true
+					if rare {
+						wait = min(wait, coalesce)
+					}
 				}
 			}
 		case pending:
 			send = debt || e.Unreported()
 		case final:
-			send = debt || e.Unreported() || e.HeldByRedis()
+			send = debt || e.Unreported()
 		}
 		if send {
-			s.batch = append(s.batch, e)
-			s.idle = append(s.idle, idle)
+			s.batch = append(s.batch, pick{e: e, idle: idle})
 			anyUrgent = anyUrgent || urgent
 			continue
 		}
@@ -247,7 +286,7 @@ func (s *Syncer) flush(ctx context.Context, m mode) error {
 		}
 	}
 	defer s.count()
-	if len(s.batch) == 0 || !anyUrgent && now-s.lastSent < coalesce*int64(s.cfg.Interval) {
+	if len(s.batch) == 0 || !anyUrgent && now-s.lastSent < wait*int64(s.cfg.Interval) {
 		clear(s.batch)
 		return nil
 	}
@@ -257,7 +296,7 @@ func (s *Syncer) flush(ctx context.Context, m mode) error {
 	var first error
 	for lo := 0; lo < len(s.batch); lo += s.cfg.MaxBatch {
 		hi := min(lo+s.cfg.MaxBatch, len(s.batch))
-		if err := s.flushBatch(ctx, s.batch[lo:hi], s.idle[lo:hi], now, m); err != nil && first == nil {
+		if err := s.flushBatch(ctx, s.batch[lo:hi], now, m); err != nil && first == nil {
 			first = err
 		}
 	}
@@ -280,14 +319,21 @@ func (s *Syncer) count() {
 	s.stats.Pending.Store(n)
 }
 
-func (s *Syncer) flushBatch(ctx context.Context, batch []*local.Entry, idle []bool, now int64, m mode) error {
+// pick is an entry chosen for a round.
+type pick struct {
+	e    *local.Entry
+	idle bool // no requests for idleAfter: report, but ask for no lease
+}
+
+func (s *Syncer) flushBatch(ctx context.Context, batch []pick, now int64, m mode) error {
 	n := len(batch)
 	s.updates = s.updates[:0]
 	s.seqs = s.seqs[:0]
-	for _, e := range batch {
+	for _, p := range batch {
+		e := p.e
 		c := e.Next(now, int64(s.cfg.Interval))
 		want := int64(0)
-		if m == due && c.Active && !idle[len(s.updates)] && s.cfg.Drift > 0 {
+		if m == due && c.Active && !p.idle && s.cfg.Drift > 0 {
 			want = s.Want(e, c.Demand, 0)
 		}
 		s.updates = append(s.updates, Update(e, c, want, 0))
@@ -297,8 +343,12 @@ func (s *Syncer) flushBatch(ctx context.Context, batch []*local.Entry, idle []bo
 	s.errs = append(s.errs[:0], make([]error, n)...)
 	s.stats.Keys.Add(int64(n))
 	err := s.cfg.Central.Reconcile(ctx, s.updates, s.states, s.errs)
-	for i, e := range batch {
+	for i, p := range batch {
+		e := p.e
 		if s.errs[i] != nil {
+			if ctx.Err() != nil && errors.Is(s.errs[i], ctx.Err()) {
+				continue // the round was cut short by shutdown: the key stays pending for Close's flush
+			}
 			s.stats.FailedKeys.Add(1)
 			if w := s.waiting[e]; w != nil && errors.Is(s.errs[i], central.ErrBadKey) {
 				s.stats.BadKeys.Add(1)

@@ -147,6 +147,12 @@ func TestNewValidates(t *testing.T) {
 	}
 }
 
+// seeNew runs the round that first sees new keys: it sends nothing for keys never answered.
+func seeNew(t *testing.T, s *Syncer) {
+	t.Helper()
+	require.NoError(t, s.flush(context.Background(), due))
+}
+
 func TestColdStartDebtIsReportedAndALeaseGranted(t *testing.T) {
 	f := newFake()
 	c := newClock()
@@ -161,7 +167,7 @@ func TestColdStartDebtIsReportedAndALeaseGranted(t *testing.T) {
 	}
 	c.add(time.Second)
 	require.NoError(t, s.flush(context.Background(), due))
-	assert.Equal(t, 3, f.n())
+	assert.Equal(t, 3, f.n(), "a cold-start credit of 10: sent at once")
 	for i, e := range es {
 		used := int64(i + 1)
 		assert.False(t, e.Pending(), i)
@@ -180,6 +186,8 @@ func TestLeaseIsRenewedBeforeItRunsOut(t *testing.T) {
 	e := entry(t, st, "k", 1)
 	require.Equal(t, local.Taken, e.TryTake(1))
 	c.add(time.Second)
+	seeNew(t, s)
+	c.add(20 * time.Millisecond)
 	require.NoError(t, s.flush(context.Background(), due))
 	lease := e.Unused()
 	require.Positive(t, lease)
@@ -189,6 +197,11 @@ func TestLeaseIsRenewedBeforeItRunsOut(t *testing.T) {
 	}
 	n := f.n()
 	c.add(100 * time.Millisecond)
+	require.NoError(t, s.flush(context.Background(), due))
+	// At this demand (about 1/s) the key is rare: its renewal is not urgent and waits up to
+	// coalesce intervals after the last round for other keys to join it.
+	assert.Equal(t, n, f.n(), "a rare key's renewal waits for the round to fill")
+	c.add(coalesce * 20 * time.Millisecond)
 	require.NoError(t, s.flush(context.Background(), due))
 	assert.Equal(t, n+1, f.n())
 	assert.Positive(t, f.last()[0].Want, "the call asks for a lease")
@@ -240,6 +253,7 @@ func TestExpiredLeaseIsWrittenOffWithoutRedis(t *testing.T) {
 	st, s := setup(t, f, c.now)
 	e := entry(t, st, "k", 1)
 	require.Equal(t, local.Taken, e.TryTake(1))
+	seeNew(t, s)
 	require.NoError(t, s.flush(context.Background(), due))
 	unused := e.Unused()
 	require.Positive(t, unused)
@@ -252,16 +266,25 @@ func TestExpiredLeaseIsWrittenOffWithoutRedis(t *testing.T) {
 	assert.Equal(t, int64(0), s.Stats().Waiting.Load(), "nothing left to watch")
 }
 
-func TestReleaseReportsUnusedLeases(t *testing.T) {
+func TestReleaseReportsWhatRedisHasNotCounted(t *testing.T) {
 	f := newFake()
 	c := newClock()
 	st, s := setup(t, f, c.now)
 	e := entry(t, st, "k", 1)
 	require.Equal(t, local.Taken, e.TryTake(1))
+	c.add(20 * time.Millisecond) // a new key reports one round after it was first seen
+	require.NoError(t, s.flush(context.Background(), due))
 	require.NoError(t, s.flush(context.Background(), due))
 	require.Positive(t, e.Unused())
+	n := f.n()
 	require.NoError(t, s.Release(context.Background()))
-	assert.Equal(t, f.charged["k"], f.cum["k"], "Redis knows the lease is given up")
+	assert.Equal(t, n, f.n(), "a key that holds only a lease costs no call")
+	assert.Zero(t, e.Unused(), "the lease is written off")
+	require.Equal(t, local.Taken, e.TryTake(1), "credit above the written-off lease")
+	require.NoError(t, s.Release(context.Background()))
+	assert.Equal(t, n+1, f.n(), "uncounted consumption is reported")
+	assert.False(t, e.Pending())
+	assert.False(t, e.Unreported())
 }
 
 func TestRunIdleNeverFlushes(t *testing.T) {
@@ -276,12 +299,12 @@ func TestRunIdleNeverFlushes(t *testing.T) {
 		assert.Equal(t, 0, f.n(), "an idle store never flushes")
 		e := entry(t, st, "k", 1)
 		require.Equal(t, local.Taken, e.TryTake(1))
-		time.Sleep(19 * time.Millisecond)
+		time.Sleep(39 * time.Millisecond)
 		synctest.Wait()
-		assert.Equal(t, 0, f.n())
+		assert.Equal(t, 0, f.n(), "the round that first sees the key waits for a second request")
 		time.Sleep(2 * time.Millisecond)
 		synctest.Wait()
-		assert.Equal(t, 1, f.n(), "the cold-start debt is reported one interval later")
+		assert.Equal(t, 1, f.n(), "the cold-start debt is reported two intervals later")
 		assert.False(t, e.Pending())
 		cancel()
 		<-done
@@ -303,4 +326,118 @@ func TestOnErrorAndOnState(t *testing.T) {
 	f.fail = central.ErrUnavailable
 	require.Equal(t, local.Taken, e.TryTake(1))
 	assert.True(t, errors.Is(s.Flush(context.Background()), central.ErrUnavailable))
+}
+
+// TestIdleKeyReportsItsUse: tokens admitted from a lease are charged in Redis but not yet counted;
+// a key that then goes idle reports them once its lease is spent or written off, so that it becomes
+// evictable: churn must not fill the store with keys waiting for Close.
+func TestIdleKeyReportsItsUse(t *testing.T) {
+	f := newFake()
+	c := newClock()
+	st, s := setup(t, f, c.now)
+	e := entry(t, st, "k", 1)
+	require.Equal(t, local.Taken, e.TryTake(1))
+	seeNew(t, s)
+	c.add(20 * time.Millisecond)
+	require.NoError(t, s.flush(context.Background(), due))
+	require.Positive(t, e.Unused())
+	require.Equal(t, local.Taken, e.TryTake(1), "from the lease")
+	require.True(t, e.Unreported())
+	for range 4 { // 4 s: idle, and past LeaseLife
+		c.add(time.Second)
+		require.NoError(t, s.flush(context.Background(), due))
+	}
+	assert.Equal(t, int64(2), f.last()[0].Used, "both admitted tokens counted")
+	assert.False(t, e.Unreported())
+	assert.Zero(t, s.Stats().Waiting.Load(), "nothing left to watch")
+	n := f.n()
+	c.add(time.Second)
+	require.NoError(t, s.flush(context.Background(), due))
+	assert.Equal(t, n, f.n(), "and nothing more")
+}
+
+// TestNewSparseKeyWaitsARoundForASecondRequest: a new key with the minimum cold-start credit (two
+// tokens) is reported from the round after the one that first saw it, so a second request that
+// follows the first at once shares the call: one call per new client, not two.
+func TestNewSparseKeyWaitsARoundForASecondRequest(t *testing.T) {
+	f := newFake()
+	c := newClock()
+	st, s := setup(t, f, c.now)
+	e := entry(t, st, "k", 2)
+	require.Equal(t, local.Taken, e.TryTake(1))
+	require.NoError(t, s.flush(context.Background(), due))
+	assert.Equal(t, 0, f.n(), "the round that first sees it sends nothing")
+	require.Equal(t, local.Taken, e.TryTake(1), "a second request at once")
+	c.add(20 * time.Millisecond)
+	require.NoError(t, s.flush(context.Background(), due))
+	assert.Equal(t, 1, f.n())
+	assert.Equal(t, int64(2), f.cum["k"], "both requests in one call")
+	hot := entry(t, st, "hot", 25)
+	require.Equal(t, local.Taken, hot.TryTake(1))
+	require.NoError(t, s.flush(context.Background(), due))
+	assert.Equal(t, 2, f.n(), "a larger cold-start credit (a hot key) is reported at once")
+}
+
+func TestShutdownMidRoundIsNoFailure(t *testing.T) {
+	f := newFake()
+	st, s := setup(t, f, mono)
+	e := entry(t, st, "k", 2)
+	require.Equal(t, local.Taken, e.TryTake(1))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	f.fail = ctx.Err() // the client reports every key of a round cut short by shutdown so
+	require.ErrorIs(t, s.Flush(ctx), context.Canceled)
+	assert.Zero(t, s.Stats().FailedKeys.Load(), "a round cut short by shutdown is no failure")
+	assert.True(t, e.Pending(), "the key stays pending for the final flush")
+	f.fail = errors.New("connection reset")
+	require.Error(t, s.Flush(context.Background()))
+	assert.Equal(t, int64(1), s.Stats().FailedKeys.Load(), "a real failure counts")
+	f.fail = nil
+	require.NoError(t, s.Flush(context.Background()))
+	assert.False(t, e.Pending())
+}
+
+// TestRareKeyReportWaitsForTheRound: a key this node sees about once in twenty seconds (a minority
+// node of a sticky key) is not urgent when its allowance is spent: its report waits for the next
+// round, up to coalesce intervals, rather than forcing a round of its own; a busy key's is sent at
+// once.
+func TestRareKeyReportWaitsForTheRound(t *testing.T) {
+	f := newFake()
+	c := newClock()
+	st, s := setup(t, f, c.now)
+	e := entry(t, st, "rare", 2)
+	for range 4 { // a request every 20 s, each reported
+		require.Equal(t, local.Taken, e.TryTake(1))
+		c.add(20 * time.Millisecond)
+		require.NoError(t, s.flush(context.Background(), due))
+		c.add(coalesce * 20 * time.Millisecond)
+		require.NoError(t, s.flush(context.Background(), due))
+		c.add(20 * time.Second)
+	}
+	require.Less(t, e.Demand(), 1/rareNeed.Seconds(), "a rare key")
+	busy := entry(t, st, "busy", 50)
+	for range 50 {
+		require.Equal(t, local.Taken, busy.TryTake(1))
+	}
+	c.add(20 * time.Millisecond)
+	require.NoError(t, s.flush(context.Background(), due)) // a round: the busy key's first report
+	require.Greater(t, busy.Demand(), 1/rareNeed.Seconds(), "a busy key")
+
+	for e.TryTake(1) == local.Taken { // the rare key's lease and credit spent
+	}
+	n := f.n()
+	c.add(20 * time.Millisecond)
+	require.NoError(t, s.flush(context.Background(), due))
+	assert.Equal(t, n, f.n(), "the rare key's report waits for the round to fill")
+	c.add(coalesce * 20 * time.Millisecond)
+	require.NoError(t, s.flush(context.Background(), due))
+	assert.Equal(t, n+1, f.n(), "and goes with the next round")
+	assert.Equal(t, "rare", f.last()[0].Key)
+
+	for busy.TryTake(1) == local.Taken { // the busy key's allowance spent, right after a round
+	}
+	n = f.n()
+	c.add(20 * time.Millisecond)
+	require.NoError(t, s.flush(context.Background(), due))
+	assert.Equal(t, n+1, f.n(), "a busy key with its allowance spent is sent at once")
 }

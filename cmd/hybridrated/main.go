@@ -78,7 +78,8 @@ type config struct {
 	instance        string        // the metrics' instance label; empty: the host name
 	reload          time.Duration // how often the policy file is read
 	shutdownTimeout time.Duration // bound on the graceful shutdown
-	syncTimeout     time.Duration // the hybrid limiters' synchronous Redis check bound; 0: default
+	checkTimeout    time.Duration // the hybrid limiters' synchronous Redis check bound; 0: default
+	syncTimeout     time.Duration // the deprecated name of checkTimeout (-sync-timeout)
 	hashKey         []byte        // HMAC key for keys in Redis, from the environment
 }
 
@@ -106,7 +107,8 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	}{
 		{"reload", "1s", "how often the policy file is read for changes", &c.reload},
 		{"shutdown-timeout", "10s", "bound on the graceful shutdown (drain and flush)", &c.shutdownTimeout},
-		{"sync-timeout", "0s", "bound on a synchronous Redis check of a hybrid rule; 0: the library default (1s on the embedded Redis)", &c.syncTimeout},
+		{"check-timeout", "0s", "bound on a synchronous Redis check of a hybrid rule; 0: the library default (1s on the embedded Redis)", &c.checkTimeout},
+		{"sync-timeout", "0s", "deprecated: -check-timeout", &c.syncTimeout},
 	}
 	for _, d := range durations {
 		v, perr := time.ParseDuration(env(d.name, d.def))
@@ -124,8 +126,11 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if c.reload < time.Millisecond || c.shutdownTimeout <= 0 || c.syncTimeout < 0 {
-		return c, errors.New("-reload must be at least 1ms, -shutdown-timeout positive, -sync-timeout not negative")
+	if c.checkTimeout == 0 {
+		c.checkTimeout = c.syncTimeout
+	}
+	if c.reload < time.Millisecond || c.shutdownTimeout <= 0 || c.checkTimeout < 0 {
+		return c, errors.New("-reload must be at least 1ms, -shutdown-timeout positive, -check-timeout not negative")
 	}
 	c.redisPassword = getenv("HYBRIDRATED_REDIS_PASSWORD")
 	if c.sentinelMaster != "" && c.redisAddr == "" {

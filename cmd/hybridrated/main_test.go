@@ -308,7 +308,7 @@ rules:
     burst: 1000
 `
 	path := writePolicy(t, t.TempDir(), pol)
-	a, stop := start(t, config{redisAddr: mr.Addr(), policyPath: path, syncTimeout: time.Second})
+	a, stop := start(t, config{redisAddr: mr.Addr(), policyPath: path, checkTimeout: time.Second})
 	const n = 200
 	for i := 0; i < n; i++ {
 		resp, err := http.Post("http://"+a.http+"/v1/check", "application/json",
@@ -353,6 +353,15 @@ func TestParseConfig(t *testing.T) {
 	_, err = parseConfig([]string{"stray"}, func(string) string { return "" }, io.Discard)
 	assert.Error(t, err)
 	_, err = parseConfig(nil, func(k string) string { return map[string]string{"HYBRIDRATED_RELOAD": "soon"}[k] }, io.Discard)
+	assert.Error(t, err)
+	none := func(string) string { return "" }
+	c, err = parseConfig([]string{"-check-timeout", "30ms"}, none, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, 30*time.Millisecond, c.checkTimeout)
+	c, err = parseConfig([]string{"-sync-timeout", "40ms"}, none, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, 40*time.Millisecond, c.checkTimeout, "the deprecated name still works")
+	_, err = parseConfig([]string{"-check-timeout", "-1s"}, none, io.Discard)
 	assert.Error(t, err)
 }
 
@@ -427,7 +436,10 @@ func TestOnRedisCluster(t *testing.T) {
 	for _, n := range cl.Nodes() {
 		addrs = append(addrs, n.Addr)
 	}
-	a, stop := start(t, config{redisAddr: strings.Join(addrs, ","), policyPath: writePolicy(t, t.TempDir(), testPolicy)})
+	// A generous check timeout: on a loaded machine a timed-out check goes to the failure policy, which
+	// may admit (this test is about the cluster, not about timeouts).
+	a, stop := start(t, config{redisAddr: strings.Join(addrs, ","), policyPath: writePolicy(t, t.TempDir(), testPolicy),
+		checkTimeout: time.Second})
 	codes := map[int]int{}
 	for i := 0; i < 5; i++ {
 		resp, err := http.Post("http://"+a.http+"/v1/check", "application/json",

@@ -52,14 +52,14 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 		redisAddr = m.Addr()
 		log.Warn("no -redis given: using an embedded, in-memory Redis-compatible server (miniredis); limits are " +
 			"per process and lost on exit. Pass -redis host:port to share them across replicas")
-		if cfg.syncTimeout == 0 {
-			cfg.syncTimeout = time.Second // miniredis runs Lua in Go, far slower than Redis
+		if cfg.checkTimeout == 0 {
+			cfg.checkTimeout = time.Second // miniredis runs Lua in Go, far slower than Redis
 		}
 		strictTimeout = time.Second
 	}
-	if cfg.syncTimeout > 0 {
-		hybridOpts = append(hybridOpts, hybrid.WithSyncTimeout(cfg.syncTimeout))
-		strictTimeout = max(strictTimeout, cfg.syncTimeout)
+	if cfg.checkTimeout > 0 {
+		hybridOpts = append(hybridOpts, hybrid.WithCheckTimeout(cfg.checkTimeout))
+		strictTimeout = max(strictTimeout, cfg.checkTimeout)
 	}
 	rdb := newRedisClient(redisAddr, cfg)
 	defer rdb.Close()

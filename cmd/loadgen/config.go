@@ -66,6 +66,7 @@ type config struct {
 	drift        float64
 	policy       hybrid.FailurePolicy
 	syncTimeout  time.Duration
+	leaseAdvance time.Duration
 	maxKeys      int
 
 	jsonPath, csvPath, plotPath string
@@ -167,8 +168,10 @@ func parseConfig(args []string, out io.Writer) (*config, error) {
 		syncInt      = fs.Duration("sync-interval", hybrid.DefaultSyncInterval, "hybrid: `interval` between reconciles")
 		drift        = fs.Float64("drift", hybrid.DefaultDriftThreshold, "hybrid: drift `threshold`, 0 to 1 (0 = every decision in Redis)")
 		policy       = fs.String("policy", "local-fallback", "hybrid: failure `policy`: local-fallback, fail-open or fail-closed")
-		syncTO       = fs.Duration("sync-timeout", hybrid.DefaultSyncTimeout, "hybrid: `timeout` of a synchronous Redis check (50ms on the embedded miniredis)")
+		syncTO       = fs.Duration("check-timeout", hybrid.DefaultCheckTimeout, "hybrid: `timeout` of a synchronous Redis check (50ms on the embedded miniredis)")
+		oldSyncTO    = fs.Duration("sync-timeout", 0, "deprecated: --check-timeout")
 		maxKeys      = fs.Int("max-keys", hybrid.DefaultMaxKeys, "hybrid: local key `cap` per node")
+		leaseAdv     = fs.Duration("lease-advance", hybrid.LeaseAdvance, "hybrid: refill Redis may lend ahead while a key is under its rate (`duration`, 0 to 1m; 0 = none)")
 		jsonPath     = fs.String("json", "", "write the full report as JSON to `file`")
 		csvPath      = fs.String("csv", "", "write one summary row per mode as CSV to `file`")
 		plotPath     = fs.String("plot", "", "write the admitted rate over time per mode as an SVG to `file`")
@@ -204,6 +207,9 @@ func parseConfig(args []string, out io.Writer) (*config, error) {
 			}
 		}
 	}
+	if set["sync-timeout"] && !set["check-timeout"] {
+		*syncTO, set["check-timeout"] = *oldSyncTO, true
+	}
 	routed := false // --affinity given or set by the scenario
 	fs.Visit(func(f *flag.Flag) { routed = routed || f.Name == "affinity" })
 
@@ -211,7 +217,7 @@ func parseConfig(args []string, out io.Writer) (*config, error) {
 		scenario: *scenarioName, nodes: *nodes, keys: *keys, zipfS: *zipfS, affinity: *affinity, routed: routed,
 		rate: *rateF, burst: *burst, cost: *cost,
 		duration: *duration, requests: *requests, concurrency: *conc, seed: *seed,
-		syncInterval: *syncInt, drift: *drift, syncTimeout: *syncTO, maxKeys: *maxKeys,
+		syncInterval: *syncInt, drift: *drift, syncTimeout: *syncTO, maxKeys: *maxKeys, leaseAdvance: *leaseAdv,
 		sentinelMaster: *sentinel, jsonPath: *jsonPath, csvPath: *csvPath, plotPath: *plotPath,
 		progress: *progress,
 	}
@@ -270,7 +276,9 @@ func parseConfig(args []string, out io.Writer) (*config, error) {
 	case !(c.drift >= 0 && c.drift <= 1):
 		return nil, usagef("--drift %v: want 0 to 1", c.drift)
 	case c.syncTimeout < 100*time.Microsecond || c.syncTimeout > 10*time.Second:
-		return nil, usagef("--sync-timeout %v: want 100µs to 10s", c.syncTimeout)
+		return nil, usagef("--check-timeout %v: want 100µs to 10s", c.syncTimeout)
+	case c.leaseAdvance < 0 || c.leaseAdvance > time.Minute:
+		return nil, usagef("--lease-advance %v: want 0 to 1m", c.leaseAdvance)
 	case c.maxKeys < 64:
 		return nil, usagef("--max-keys %d: want at least 64", c.maxKeys)
 	case c.progress != "auto" && c.progress != "always" && c.progress != "never":
@@ -287,7 +295,7 @@ func parseConfig(args []string, out io.Writer) (*config, error) {
 	if c.concurrency == 0 {
 		c.concurrency = 2 * c.nodes
 	}
-	if len(c.redisAddrs) == 0 && !set["sync-timeout"] {
+	if len(c.redisAddrs) == 0 && !set["check-timeout"] {
 		c.syncTimeout = embeddedSyncTimeout
 	}
 	if c.policy, err = parsePolicy(*policy); err != nil {

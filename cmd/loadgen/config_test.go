@@ -46,7 +46,7 @@ func TestParseConfigFlags(t *testing.T) {
 		}},
 		{"one address is standalone", []string{"--redis", "127.0.0.1:16379"}, func(t *testing.T, c *config) {
 			assert.Equal(t, []string{"127.0.0.1:16379"}, c.redisAddrs)
-			assert.Equal(t, hybrid.DefaultSyncTimeout, c.syncTimeout, "a real Redis gets the library's default")
+			assert.Equal(t, hybrid.DefaultCheckTimeout, c.syncTimeout, "a real Redis gets the library's default")
 		}},
 		{"several addresses are listed in order", []string{"--redis", "127.0.0.1:7000, 127.0.0.1:7001"}, func(t *testing.T, c *config) {
 			assert.Equal(t, []string{"127.0.0.1:7000", "127.0.0.1:7001"}, c.redisAddrs)
@@ -76,12 +76,16 @@ func TestParseConfigFlags(t *testing.T) {
 			assert.Equal(t, workload.Zipf, c.pattern)
 			assert.Equal(t, 1.3, c.zipfS)
 		}},
-		{"hybrid knobs", []string{"--sync-interval", "50ms", "--drift", "0", "--policy", "fail-closed", "--sync-timeout", "2ms", "--max-keys", "1000"}, func(t *testing.T, c *config) {
+		{"hybrid knobs", []string{"--sync-interval", "50ms", "--drift", "0", "--policy", "fail-closed", "--check-timeout", "2ms", "--max-keys", "1000", "--lease-advance", "2s"}, func(t *testing.T, c *config) {
+			assert.Equal(t, 2*time.Second, c.leaseAdvance)
 			assert.Equal(t, 50*time.Millisecond, c.syncInterval)
 			assert.Zero(t, c.drift)
 			assert.Equal(t, hybrid.FailClosed, c.policy)
 			assert.Equal(t, 2*time.Millisecond, c.syncTimeout)
 			assert.Equal(t, 1000, c.maxKeys)
+		}},
+		{"the deprecated --sync-timeout still sets the check timeout", []string{"--sync-timeout", "3ms"}, func(t *testing.T, c *config) {
+			assert.Equal(t, 3*time.Millisecond, c.syncTimeout)
 		}},
 		{"churn takes its demand in requests per second", []string{"--pattern", "churn", "--keys", "1000", "--rps", "500"}, func(t *testing.T, c *config) {
 			assert.Equal(t, workload.Churn, c.pattern)
@@ -216,6 +220,7 @@ func TestParseConfigRejects(t *testing.T) {
 		{[]string{"--redis", "127.0.0.1:1,"}, `bad address ""`},
 		{[]string{"--sentinel-master", "mymaster"}, "needs --redis"},
 		{[]string{"--nodes", "0"}, "--nodes 0"},
+		{[]string{"--lease-advance", "-1s"}, "--lease-advance -1s"},
 		{[]string{"--nodes", "5000"}, "--nodes 5000"},
 		{[]string{"--keys", "0"}, "--keys 0"},
 		{[]string{"--pattern", "hot", "--keys", "5"}, "single key"},
@@ -244,7 +249,8 @@ func TestParseConfigRejects(t *testing.T) {
 		{[]string{"--drift", "1.5"}, "--drift 1.5"},
 		{[]string{"--drift", "-0.1"}, "--drift -0.1"},
 		{[]string{"--policy", "yolo"}, `--policy "yolo"`},
-		{[]string{"--sync-timeout", "1µs"}, "--sync-timeout 1µs"},
+		{[]string{"--check-timeout", "1µs"}, "--check-timeout 1µs"},
+		{[]string{"--sync-timeout", "1µs"}, "--check-timeout 1µs"},
 		{[]string{"--max-keys", "10"}, "--max-keys 10"},
 		{[]string{"--load", "0"}, "--load 0"},
 		{[]string{"--load", "-2"}, "--load -2"},

@@ -61,7 +61,8 @@ func (f *fleet) newNode(mode string, c *config, rdb redis.UniversalClient, names
 			hybrid.WithSyncInterval(c.syncInterval),
 			hybrid.WithDriftThreshold(c.drift),
 			hybrid.WithFailurePolicy(c.policy),
-			hybrid.WithSyncTimeout(c.syncTimeout),
+			hybrid.WithCheckTimeout(c.syncTimeout),
+			hybrid.WithLeaseAdvance(c.leaseAdvance),
 			hybrid.WithMaxKeys(c.maxKeys))
 		if err != nil {
 			return nil, err

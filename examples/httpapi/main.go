@@ -137,7 +137,7 @@ func newService(cfg config, log *slog.Logger) (*service, error) {
 		strictTimeout = time.Second
 	}
 	if cfg.syncTimeout > 0 {
-		hybridOpts = append(hybridOpts, hybrid.WithSyncTimeout(cfg.syncTimeout))
+		hybridOpts = append(hybridOpts, hybrid.WithCheckTimeout(cfg.syncTimeout))
 		strictTimeout = max(strictTimeout, cfg.syncTimeout)
 	}
 	// MaxRetries -1: a strict script that go-redis re-sent after a timeout could count twice.

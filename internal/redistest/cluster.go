@@ -1,10 +1,12 @@
 package redistest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os/exec"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -329,4 +331,20 @@ func clusterSlotRanges(ctx context.Context, s *Server) ([]slotRange, error) {
 	}
 	slices.SortFunc(ranges, func(a, b slotRange) int { return int(a.start - b.start) })
 	return ranges, nil
+}
+
+// AwaitDialRetries waits, for up to 3s, until no go-redis connection pool is retrying a dial: after
+// a dial fails, a pool probes its server once a second from a goroutine that exits only when the
+// server answers or the client is closed, so after a master was killed for good that goroutine
+// outlives the test by up to a second, and goleak (a TestMain) would report it. Register it as the
+// test's first cleanup, so that it runs after the cleanups that close the clients.
+func AwaitDialRetries(tb testing.TB) {
+	tb.Helper()
+	buf := make([]byte, 8<<20)
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if n := runtime.Stack(buf, true); !bytes.Contains(buf[:n], []byte("pool.(*ConnPool).tryDial")) {
+			return
+		}
+	}
+	tb.Logf("a go-redis dial retry is still running after 3s")
 }

@@ -1,4 +1,4 @@
-package central
+package strict
 
 import (
 	"context"
@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/internal/redisx"
 )
 
 // strictT0 is the pinned script clock of the tests, in µs: a multiple of one minute, so windows of a
@@ -29,41 +30,18 @@ import (
 // pinned, so every TTL a scenario sets must outlast the scenario, even in a slow -race run.
 const strictT0 = int64(1763771220000000)
 
-// forEachStrictBackend runs fn on miniredis and on a real redis-server, because gopher-lua is not
-// Redis's Lua (and only Redis 7 runs the scripts with their "#!lua" line).
-func forEachStrictBackend(t *testing.T, fn func(t *testing.T, rdb redis.UniversalClient, real bool)) {
-	t.Run("miniredis", func(t *testing.T) {
-		m := miniredis.RunT(t)
-		rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
-		t.Cleanup(func() { _ = rdb.Close() })
-		fn(t, rdb, false)
-	})
-	t.Run("redis", func(t *testing.T) {
-		srv := redistest.Start(t)
-		fn(t, srv.Client(t), true)
-	})
-}
-
-func strictTestConfig(rdb redis.UniversalClient) StrictConfig {
-	return StrictConfig{
-		Client: rdb, Prefix: "t", Timeout: 2 * time.Second,
-		Breaker: BreakerConfig{Threshold: 3, Cooldown: 50 * time.Millisecond},
-	}
-}
-
-func newTestStrict(t testing.TB, rdb redis.UniversalClient, mods ...func(*StrictConfig)) *Strict {
+// newTestStrict returns a limiter with the tests' settings (prefix "t", a timeout of 2s, a breaker
+// of 3 failures and 50ms), then opts.
+func newTestStrict(t testing.TB, rdb redis.UniversalClient, opts ...Option) *Limiter {
 	t.Helper()
-	cfg := strictTestConfig(rdb)
-	for _, m := range mods {
-		m(&cfg)
-	}
-	s, err := NewStrict(cfg)
+	s, err := New(rdb, append([]Option{WithPrefix("t"), WithTimeout(2 * time.Second),
+		WithBreaker(3, 50*time.Millisecond, 0)}, opts...)...)
 	require.NoError(t, err)
 	return s
 }
 
 // at pins the scripts' clock to strictT0 + offset µs (the test-only override of Redis TIME).
-func (s *Strict) at(offset int64) { s.clock.Store(strictT0 + offset) }
+func (l *Limiter) at(offset int64) { l.clock.Store(strictT0 + offset) }
 
 // strictStep is one request of a scenario and the answer it must get.
 type strictStep struct {
@@ -81,7 +59,7 @@ const (
 	ms = time.Millisecond
 )
 
-func runStrictSteps(t *testing.T, s *Strict, rule Rule, subject string, steps []strictStep) {
+func runStrictSteps(t *testing.T, s *Limiter, rule Rule, subject string, steps []strictStep) {
 	t.Helper()
 	for i, st := range steps {
 		s.at(st.at)
@@ -117,7 +95,7 @@ var strictBucketSteps = []strictStep{ // limit 10 per 10s: one token per second
 }
 
 func TestStrictTokenBucket(t *testing.T) {
-	forEachStrictBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
+	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
 		s := newTestStrict(t, rdb)
 		rule := Rule{Name: "api", Algorithm: TokenBucket, Limit: 10, Period: 10 * time.Second}
 		runStrictSteps(t, s, rule, "alice", strictBucketSteps)
@@ -131,7 +109,7 @@ func TestStrictTokenBucket(t *testing.T) {
 }
 
 func TestStrictGCRA(t *testing.T) {
-	forEachStrictBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
+	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
 		s := newTestStrict(t, rdb)
 		rule := Rule{Name: "api", Algorithm: GCRA, Limit: 10, Period: 10 * time.Second}
 		runStrictSteps(t, s, rule, "alice", strictBucketSteps)
@@ -146,7 +124,7 @@ func TestStrictGCRA(t *testing.T) {
 func TestStrictGCRAFractionalInterval(t *testing.T) {
 	// 3 per second: T = 333333.33…µs, which no µs timestamp can hold. The burst of 3 passes, the 4th
 	// waits exactly one interval (rounded up to the µs), and a saturated run admits exactly the rate.
-	forEachStrictBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
+	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
 		s := newTestStrict(t, rdb)
 		ctx := context.Background()
 		for _, a := range []Algorithm{GCRA, TokenBucket} {
@@ -178,7 +156,7 @@ func TestStrictGCRAFractionalInterval(t *testing.T) {
 }
 
 func TestStrictFixedWindow(t *testing.T) {
-	forEachStrictBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
+	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
 		s := newTestStrict(t, rdb)
 		rule := Rule{Name: "api", Algorithm: FixedWindow, Limit: 10, Period: 10 * time.Second}
 		sec := time.Second
@@ -203,7 +181,7 @@ func TestStrictFixedWindow(t *testing.T) {
 }
 
 func TestStrictSlidingWindow(t *testing.T) {
-	forEachStrictBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
+	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
 		s := newTestStrict(t, rdb)
 		rule := Rule{Name: "api", Algorithm: SlidingWindow, Limit: 10, Period: 10 * time.Second}
 		sec := time.Second
@@ -228,7 +206,7 @@ func TestStrictSlidingWindow(t *testing.T) {
 }
 
 func TestStrictSlidingLog(t *testing.T) {
-	forEachStrictBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
+	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
 		ctx := context.Background()
 		s := newTestStrict(t, rdb)
 		rule := Rule{Name: "api", Algorithm: SlidingLog, Limit: 10, Period: 10 * time.Second}
@@ -260,7 +238,7 @@ func TestStrictSlidingLog(t *testing.T) {
 }
 
 func TestStrictSlidingLogRecoversLostSum(t *testing.T) {
-	forEachStrictBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
+	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
 		ctx := context.Background()
 		s := newTestStrict(t, rdb)
 		rule := Rule{Name: "api", Algorithm: SlidingLog, Limit: 10, Period: time.Second}
@@ -284,7 +262,7 @@ func TestStrictSlidingLogRecoversLostSum(t *testing.T) {
 }
 
 func TestStrictShaper(t *testing.T) {
-	forEachStrictBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
+	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
 		ctx := context.Background()
 		s := newTestStrict(t, rdb)
 		sh, err := s.NewShaper(ShaperRule{Name: "jobs", Limit: 10, Period: 10 * time.Second, MaxWait: 10 * time.Second})
@@ -364,7 +342,7 @@ func strictSnapshot(t *testing.T, rdb redis.UniversalClient) map[string]string {
 }
 
 func TestStrictMultiAllOrNothing(t *testing.T) {
-	forEachStrictBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
+	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
 		ctx := context.Background()
 		s := newTestStrict(t, rdb)
 		tenant := Rule{Name: "tenant", Algorithm: FixedWindow, Limit: 3, Period: time.Minute}
@@ -411,7 +389,7 @@ func TestStrictMultiAllOrNothing(t *testing.T) {
 }
 
 func TestStrictMultiSameAlgorithm(t *testing.T) {
-	forEachStrictBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
+	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
 		ctx := context.Background()
 		s := newTestStrict(t, rdb)
 		perSec := Rule{Name: "sec", Algorithm: SlidingLog, Limit: 3, Period: time.Second}
@@ -508,7 +486,7 @@ func TestStrictWindowBoundary(t *testing.T) {
 	)
 	// The buckets: 100 + 100/min · 11.97s (the last request is one step before the end) = 119.95.
 	want := map[Algorithm]int{FixedWindow: 200, SlidingLog: 100, TokenBucket: 119, GCRA: 119}
-	forEachStrictBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
+	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
 		ctx := context.Background()
 		s := newTestStrict(t, rdb)
 		for _, a := range []Algorithm{FixedWindow, SlidingWindow, SlidingLog, TokenBucket, GCRA} {
@@ -562,11 +540,11 @@ func TestStrictValidation(t *testing.T) {
 		{"empty name", with(func(r *Rule) { r.Name = "" }), "s", 1},
 		{"name with a colon", with(func(r *Rule) { r.Name = "a:b" }), "s", 1},
 		{"zero limit", with(func(r *Rule) { r.Limit = 0 }), "s", 1},
-		{"limit too large", with(func(r *Rule) { r.Limit = MaxStrictLimit + 1 }), "s", 1},
+		{"limit too large", with(func(r *Rule) { r.Limit = MaxLimit + 1 }), "s", 1},
 		{"sliding log limit too large", with(func(r *Rule) { r.Algorithm, r.Limit = SlidingLog, MaxSlidingLogLimit+1 }), "s", 1},
 		{"period too short", with(func(r *Rule) { r.Period = time.Microsecond }), "s", 1},
 		{"negative period", with(func(r *Rule) { r.Period = -time.Second }), "s", 1},
-		{"period too long", with(func(r *Rule) { r.Period = MaxStrictPeriod + time.Second }), "s", 1},
+		{"period too long", with(func(r *Rule) { r.Period = MaxPeriod + time.Second }), "s", 1},
 	} {
 		_, err := s.AllowN(ctx, tc.rule, tc.subject, tc.n)
 		assert.ErrorIs(t, err, ErrInvalid, tc.name)
@@ -577,7 +555,7 @@ func TestStrictValidation(t *testing.T) {
 		checks []Check
 	}{
 		{"no checks", "t", nil},
-		{"too many checks", "t", make([]Check, MaxStrictChecks+1)},
+		{"too many checks", "t", make([]Check, MaxChecks+1)},
 		{"empty tag", "", []Check{{Rule: ok, Subject: "s", N: 1}}},
 		{"tag with a closing brace", "x}", []Check{{Rule: ok, Subject: "s", N: 1}}},
 		{"one rule twice for a subject", "t", []Check{{Rule: ok, Subject: "s", N: 1}, {Rule: ok, Subject: "s", N: 2}}},
@@ -612,23 +590,23 @@ func TestStrictValidation(t *testing.T) {
 		require.NoError(t, err, "%v", a)
 	}
 
-	for _, cfg := range []StrictConfig{
-		{Prefix: "t", Timeout: time.Second, Breaker: BreakerConfig{Threshold: 1, Cooldown: time.Second}},
-		{Client: rdb, Prefix: "a{", Timeout: time.Second, Breaker: BreakerConfig{Threshold: 1, Cooldown: time.Second}},
-		{Client: rdb, Prefix: "t", Breaker: BreakerConfig{Threshold: 1, Cooldown: time.Second}},
-		{Client: rdb, Prefix: "t", Timeout: time.Second},
+	_, err = New(nil)
+	assert.ErrorIs(t, err, ErrInvalid, "no client")
+	for _, opt := range []Option{
+		WithPrefix(""), WithPrefix("a{"), WithPrefix("a b"), WithTimeout(0), WithTimeout(-time.Second),
+		WithBreaker(0, time.Second, 0), WithBreaker(1, 0, 0), WithBreaker(1, time.Second, -1),
 	} {
-		_, err := NewStrict(cfg)
-		assert.Error(t, err)
+		_, err := New(rdb, opt)
+		assert.ErrorIs(t, err, ErrInvalid)
 	}
 	assert.Equal(t, "sliding_log", SlidingLog.String())
 	assert.Equal(t, "Algorithm(9)", Algorithm(9).String())
 }
 
 func TestStrictScriptRejectsBadArguments(t *testing.T) {
-	forEachStrictBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
+	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
 		ctx := context.Background()
-		script := strictAll.legacy
+		script := allScript.Variant(true)
 		k1, k2 := "t:v1:{bad}:r:tb", "t:v1:{bad}:r:sl"
 		good := []any{"0", "0", "tb", "10", "1000000", "1"}
 		replace := func(i int, v any) []any {
@@ -675,29 +653,29 @@ func TestStrictScriptRejectsBadArguments(t *testing.T) {
 func TestStrictScriptsAssemble(t *testing.T) {
 	t.Parallel()
 	seen := map[string]bool{}
-	for i, sc := range append(strictByAlgo[1:], strictAll, strictShaper) {
-		require.NotNil(t, sc.std, i)
-		require.NotNil(t, sc.legacy, i)
-		assert.False(t, seen[sc.std.Hash()], "script %d is distinct", i)
-		seen[sc.std.Hash()] = true
+	for i, sc := range append(algoScripts[1:], allScript, shaperScript) {
+		require.NotNil(t, sc, i)
+		assert.NotEqual(t, sc.Variant(false).Hash(), sc.Variant(true).Hash(), "script %d has two variants", i)
+		assert.False(t, seen[sc.Variant(false).Hash()], "script %d is distinct", i)
+		seen[sc.Variant(false).Hash()] = true
 	}
-	all := assembleStrict("X")
+	all := assemble("X")
 	assert.True(t, strings.HasPrefix(all, "#!lua\n"), "the shebang stays first")
 	assert.Equal(t, 1, strings.Count(all, "\nX\n"), "spliced once")
-	assert.NotContains(t, all, strictMarker)
+	assert.NotContains(t, all, marker)
 }
 
 func TestStrictShebang(t *testing.T) {
-	forEachStrictBackend(t, func(t *testing.T, rdb redis.UniversalClient, real bool) {
+	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, real bool) {
 		s := newTestStrict(t, rdb)
 		_, err := s.Allow(context.Background(), Rule{Name: "r", Algorithm: GCRA, Limit: 1, Period: time.Second}, "s")
 		require.NoError(t, err)
-		assert.Equal(t, !real, s.legacy.Load(), "Redis 7 runs the scripts with their #!lua line; miniredis cannot")
+		assert.Equal(t, !real, s.runner.Legacy(), "Redis 7 runs the scripts with their #!lua line; miniredis cannot")
 	})
 }
 
 func TestStrictNoScriptRecovery(t *testing.T) {
-	forEachStrictBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
+	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
 		ctx := context.Background()
 		s := newTestStrict(t, rdb)
 		rule := Rule{Name: "r", Algorithm: SlidingWindow, Limit: 5, Period: time.Second}
@@ -712,13 +690,13 @@ func TestStrictNoScriptRecovery(t *testing.T) {
 }
 
 func TestStrictHashSubjects(t *testing.T) {
-	forEachStrictBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
+	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
 		ctx := context.Background()
 		rule := Rule{Name: "login", Algorithm: SlidingLog, Limit: 5, Period: time.Minute}
 		email := "alice@example.com"
-		plain := newTestStrict(t, rdb, func(c *StrictConfig) { c.HashSubjects = true })
-		keyed := newTestStrict(t, rdb, func(c *StrictConfig) { c.HashSubjects, c.HashKey = true, []byte("secret") })
-		for _, s := range []*Strict{plain, keyed} {
+		plain := newTestStrict(t, rdb, WithHashedSubjects(nil))
+		keyed := newTestStrict(t, rdb, WithHashedSubjects([]byte("secret")))
+		for _, s := range []*Limiter{plain, keyed} {
 			_, err := s.Allow(ctx, rule, email)
 			require.NoError(t, err)
 			_, err = s.AllowMulti(ctx, "tenant{a}", []Check{{Rule: rule, Subject: "10.0.0.1", N: 1}})
@@ -742,15 +720,15 @@ func TestStrictHashSubjects(t *testing.T) {
 
 func TestStrictKeys(t *testing.T) {
 	t.Parallel()
-	assert.Equal(t, "hr:v1:{acme}:api:tb:user-1", strictKey("hr", "acme", "api", "tb", "user-1"))
-	assert.Equal(t, "hr:v1:{acme}:api:tb", strictKey("hr", "acme", "api", "tb", "acme"), "the subject is the tag")
+	assert.Equal(t, "hr:v1:{acme}:api:tb:user-1", key("hr", "acme", "api", "tb", "user-1"))
+	assert.Equal(t, "hr:v1:{acme}:api:tb", key("hr", "acme", "api", "tb", "acme"), "the subject is the tag")
 	// Every key of a call starts with the same "<prefix>:v1:{<tag>}", so all share one slot, whatever
 	// the subjects (even with braces in them) and even with a '{' in the tag.
 	for _, tag := range []string{"acme", "a{b", "x", strings.Repeat("z", 300)} {
-		slot := Slot(strictKey("hr", tag, "r", "tb", tag))
+		slot := redisx.Slot(key("hr", tag, "r", "tb", tag))
 		for _, subj := range []string{"u", "{u}", "}", "a}b{c}", "\x00"} {
 			for _, code := range []string{"tb", "gcra", "fw", "sw", "sl", "sls", "lb"} {
-				assert.Equal(t, slot, Slot(strictKey("hr", tag, "r", code, subj)), "tag %q subject %q", tag, subj)
+				assert.Equal(t, slot, redisx.Slot(key("hr", tag, "r", code, subj)), "tag %q subject %q", tag, subj)
 			}
 		}
 	}
@@ -765,14 +743,14 @@ func TestStrictBreaker(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 100 * time.Millisecond,
 		DialerRetries: 1, DialerRetryTimeout: time.Millisecond})
 	t.Cleanup(func() { _ = rdb.Close() })
-	s := newTestStrict(t, rdb, func(c *StrictConfig) { c.Breaker.Cooldown = time.Hour })
+	s := newTestStrict(t, rdb, WithBreaker(3, time.Hour, 0))
 	rule := Rule{Name: "r", Algorithm: FixedWindow, Limit: 1, Period: time.Second}
 	for i := 0; i < 3; i++ {
 		_, err := s.Allow(context.Background(), rule, "s")
 		require.Error(t, err)
 		assert.True(t, IsTransport(err), "%v", err)
 	}
-	assert.Equal(t, BreakerOpen, s.Breaker().State())
+	assert.Equal(t, BreakerOpen, s.BreakerState())
 	_, err = s.Allow(context.Background(), rule, "s")
 	assert.ErrorIs(t, err, ErrUnavailable)
 	assert.Equal(t, int64(3), s.Stats().Calls.Load())
@@ -799,7 +777,7 @@ func TestStrictCluster(t *testing.T) {
 		require.NoError(t, err, tag)
 		assert.True(t, m.Allowed, tag)
 	}
-	assert.False(t, s.legacy.Load())
+	assert.False(t, s.runner.Legacy())
 }
 
 func TestStrictDecodeRejectsBadReplies(t *testing.T) {
@@ -814,9 +792,11 @@ func TestStrictDecodeRejectsBadReplies(t *testing.T) {
 		[]any{int64(1), int64(0), int64(1), int64(0), int64(0)},  // all allowed, the rule denied
 		[]any{int64(1), int64(1), int64(11), int64(0), int64(0)}, // remaining above the limit
 		[]any{int64(0), int64(0), int64(1), int64(-1), int64(0)},
+		[]any{int64(0), int64(0), int64(1), int64(1 << 62), int64(0)},  // a wait that overflows a Duration
+		[]any{int64(0), int64(0), int64(1), int64(0), int64(1e15 + 1)}, // a reset beyond the scripts' clamp
 	} {
 		var out [1]Result
-		_, err := decodeStrict(res, out[:], limit)
+		_, err := decode(res, out[:], limit)
 		assert.ErrorIs(t, err, ErrBadReply, "%v", res)
 	}
 }
@@ -824,12 +804,12 @@ func TestStrictDecodeRejectsBadReplies(t *testing.T) {
 func TestStrictRuleBounds(t *testing.T) {
 	t.Parallel()
 	assert.ErrorIs(t, Rule{Name: "r", Algorithm: GCRA, Limit: 1, Period: time.Duration(math.MaxInt64)}.Validate(), ErrInvalid)
-	assert.NoError(t, Rule{Name: "r", Algorithm: GCRA, Limit: MaxStrictLimit, Period: MaxStrictPeriod}.Validate())
+	assert.NoError(t, Rule{Name: "r", Algorithm: GCRA, Limit: MaxLimit, Period: MaxPeriod}.Validate())
 	assert.True(t, errors.Is(fmt.Errorf("x: %w", ErrInvalid), ErrInvalid))
 }
 
 func TestStrictAllowNSharesMultiCounter(t *testing.T) {
-	forEachStrictBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
+	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
 		ctx := context.Background()
 		s := newTestStrict(t, rdb)
 		rule := Rule{Name: "r", Algorithm: FixedWindow, Limit: 5, Period: time.Minute}

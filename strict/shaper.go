@@ -1,4 +1,4 @@
-package central
+package strict
 
 import (
 	"context"
@@ -10,31 +10,31 @@ import (
 
 // ErrWaitTooLong is returned by [Shaper.WaitN] when the work would have to wait longer than the
 // shaper's MaxWait or than the context's deadline allows. Nothing was booked.
-var ErrWaitTooLong = errors.New("central: shaper: wait would exceed MaxWait or the context deadline")
+var ErrWaitTooLong = errors.New("strict: shaper: wait would exceed MaxWait or the context deadline")
 
 // ShaperRule configures a [Shaper]: Limit units may run at once, then Limit per Period, evenly spaced.
 type ShaperRule struct {
 	// Name identifies the shaper in Redis keys; 1 to 64 bytes of [A-Za-z0-9_.-].
 	Name string
-	// Limit is the burst, and the units per Period; 1 to MaxStrictLimit.
+	// Limit is the burst, and the units per Period; 1 to MaxLimit.
 	Limit int64
-	// Period is the time in which Limit units may run; MinStrictPeriod to MaxStrictPeriod.
+	// Period is the time in which Limit units may run; MinPeriod to MaxPeriod.
 	Period time.Duration
 	// MaxWait is the longest delay a reservation may be given (the length of the global queue); a
-	// request that would wait longer is refused and books nothing. 0 to MaxStrictPeriod; 0 makes the
+	// request that would wait longer is refused and books nothing. 0 to MaxPeriod; 0 makes the
 	// shaper a plain limiter.
 	MaxWait time.Duration
 }
 
 // Shaper is a global leaky-bucket shaper: instead of denying, it books each request into a schedule
 // shared through Redis and says how long the caller must wait before the work may run, like
-// x/time/rate's Reserve and Wait but across every process. Create it with [Strict.NewShaper]; it is
+// x/time/rate's Reserve and Wait but across every process. Create it with [Limiter.NewShaper]; it is
 // safe for concurrent use. Most callers want [Shaper.WaitN].
 //
 // A booking cannot be cancelled: work that is abandoned after its reservation (say, its context ended
 // while it waited) still used its slot.
 type Shaper struct {
-	s    *Strict
+	l    *Limiter
 	rule ShaperRule
 }
 
@@ -47,16 +47,16 @@ type Reservation struct {
 	Delay time.Duration
 }
 
-// NewShaper validates r and returns a shaper that keeps its schedule through s.
-func (s *Strict) NewShaper(r ShaperRule) (*Shaper, error) {
+// NewShaper validates r and returns a shaper that keeps its schedule through l.
+func (l *Limiter) NewShaper(r ShaperRule) (*Shaper, error) {
 	rule := Rule{Name: r.Name, Algorithm: GCRA, Limit: r.Limit, Period: r.Period}
 	if err := rule.Validate(); err != nil {
 		return nil, err
 	}
-	if r.MaxWait < 0 || r.MaxWait > MaxStrictPeriod {
-		return nil, fmt.Errorf("%w: shaper %q: max wait %v out of range [0, %v]", ErrInvalid, r.Name, r.MaxWait, MaxStrictPeriod)
+	if r.MaxWait < 0 || r.MaxWait > MaxPeriod {
+		return nil, fmt.Errorf("%w: shaper %q: max wait %v out of range [0, %v]", ErrInvalid, r.Name, r.MaxWait, MaxPeriod)
 	}
-	return &Shaper{s: s, rule: r}, nil
+	return &Shaper{l: l, rule: r}, nil
 }
 
 // Reserve is shorthand for ReserveN(ctx, subject, 1).
@@ -66,7 +66,7 @@ func (sh *Shaper) Reserve(ctx context.Context, subject string) (Reservation, err
 
 // ReserveN books n units for subject and returns how long the caller must wait before using them.
 // A refused reservation (it would wait longer than MaxWait) is not an error and books nothing.
-// The subject is also the key's hash tag: it must not contain '}' unless HashSubjects is set.
+// The subject is also the key's hash tag: it must not contain '}' unless subjects are hashed.
 func (sh *Shaper) ReserveN(ctx context.Context, subject string, n int64) (Reservation, error) {
 	return sh.reserve(ctx, subject, n, sh.rule.MaxWait)
 }
@@ -82,7 +82,7 @@ func (sh *Shaper) Wait(ctx context.Context, subject string) error {
 func (sh *Shaper) WaitN(ctx context.Context, subject string, n int64) error {
 	limit := sh.rule.MaxWait
 	if dl, ok := ctx.Deadline(); ok {
-		left := dl.Sub(sh.s.now())
+		left := dl.Sub(sh.l.opts.now())
 		if left <= 0 {
 			return ctx.Err()
 		}
@@ -95,37 +95,37 @@ func (sh *Shaper) WaitN(ctx context.Context, subject string, n int64) error {
 	if !r.OK {
 		return fmt.Errorf("%w: %q needs %v, may wait %v", ErrWaitTooLong, subject, r.Delay, limit)
 	}
-	return sh.s.sleep(ctx, r.Delay)
+	return sh.l.sleep(ctx, r.Delay)
 }
 
 // reserve books n units, refusing a delay above maxWait.
 func (sh *Shaper) reserve(ctx context.Context, subject string, n int64, maxWait time.Duration) (Reservation, error) {
-	s := sh.s
-	if err := s.validTag(subject); err != nil {
+	l := sh.l
+	if err := l.validTag(subject); err != nil {
 		return Reservation{}, err
 	}
 	if n < 1 || n > sh.rule.Limit {
 		return Reservation{}, fmt.Errorf("%w: shaper %q: n=%d out of range [1, limit=%d]", ErrInvalid, sh.rule.Name, n, sh.rule.Limit)
 	}
-	tag := s.hashed(subject)
-	keys := []string{strictKey(s.cfg.Prefix, tag, sh.rule.Name, "lb", tag)}
+	tag := l.hashed(subject)
+	keys := []string{key(l.opts.prefix, tag, sh.rule.Name, "lb", tag)}
 	args := []any{
-		strconv.FormatInt(s.clock.Load(), 10), strconv.FormatInt(maxWait.Microseconds(), 10),
+		strconv.FormatInt(l.clock.Load(), 10), strconv.FormatInt(maxWait.Microseconds(), 10),
 		"lb", strconv.FormatInt(sh.rule.Limit, 10), strconv.FormatInt(sh.rule.Period.Microseconds(), 10),
 		strconv.FormatInt(n, 10),
 	}
-	res, err := s.call(ctx, &strictShaper, keys, args)
+	res, err := l.call(ctx, shaperScript, keys, args)
 	if err != nil {
-		return Reservation{}, fmt.Errorf("central: shaper %s on %q: %w", sh.rule.Name, subject, err)
+		return Reservation{}, fmt.Errorf("strict: shaper %s on %q: %w", sh.rule.Name, subject, err)
 	}
 	var out [1]Result
-	ok, err := decodeStrict(res, out[:], func(int) int64 { return sh.rule.Limit })
+	ok, err := decode(res, out[:], func(int) int64 { return sh.rule.Limit })
 	if err != nil {
-		s.stats.Errors.Add(1)
+		l.stats.Errors.Add(1)
 		return Reservation{}, err
 	}
 	if !ok {
-		s.stats.Denied.Add(1)
+		l.stats.Denied.Add(1)
 	}
 	return Reservation{OK: ok, Delay: out[0].RetryAfter}, nil
 }

@@ -1,4 +1,4 @@
-package central
+package strict
 
 import (
 	"context"
@@ -20,7 +20,7 @@ import (
 // Benchmarks of the strict scripts against a real redis-server on loopback, on Redis TIME (no clock
 // override). docs/algorithms.md records the numbers; run them with
 //
-//	go test -run '^$' -bench 'BenchmarkStrict' -benchtime 2s -count 5 ./central/
+//	go test -run '^$' -bench 'BenchmarkStrict' -benchtime 2s -count 5 ./strict/
 //
 // Every sub-benchmark reports allocations, ops/s and redis-µs/call: the time Redis itself spent per call
 // of the command (INFO commandstats usec_per_call), which the load of the client machine does not
@@ -123,8 +123,8 @@ func runStrictBench(b *testing.B, srv *redistest.Server, cmd string, do func(ctx
 // writes) and, on one exhausted key, the denying path (which only reads).
 func benchStrictAlgo(b *testing.B, a Algorithm) {
 	srv, rdb := strictBenchClient(b)
-	s := newTestStrict(b, rdb, func(c *StrictConfig) { c.Timeout = 5 * time.Second })
-	limit := int64(MaxStrictLimit)
+	s := newTestStrict(b, rdb, WithTimeout(5*time.Second))
+	limit := int64(MaxLimit)
 	if a == SlidingLog {
 		limit = MaxSlidingLogLimit // the hot key's log holds about one second of requests
 	}
@@ -161,8 +161,8 @@ func BenchmarkStrictSlidingLog(b *testing.B)    { benchStrictAlgo(b, SlidingLog)
 
 func BenchmarkStrictShaper(b *testing.B) {
 	srv, rdb := strictBenchClient(b)
-	s := newTestStrict(b, rdb, func(c *StrictConfig) { c.Timeout = 5 * time.Second })
-	sh, err := s.NewShaper(ShaperRule{Name: "bench", Limit: MaxStrictLimit, Period: time.Second, MaxWait: time.Second})
+	s := newTestStrict(b, rdb, WithTimeout(5*time.Second))
+	sh, err := s.NewShaper(ShaperRule{Name: "bench", Limit: MaxLimit, Period: time.Second, MaxWait: time.Second})
 	require.NoError(b, err)
 	runStrictBench(b, srv, "evalsha", func(ctx context.Context, subject string) error {
 		_, err := sh.Reserve(ctx, subject)
@@ -173,10 +173,10 @@ func BenchmarkStrictShaper(b *testing.B) {
 // BenchmarkStrictMulti checks three rules of three algorithms (per user, per IP, per tenant) in one call.
 func BenchmarkStrictMulti(b *testing.B) {
 	srv, rdb := strictBenchClient(b)
-	s := newTestStrict(b, rdb, func(c *StrictConfig) { c.Timeout = 5 * time.Second })
-	user := Rule{Name: "user", Algorithm: TokenBucket, Limit: MaxStrictLimit, Period: time.Second}
-	ip := Rule{Name: "ip", Algorithm: SlidingWindow, Limit: MaxStrictLimit, Period: time.Second}
-	tenant := Rule{Name: "tenant", Algorithm: GCRA, Limit: MaxStrictLimit, Period: time.Second}
+	s := newTestStrict(b, rdb, WithTimeout(5*time.Second))
+	user := Rule{Name: "user", Algorithm: TokenBucket, Limit: MaxLimit, Period: time.Second}
+	ip := Rule{Name: "ip", Algorithm: SlidingWindow, Limit: MaxLimit, Period: time.Second}
+	tenant := Rule{Name: "tenant", Algorithm: GCRA, Limit: MaxLimit, Period: time.Second}
 	runStrictBench(b, srv, "evalsha", func(ctx context.Context, subject string) error {
 		_, err := s.AllowMulti(ctx, "acme", []Check{
 			{Rule: user, Subject: subject, N: 1},
@@ -229,7 +229,7 @@ func TestStrictMemoryPerKey(t *testing.T) {
 		name     string
 		subjects int
 		requests int // per subject
-		do       func(s *Strict, subject string) error
+		do       func(s *Limiter, subject string) error
 		max      int64 // bound on used_memory growth per subject, bytes
 	}
 	var ms []measure
@@ -239,17 +239,17 @@ func TestStrictMemoryPerKey(t *testing.T) {
 		if a == SlidingLog {
 			bound = 600 // two keys
 		}
-		ms = append(ms, measure{a.String(), 2000, 1, func(s *Strict, subj string) error {
+		ms = append(ms, measure{a.String(), 2000, 1, func(s *Limiter, subj string) error {
 			_, err := s.Allow(ctx, rule, subj)
 			return err
 		}, bound})
 	}
 	log := Rule{Name: "api100", Algorithm: SlidingLog, Limit: 1000, Period: time.Hour}
-	ms = append(ms, measure{"sliding_log, 100 requests", 100, 100, func(s *Strict, subj string) error {
+	ms = append(ms, measure{"sliding_log, 100 requests", 100, 100, func(s *Limiter, subj string) error {
 		_, err := s.Allow(ctx, log, subj)
 		return err
 	}, 12_000})
-	ms = append(ms, measure{"shaper", 2000, 1, func(s *Strict, subj string) error {
+	ms = append(ms, measure{"shaper", 2000, 1, func(s *Limiter, subj string) error {
 		sh, err := s.NewShaper(ShaperRule{Name: "api", Limit: 1000, Period: time.Hour})
 		if err == nil {
 			_, err = sh.Reserve(ctx, subj)
@@ -258,8 +258,8 @@ func TestStrictMemoryPerKey(t *testing.T) {
 	}, 300})
 
 	// Each measure runs on a fresh client, closed before used_memory is read again.
-	newStrict := func(rdb redis.UniversalClient) *Strict {
-		return newTestStrict(t, rdb, func(c *StrictConfig) { c.Prefix, c.HashSubjects = "hr", true })
+	newStrict := func(rdb redis.UniversalClient) *Limiter {
+		return newTestStrict(t, rdb, WithPrefix("hr"), WithHashedSubjects(nil))
 	}
 	for _, m := range ms {
 		rdb := srv.Client(t, func(o *redis.Options) { o.PoolSize = 16 })

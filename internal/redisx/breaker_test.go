@@ -1,4 +1,4 @@
-package central
+package redisx
 
 import (
 	"context"
@@ -65,4 +65,31 @@ func TestBreakerRefusalNeedsNoSpan(t *testing.T) {
 		b.Fail(replyErr("WRONGPASS invalid username-password pair or user is disabled."))
 	}
 	assert.Equal(t, BreakerOpen, b.State(), "refusals open it at once")
+}
+
+func TestBreakerMinSpan(t *testing.T) {
+	now := time.Unix(0, 0)
+	b := NewBreaker(BreakerConfig{Threshold: 3, Cooldown: time.Second, MinSpan: 50 * time.Millisecond}, func() time.Time { return now })
+	for range 10 { // a burst of simultaneous timeouts: many failures, no time between them
+		require.True(t, b.Allow())
+		b.Failure()
+	}
+	assert.Equal(t, BreakerClosed, b.State(), "a momentary stall does not open the breaker")
+	now = now.Add(50 * time.Millisecond)
+	require.True(t, b.Allow())
+	b.Failure()
+	assert.Equal(t, BreakerOpen, b.State(), "failures lasting MinSpan open it")
+	assert.False(t, b.Allow(), "open: no calls")
+	now = now.Add(time.Second)
+	assert.True(t, b.Allow(), "after the cooldown, one probe")
+	assert.False(t, b.Allow(), "only one")
+	b.Success()
+	assert.Equal(t, BreakerClosed, b.State())
+	require.True(t, b.Allow())
+	b.Failure()
+	b.Success()
+	now = now.Add(time.Hour)
+	require.True(t, b.Allow())
+	b.Failure()
+	assert.Equal(t, BreakerClosed, b.State(), "a success resets the run")
 }

@@ -1,6 +1,7 @@
-package central
+package redisx
 
 import (
+	"fmt"
 	"sync"
 	"time"
 )
@@ -23,6 +24,16 @@ type BreakerConfig struct {
 	// Failure, Fail or Cancel (it may call State), and should return quickly: the call that caused
 	// the change waits for it.
 	OnStateChange func(BreakerEvent)
+}
+
+// Validate reports why c cannot configure a breaker, or nil: Threshold must be at least 1, Cooldown
+// positive and MinSpan 0 or more.
+func (c BreakerConfig) Validate() error {
+	if c.Threshold < 1 || c.Cooldown <= 0 || c.MinSpan < 0 {
+		return fmt.Errorf("breaker threshold %d, cooldown %v, min span %v: want a threshold of at least 1, a positive cooldown and a min span of 0 or more",
+			c.Threshold, c.Cooldown, c.MinSpan)
+	}
+	return nil
 }
 
 // BreakerEvent is a change of a [Breaker]'s state.

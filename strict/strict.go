@@ -1,11 +1,10 @@
-package central
+package strict
 
 import (
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -13,30 +12,54 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridrate/hybridrate/internal/limits"
+	"github.com/hybridrate/hybridrate/internal/redisx"
 )
 
-// ErrInvalid is wrapped by every error [Strict] and [Shaper] return for a request they refuse to send:
-// an invalid rule, an empty or oversized subject or tag, a cost n ≤ 0 or above the limit, duplicate
-// checks. Such a request never reaches Redis and never counts against the breaker.
-var ErrInvalid = errors.New("central: invalid request")
+// Errors returned by a [Limiter] and a [Shaper]. Redis errors are wrapped with %w.
+var (
+	// ErrInvalid is wrapped by every error for a request they refuse to send: an invalid rule, an
+	// empty or oversized subject or tag, a cost n ≤ 0 or above the limit, duplicate checks (and by
+	// [New]'s errors for an invalid option). Such a request never reaches Redis and never counts
+	// against the breaker.
+	ErrInvalid = redisx.NewError(redisx.ClassInvalid, "strict: invalid request")
+	// ErrUnavailable means the circuit breaker is open: the call was not sent. It is the same value
+	// as central.ErrUnavailable.
+	ErrUnavailable = redisx.ErrUnavailable
+	// ErrBadReply means Redis answered with a reply of an unexpected shape.
+	ErrBadReply = redisx.ErrBadReply
+)
 
-// Bounds of strict rules and requests, checked in Go before anything is sent and again by the scripts.
+// IsTransport reports whether err means that Redis could not serve the call: it was unreachable or
+// timed out, the breaker is open ([ErrUnavailable]), or Redis refused to serve (OOM, READONLY, BUSY,
+// NOAUTH, WRONGPASS, NOPERM, CLUSTERDOWN, …). These are the errors after which a caller applies its
+// failure policy (fail open, fail closed, a local limiter). It is false for nil, for [ErrInvalid],
+// for a reply Redis gave for this key alone (WRONGTYPE, [ErrBadReply]) and for a cancelled context.
+// The breaker counts exactly these errors as failures, except those of a caller that gave up.
+func IsTransport(err error) bool { return redisx.IsTransport(err) }
+
+// Version is the layout version embedded in every key: "<prefix>:v1:{tag}:rule:alg". The hybrid
+// limiter's keys ("<prefix>:v3:…", central.Version) never share a name with these.
+const Version = "v1"
+
+// Bounds of rules and requests, checked in Go before anything is sent and again by the scripts.
 const (
-	// MaxStrictLimit is the largest Limit of a strict rule.
-	MaxStrictLimit = 1_000_000_000
+	// MaxLimit is the largest Limit of a rule.
+	MaxLimit = limits.MaxLimit
 	// MaxSlidingLogLimit is the largest Limit of a [SlidingLog] rule: its key may hold that many members.
 	MaxSlidingLogLimit = 100_000
-	// MinStrictPeriod is the shortest Period of a strict rule.
-	MinStrictPeriod = time.Millisecond
-	// MaxStrictPeriod is the longest Period of a strict rule, 1e14 µs (about 3.2 years).
-	MaxStrictPeriod = 100_000_000_000_000 * time.Microsecond
-	// MaxStrictChecks is the largest number of checks in one [Strict.AllowMulti] call.
-	MaxStrictChecks = 16
+	// MinPeriod is the shortest Period of a rule.
+	MinPeriod = limits.MinPeriod
+	// MaxPeriod is the longest Period of a rule, 1e14 µs (about 3.2 years).
+	MaxPeriod = limits.MaxPeriod
+	// MaxChecks is the largest number of checks in one [Limiter.AllowMulti] call.
+	MaxChecks = 16
 	// MaxSubjectLen is the longest subject or tag, in bytes (before hashing).
 	MaxSubjectLen = 1024
 )
 
-// Algorithm selects how a strict [Rule] counts. The zero Algorithm is invalid, so a Rule whose
+// Algorithm selects how a [Rule] counts. The zero Algorithm is invalid, so a Rule whose
 // Algorithm was forgotten is refused. docs/algorithms.md compares them.
 type Algorithm uint8
 
@@ -92,7 +115,7 @@ func (a Algorithm) code() string {
 	return ""
 }
 
-// Rule is one strict limit: Limit units per Period, counted by Algorithm, for each subject.
+// Rule is one limit: Limit units per Period, counted by Algorithm, for each subject.
 type Rule struct {
 	// Name identifies the rule in Redis keys; 1 to 64 bytes of [A-Za-z0-9_.-]. Two rules with the same
 	// Name and Algorithm share their counters.
@@ -100,10 +123,10 @@ type Rule struct {
 	// Algorithm selects how the rule counts.
 	Algorithm Algorithm
 	// Limit is the burst (TokenBucket, GCRA) or the units admitted per window (the others); 1 to
-	// MaxStrictLimit (MaxSlidingLogLimit for SlidingLog).
+	// MaxLimit (MaxSlidingLogLimit for SlidingLog).
 	Limit int64
-	// Period is the window, or the time in which a token bucket refills Limit tokens; MinStrictPeriod
-	// to MaxStrictPeriod, used to the microsecond. Windows are aligned to the Unix epoch.
+	// Period is the window, or the time in which a token bucket refills Limit tokens; MinPeriod
+	// to MaxPeriod, used to the microsecond. Windows are aligned to the Unix epoch.
 	Period time.Duration
 }
 
@@ -114,12 +137,11 @@ func (r Rule) Validate() error {
 		return fmt.Errorf("%w: rule name %q: want 1 to 64 bytes of [A-Za-z0-9_.-]", ErrInvalid, r.Name)
 	case r.Algorithm.code() == "":
 		return fmt.Errorf("%w: rule %q: unknown algorithm %v", ErrInvalid, r.Name, r.Algorithm)
-	case r.Limit < 1 || r.Limit > MaxStrictLimit:
-		return fmt.Errorf("%w: rule %q: limit %d out of range [1, %d]", ErrInvalid, r.Name, r.Limit, MaxStrictLimit)
 	case r.Algorithm == SlidingLog && r.Limit > MaxSlidingLogLimit:
 		return fmt.Errorf("%w: rule %q: sliding log limit %d above %d", ErrInvalid, r.Name, r.Limit, MaxSlidingLogLimit)
-	case r.Period < MinStrictPeriod || r.Period > MaxStrictPeriod:
-		return fmt.Errorf("%w: rule %q: period %v out of range [%v, %v]", ErrInvalid, r.Name, r.Period, MinStrictPeriod, MaxStrictPeriod)
+	}
+	if err := limits.CheckWindow(r.Limit, r.Period); err != nil {
+		return fmt.Errorf("%w: rule %q: %w", ErrInvalid, r.Name, err)
 	}
 	return nil
 }
@@ -137,46 +159,21 @@ func validRuleName(s string) bool {
 	return true
 }
 
-// StrictConfig configures a [Strict]. Every field is required unless it says otherwise.
-type StrictConfig struct {
-	// Client is the Redis client: a *redis.Client, a *redis.ClusterClient or a Sentinel failover
-	// client. A call is not idempotent: a command that go-redis re-sends after a read timeout or a
-	// dropped connection may be counted twice (never admitted twice), so MaxRetries -1, or a ReadTimeout
-	// longer than Timeout, keeps every charge single.
-	Client redis.UniversalClient
-	// Prefix starts every key, e.g. "hr"; non-empty, with no braces or whitespace.
-	Prefix string
-	// HashSubjects stores subjects and tags in keys as the first 16 bytes of their SHA-256 (HMAC-SHA-256
-	// with HashKey, when set), in hex, so no raw API key, e-mail or IP address reaches Redis. Optional;
-	// false stores them as given.
-	HashSubjects bool
-	// HashKey, when HashSubjects is set and HashKey is not empty, keys the hash (HMAC-SHA-256). Without a
-	// key, a small space such as IPv4 addresses can be reversed by hashing every candidate. Optional.
-	HashKey []byte
-	// Timeout bounds one call, round trip included; positive.
-	Timeout time.Duration
-	// Breaker configures the circuit breaker in front of Redis.
-	Breaker BreakerConfig
-	// Now is the clock of the breaker and of [Shaper.WaitN]'s deadline arithmetic; nil means time.Now.
-	// The limits themselves always run on Redis TIME.
-	Now func() time.Time
-}
-
-// StrictStats counts what a [Strict] did. All fields only grow.
-type StrictStats struct {
-	Calls    atomic.Int64 // script calls sent
+// Stats counts what a [Limiter] did. All fields only grow.
+type Stats struct {
+	Calls    atomic.Int64 // script calls sent (EVALSHA and EVAL)
 	Denied   atomic.Int64 // calls answered with a denial (or a refused reservation)
 	Errors   atomic.Int64 // calls that failed (network, timeout, error reply, bad reply)
 	Rejected atomic.Int64 // calls not sent because the breaker was open
 }
 
-// Strict enforces strict limits in Redis: every request is one atomic script call, so the counts are
+// Limiter enforces strict limits in Redis: every request is one atomic script call, so the counts are
 // exact whatever the number of processes, at the price of a round trip per decision. Create it with
-// [NewStrict]; it is safe for concurrent use, and its zero value is not usable.
+// [New]; it is safe for concurrent use, and its zero value is not usable.
 //
-// Most callers want [Strict.AllowN] for one rule, or [Strict.AllowMulti] for several rules that must
-// all admit a request (per API key, per tenant, per user) or none of them counts it. [Strict.NewShaper]
-// returns a global leaky-bucket shaper that delays work instead of denying it.
+// Most callers want [Limiter.AllowN] for one rule, or [Limiter.AllowMulti] for several rules that
+// must all admit a request (per API key, per tenant, per user) or none of them counts it.
+// [Limiter.NewShaper] returns a global leaky-bucket shaper that delays work instead of denying it.
 //
 // # Keys
 //
@@ -184,55 +181,73 @@ type StrictStats struct {
 // caller of AllowMulti and is the subject itself for AllowN (the subject part is then left out). All
 // keys of one call share the tag, so they share a Redis Cluster slot by construction: a CROSSSLOT error
 // cannot happen. The tag is part of a counter's identity: check a rule for a subject with the same tag
-// every time. With HashSubjects, tags and subjects appear in keys only as hashes.
+// every time. With [WithHashedSubjects], tags and subjects appear in keys only as hashes.
+//
+// # Redis failures
+//
+// A circuit breaker ([WithBreaker]) keeps a sick Redis off the request path: while it is open, calls
+// fail at once with [ErrUnavailable]. A call whose context the caller cancelled, or whose deadline
+// (shorter than [WithTimeout]'s) passed, counts neither as a failure nor as a success. After a call
+// that Redis did not serve, a Cluster client reloads its slot map, so that a failover is followed
+// within moments instead of at go-redis's periodic reload.
 //
 // # Retries
 //
-// A call is not idempotent; see [StrictConfig.Client] for the go-redis settings that keep a re-sent
-// command from charging twice.
+// A call is not idempotent: a command that go-redis re-sends after a read timeout or a dropped
+// connection may be counted twice (never admitted twice), so a client with MaxRetries -1, or a
+// ReadTimeout longer than the limiter's timeout, keeps every charge single.
 //
 // # Clock
 //
 // The scripts read Redis TIME; a process's clock never decides a refill or a window. Every key has a
 // TTL of at least the time its state matters (the time to full refill, or the rest of the window), so
 // idle subjects cost no memory.
-type Strict struct {
-	cfg     StrictConfig
-	now     func() time.Time
-	breaker *Breaker
-	legacy  atomic.Bool                                      // the server rejected the "#!lua" line; use the scripts without it
-	clock   atomic.Int64                                     // test-only time override in µs; 0 means Redis TIME
-	sleep   func(ctx context.Context, d time.Duration) error // WaitN's sleeper; tests replace it
-	stats   StrictStats
+type Limiter struct {
+	rdb    redis.UniversalClient
+	opts   options
+	guard  *redisx.Guard
+	runner redisx.Runner                                    // counts into stats.Calls
+	clock  atomic.Int64                                     // test-only time override in µs; 0 means Redis TIME
+	sleep  func(ctx context.Context, d time.Duration) error // WaitN's sleeper; tests replace it
+	stats  Stats
 }
 
-// NewStrict validates cfg and returns a Strict. It does no I/O; scripts are loaded on first use.
-func NewStrict(cfg StrictConfig) (*Strict, error) {
-	switch {
-	case cfg.Client == nil:
-		return nil, errors.New("central: nil redis client")
-	case !validPrefix(cfg.Prefix):
-		return nil, ErrBadPrefix
-	case cfg.Timeout <= 0:
-		return nil, errors.New("central: strict Timeout must be positive")
-	case cfg.Breaker.Threshold < 1 || cfg.Breaker.Cooldown <= 0:
-		return nil, errors.New("central: breaker needs Threshold ≥ 1 and a positive Cooldown")
+// New returns a Limiter that keeps its counters in rdb: a *redis.Client, a *redis.ClusterClient or
+// a Sentinel failover client. It returns the first error of the options (wrapping [ErrInvalid]), and
+// does no I/O; scripts are loaded on first use.
+func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
+	if rdb == nil {
+		return nil, fmt.Errorf("%w: nil redis client", ErrInvalid)
 	}
-	now := cfg.Now
-	if now == nil {
-		now = time.Now
+	o := newOptions()
+	for _, opt := range opts {
+		if err := opt.apply(&o); err != nil {
+			return nil, err
+		}
 	}
-	cfg.HashKey = append([]byte(nil), cfg.HashKey...)
-	return &Strict{cfg: cfg, now: now, breaker: NewBreaker(cfg.Breaker, now), sleep: sleepCtx}, nil
+	l := &Limiter{rdb: rdb, opts: o, guard: redisx.NewGuard(redisx.NewBreaker(o.breaker, o.now), rdb), sleep: sleepCtx}
+	l.runner.Commands = &l.stats.Calls
+	return l, nil
 }
 
-// Breaker returns the circuit breaker.
-func (s *Strict) Breaker() *Breaker { return s.breaker }
+// BreakerState is the state of the circuit breaker; its String method returns "closed", "open" or
+// "half-open".
+type BreakerState = redisx.BreakerState
+
+// The breaker states.
+const (
+	BreakerClosed   = redisx.BreakerClosed   // calls go to Redis
+	BreakerOpen     = redisx.BreakerOpen     // calls fail fast with ErrUnavailable
+	BreakerHalfOpen = redisx.BreakerHalfOpen // one probe call is in flight; the others fail fast
+)
+
+// BreakerState returns the current state of the circuit breaker.
+func (l *Limiter) BreakerState() BreakerState { return l.guard.Breaker().State() }
 
 // Stats returns the counters.
-func (s *Strict) Stats() *StrictStats { return &s.stats }
+func (l *Limiter) Stats() *Stats { return &l.stats }
 
-// Result is a strict rule's answer for one subject. The zero Result denies.
+// Result is a rule's answer for one subject. The zero Result denies.
 type Result struct {
 	// Allowed reports whether the request was admitted and counted. In a [MultiResult] it reports
 	// whether this rule had room; the request was counted only if [MultiResult.Allowed].
@@ -249,14 +264,14 @@ type Result struct {
 	ResetAfter time.Duration
 }
 
-// Check is one rule to apply to one subject within [Strict.AllowMulti].
+// Check is one rule to apply to one subject within [Limiter.AllowMulti].
 type Check struct {
 	Rule    Rule   // the limit to apply
 	Subject string // who is limited; non-empty, at most MaxSubjectLen bytes
 	N       int64  // the request's cost under this rule; 1 to Rule.Limit
 }
 
-// MultiResult is the answer of [Strict.AllowMulti]. The zero MultiResult denies.
+// MultiResult is the answer of [Limiter.AllowMulti]. The zero MultiResult denies.
 type MultiResult struct {
 	// Allowed reports whether every rule had room, in which case every rule counted the request;
 	// when false, no rule counted anything.
@@ -268,18 +283,19 @@ type MultiResult struct {
 }
 
 // Allow is shorthand for AllowN(ctx, rule, subject, 1).
-func (s *Strict) Allow(ctx context.Context, rule Rule, subject string) (Result, error) {
-	return s.AllowN(ctx, rule, subject, 1)
+func (l *Limiter) Allow(ctx context.Context, rule Rule, subject string) (Result, error) {
+	return l.AllowN(ctx, rule, subject, 1)
 }
 
 // AllowN reports whether a request of cost n by subject is admitted under rule, and counts it if so,
 // in one atomic script call. A denial is not an error: an error means no decision was made (invalid
-// input, wrapping [ErrInvalid]; [ErrUnavailable] while the breaker is open; or a Redis failure).
-// The subject is also the hash tag of the key, so it must not contain '}' unless HashSubjects is set.
-func (s *Strict) AllowN(ctx context.Context, rule Rule, subject string, n int64) (Result, error) {
+// input, wrapping [ErrInvalid]; [ErrUnavailable] while the breaker is open; or a Redis failure, for
+// which [IsTransport] is true unless Redis refused this key alone). The subject is also the hash tag
+// of the key, so it must not contain '}' unless subjects are hashed ([WithHashedSubjects]).
+func (l *Limiter) AllowN(ctx context.Context, rule Rule, subject string, n int64) (Result, error) {
 	checks := [1]Check{{Rule: rule, Subject: subject, N: n}}
 	var out [1]Result
-	allowed, _, err := s.evaluate(ctx, subject, checks[:], out[:])
+	allowed, _, err := l.evaluate(ctx, subject, checks[:], out[:])
 	if err != nil {
 		return Result{}, err
 	}
@@ -290,11 +306,11 @@ func (s *Strict) AllowN(ctx context.Context, rule Rule, subject string, n int64)
 // AllowMulti applies every check to one request in one atomic script call: if every rule has room,
 // every rule counts the request; if any rule denies, none counts anything. All the keys of the call
 // carry tag as their hash tag (typically the tenant), so they live in one Redis Cluster slot; the tag
-// must be non-empty, at most MaxSubjectLen bytes and, unless HashSubjects is set, free of '}'.
-// Checks must name distinct (rule, subject) pairs; there may be 1 to MaxStrictChecks of them.
-func (s *Strict) AllowMulti(ctx context.Context, tag string, checks []Check) (MultiResult, error) {
+// must be non-empty, at most MaxSubjectLen bytes and, unless subjects are hashed, free of '}'.
+// Checks must name distinct (rule, subject) pairs; there may be 1 to MaxChecks of them.
+func (l *Limiter) AllowMulti(ctx context.Context, tag string, checks []Check) (MultiResult, error) {
 	out := make([]Result, len(checks))
-	allowed, retry, err := s.evaluate(ctx, tag, checks, out)
+	allowed, retry, err := l.evaluate(ctx, tag, checks, out)
 	if err != nil {
 		return MultiResult{}, err
 	}
@@ -302,12 +318,12 @@ func (s *Strict) AllowMulti(ctx context.Context, tag string, checks []Check) (Mu
 }
 
 // evaluate validates the checks, runs the script and decodes its reply into out.
-func (s *Strict) evaluate(ctx context.Context, tag string, checks []Check, out []Result) (bool, time.Duration, error) {
-	if err := s.validTag(tag); err != nil {
+func (l *Limiter) evaluate(ctx context.Context, tag string, checks []Check, out []Result) (bool, time.Duration, error) {
+	if err := l.validTag(tag); err != nil {
 		return false, 0, err
 	}
-	if len(checks) < 1 || len(checks) > MaxStrictChecks {
-		return false, 0, fmt.Errorf("%w: %d checks: want 1 to %d", ErrInvalid, len(checks), MaxStrictChecks)
+	if len(checks) < 1 || len(checks) > MaxChecks {
+		return false, 0, fmt.Errorf("%w: %d checks: want 1 to %d", ErrInvalid, len(checks), MaxChecks)
 	}
 	same := true
 	for i, c := range checks {
@@ -327,34 +343,34 @@ func (s *Strict) evaluate(ctx context.Context, tag string, checks []Check, out [
 		}
 		same = same && c.Rule.Algorithm == checks[0].Rule.Algorithm
 	}
-	script := &strictAll
+	script := allScript
 	if same {
-		script = &strictByAlgo[checks[0].Rule.Algorithm]
+		script = algoScripts[checks[0].Rule.Algorithm]
 	}
-	htag := s.hashed(tag)
+	htag := l.hashed(tag)
 	keys := make([]string, 0, 2*len(checks))
 	args := make([]any, 0, 2+4*len(checks))
-	args = append(args, strconv.FormatInt(s.clock.Load(), 10), "0")
+	args = append(args, strconv.FormatInt(l.clock.Load(), 10), "0")
 	for _, c := range checks {
-		subj := s.hashed(c.Subject)
+		subj := l.hashed(c.Subject)
 		if c.Subject == tag {
 			subj = htag
 		}
 		code := c.Rule.Algorithm.code()
-		keys = append(keys, strictKey(s.cfg.Prefix, htag, c.Rule.Name, code, subj))
+		keys = append(keys, key(l.opts.prefix, htag, c.Rule.Name, code, subj))
 		if c.Rule.Algorithm == SlidingLog {
-			keys = append(keys, strictKey(s.cfg.Prefix, htag, c.Rule.Name, "sls", subj))
+			keys = append(keys, key(l.opts.prefix, htag, c.Rule.Name, "sls", subj))
 		}
 		args = append(args, code, strconv.FormatInt(c.Rule.Limit, 10),
 			strconv.FormatInt(c.Rule.Period.Microseconds(), 10), strconv.FormatInt(c.N, 10))
 	}
-	res, err := s.call(ctx, script, keys, args)
+	res, err := l.call(ctx, script, keys, args)
 	if err != nil {
-		return false, 0, fmt.Errorf("central: strict %s on %q: %w", checks[0].Rule.Name, tag, err)
+		return false, 0, fmt.Errorf("strict: %s on %q: %w", checks[0].Rule.Name, tag, err)
 	}
-	allowed, err := decodeStrict(res, out, func(i int) int64 { return checks[i].Rule.Limit })
+	allowed, err := decode(res, out, func(i int) int64 { return checks[i].Rule.Limit })
 	if err != nil {
-		s.stats.Errors.Add(1)
+		l.stats.Errors.Add(1)
 		return false, 0, err
 	}
 	var retry time.Duration
@@ -366,30 +382,30 @@ func (s *Strict) evaluate(ctx context.Context, tag string, checks []Check, out [
 		}
 	}
 	if !allowed {
-		s.stats.Denied.Add(1)
+		l.stats.Denied.Add(1)
 	}
 	return allowed, retry, nil
 }
 
 // validTag checks a hash tag (or an AllowN subject, which is its own tag).
-func (s *Strict) validTag(tag string) error {
+func (l *Limiter) validTag(tag string) error {
 	switch {
 	case tag == "" || len(tag) > MaxSubjectLen:
 		return fmt.Errorf("%w: tag or subject of %d bytes: want 1 to %d", ErrInvalid, len(tag), MaxSubjectLen)
-	case !s.cfg.HashSubjects && strings.IndexByte(tag, '}') >= 0:
-		return fmt.Errorf("%w: tag %q contains '}', which would end the hash tag early (set HashSubjects)", ErrInvalid, tag)
+	case !l.opts.hash && strings.IndexByte(tag, '}') >= 0:
+		return fmt.Errorf("%w: tag %q contains '}', which would end the hash tag early (hash the subjects)", ErrInvalid, tag)
 	}
 	return nil
 }
 
 // hashed returns x as it appears in keys: itself, or 32 hex digits of its (keyed) SHA-256.
-func (s *Strict) hashed(x string) string {
-	if !s.cfg.HashSubjects {
+func (l *Limiter) hashed(x string) string {
+	if !l.opts.hash {
 		return x
 	}
 	var sum [sha256.Size]byte
-	if len(s.cfg.HashKey) > 0 {
-		mac := hmac.New(sha256.New, s.cfg.HashKey)
+	if len(l.opts.hashKey) > 0 {
+		mac := hmac.New(sha256.New, l.opts.hashKey)
 		mac.Write([]byte(x))
 		mac.Sum(sum[:0])
 	} else {
@@ -398,61 +414,40 @@ func (s *Strict) hashed(x string) string {
 	return hex.EncodeToString(sum[:16])
 }
 
-// strictKey returns "<prefix>:v1:{<tag>}:<rule>:<code>:<subject>", without the ":<subject>" part when
+// key returns "<prefix>:v1:{<tag>}:<rule>:<code>:<subject>", without the ":<subject>" part when
 // the subject is the tag. Rule names and codes contain no ':' and subjects are never empty, so two
 // different (tag, rule, code, subject) always give two different keys.
-func strictKey(prefix, tag, rule, code, subject string) string {
-	k := prefix + ":" + StrictVersion + ":{" + tag + "}:" + rule + ":" + code
+func key(prefix, tag, rule, code, subject string) string {
+	k := prefix + ":" + Version + ":{" + tag + "}:" + rule + ":" + code
 	if subject != tag {
 		k += ":" + subject
 	}
 	return k
 }
 
-// call runs one strict script with the breaker, the timeout, NOSCRIPT recovery (Script.Run falls back
-// to EVAL) and the switch to shebang-less scripts for servers that predate Redis 7 script flags.
-func (s *Strict) call(ctx context.Context, sc *strictScript, keys []string, args []any) (any, error) {
-	if !s.breaker.Allow() {
-		s.stats.Rejected.Add(1)
+// call runs one script with the breaker, the timeout, NOSCRIPT recovery and the switch to
+// shebang-less scripts for servers that predate Redis 7 script flags (redisx.Runner), and records the
+// outcome (redisx.Guard: a caller that gave up says nothing about Redis; a Cluster reloads its slot
+// map after a failure).
+func (l *Limiter) call(ctx context.Context, sc *redisx.Script, keys []string, args []any) (any, error) {
+	if !l.guard.Allow() {
+		l.stats.Rejected.Add(1)
 		return nil, ErrUnavailable
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	caller := ctx
+	ctx, cancel := context.WithTimeout(ctx, l.opts.timeout)
 	defer cancel()
-	var res any
-	var err error
-	for attempt := 0; attempt < 2; attempt++ {
-		legacy := s.legacy.Load()
-		script := sc.std
-		if legacy {
-			script = sc.legacy
-		}
-		s.stats.Calls.Add(1)
-		res, err = script.Run(ctx, s.cfg.Client, keys, args...).Result()
-		if err != nil && !legacy && isShebangUnsupported(err) {
-			s.legacy.Store(true)
-			continue
-		}
-		break
+	res, err := l.runner.Run(ctx, l.rdb, sc, keys, args...)
+	if err != nil {
+		l.stats.Errors.Add(1)
 	}
-	switch {
-	case err == nil:
-		s.breaker.Success()
-	case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
-		s.stats.Errors.Add(1)
-		s.breaker.Cancel()
-	case !unhealthy(err):
-		s.stats.Errors.Add(1)
-		s.breaker.Success() // a per-key fault: Redis is up
-	default:
-		s.stats.Errors.Add(1)
-		s.breaker.Fail(err)
-	}
+	l.guard.Done(caller, err)
 	return res, err
 }
 
-// decodeStrict decodes a strict reply, {all, then ok, remaining, wait_us, reset_us per rule}, into out
+// decode decodes a strict reply, {all, then ok, remaining, wait_us, reset_us per rule}, into out
 // (Allowed is set to the rule's own ok, RetryAfter to its wait) and returns all.
-func decodeStrict(res any, out []Result, limit func(i int) int64) (bool, error) {
+func decode(res any, out []Result, limit func(i int) int64) (bool, error) {
 	vals, ok := res.([]any)
 	if !ok || len(vals) != 1+4*len(out) {
 		return false, fmt.Errorf("%w: want %d integers, got %T of length %d", ErrBadReply, 1+4*len(out), res, lenOf(res))
@@ -471,7 +466,10 @@ func decodeStrict(res any, out []Result, limit func(i int) int64) (bool, error) 
 			v[j] = x
 		}
 		lim := limit(i)
-		if v[0] < 0 || v[0] > 1 || v[1] < 0 || v[1] > lim || v[2] < 0 || v[3] < 0 || all == 1 && v[0] == 0 {
+		// The scripts clamp both durations to 1e15µs (about 31 years); a larger value would overflow
+		// time.Duration into a wrong (even negative) wait.
+		if v[0] < 0 || v[0] > 1 || v[1] < 0 || v[1] > lim || v[2] < 0 || v[3] < 0 || v[2] > 1e15 || v[3] > 1e15 ||
+			all == 1 && v[0] == 0 {
 			return false, fmt.Errorf("%w: rule %d values out of range %v", ErrBadReply, i, v)
 		}
 		out[i] = Result{
@@ -498,4 +496,12 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// lenOf returns the length of an array reply, or -1, for error messages.
+func lenOf(x any) int {
+	if v, ok := x.([]any); ok {
+		return len(v)
+	}
+	return -1
 }

@@ -1,4 +1,4 @@
-package central
+package redisx
 
 import (
 	"context"
@@ -8,6 +8,32 @@ import (
 
 	"github.com/redis/go-redis/v9"
 )
+
+// Errors shared by every package that calls Redis through this one. The public packages re-export
+// them (central.ErrUnavailable, strict.ErrUnavailable are this same value), so errors.Is works with
+// either name.
+var (
+	// ErrUnavailable means the breaker is open: the call was not sent.
+	ErrUnavailable = errors.New("hybridrate: redis unavailable (circuit breaker open)")
+	// ErrBadReply means Redis answered with a reply of an unexpected shape.
+	ErrBadReply = errors.New("hybridrate: unexpected reply from redis")
+)
+
+// classed is a sentinel error that carries its class; see [NewError].
+type classed struct {
+	msg   string
+	class ErrorClass
+}
+
+func (e *classed) Error() string { return e.msg }
+
+// NewError returns a sentinel error with the message msg that [Class] sorts into class (and so does
+// any error that wraps it). Packages declare their own sentinels with it, named after themselves:
+// central.ErrInvalid is NewError(ClassInvalid, "central: invalid request"). Only ClassInvalid and
+// ClassBadKey make sense. An error of ClassBadKey whose text shows that the script met a refusal
+// (a write that met OOM, an ACL) is ClassRefused instead: a script that catches the error of a call
+// reports it as a per-key fault, with the message.
+func NewError(class ErrorClass, msg string) error { return &classed{msg: msg, class: class} }
 
 // ErrorClass says what an error from this package (or from go-redis) means for the caller: whether
 // Redis is reachable and willing to serve, and so whether the failure policy and the circuit breaker
@@ -31,12 +57,13 @@ const (
 	// as for ClassTransport; the failure policy decides.
 	ClassRefused
 	// ClassBadKey: Redis is up and served the call, but could not apply it to this key: WRONGTYPE
-	// (something else owns the key), a script error, ErrBadKey (a key the script could not
-	// process), or a reply of an unexpected shape. It says
+	// (something else owns the key), a script error, a key the script could not process (a
+	// [NewError] of this class, such as central.ErrBadKey), or a reply of an unexpected shape
+	// ([ErrBadReply]). It says
 	// nothing about Redis's health: the breaker counts it as a success.
 	ClassBadKey
-	// ClassInvalid: the request was refused before it was sent (ErrInvalid, ErrBadPrefix): our own
-	// validation.
+	// ClassInvalid: the request was refused before it was sent (a [NewError] of this class, such as
+	// central.ErrInvalid or strict.ErrInvalid): our own validation.
 	ClassInvalid
 	// ClassCanceled: the caller's context was cancelled; nothing is known about Redis.
 	ClassCanceled
@@ -72,9 +99,10 @@ var refusedPrefixes = []string{
 	"ERR Client sent AUTH, but no password is set", // Redis before 6
 }
 
-// Class classifies err. Call it on errors from [Client.Take], [Client.Reconcile] (or one of its
-// per-update errors), [Strict] calls and bans; it understands errors wrapped with %w.
+// Class classifies err. Call it on errors of the calls of packages central and strict; it
+// understands errors wrapped with %w.
 func Class(err error) ErrorClass {
+	var ce *classed
 	switch {
 	case err == nil:
 		return ClassNone
@@ -82,9 +110,9 @@ func Class(err error) ErrorClass {
 		return ClassTransport
 	case errors.Is(err, context.Canceled):
 		return ClassCanceled
-	case errors.Is(err, ErrInvalid), errors.Is(err, ErrBadPrefix):
-		return ClassInvalid
-	case errors.Is(err, ErrBadKey):
+	case errors.As(err, &ce) && ce.class != ClassBadKey:
+		return ce.class
+	case ce != nil:
 		// A key the script could not process (the script caught the error): a per-key fault, unless
 		// what it caught was a refusal of the write or of the command (a write met OOM, an ACL).
 		if msg := err.Error(); strings.Contains(msg, "The user executing the script can't") ||
@@ -125,8 +153,13 @@ func Class(err error) ErrorClass {
 	return ClassBadKey
 }
 
-// unhealthy reports whether err should count as a breaker failure: Redis did not serve the call.
-func unhealthy(err error) bool {
+// IsTransport reports whether err means Redis could not serve the call, so that the failure policy
+// should decide: [Class] is ClassTransport (unreachable, timed out, breaker open, or an error it does
+// not recognise) or ClassRefused (an error reply with which Redis refuses writes or this client:
+// OOM, READONLY, BUSY, NOAUTH, WRONGPASS, NOPERM, ...). It is false for a nil error, a per-key fault
+// (ClassBadKey), a request refused before sending (ClassInvalid) and a cancelled caller. The breaker
+// counts exactly these errors as failures.
+func IsTransport(err error) bool {
 	c := Class(err)
 	return c == ClassTransport || c == ClassRefused
 }

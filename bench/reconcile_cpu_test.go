@@ -1,0 +1,133 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridrate/hybridrate/central"
+	"github.com/hybridrate/hybridrate/internal/redisx"
+)
+
+// BenchmarkReconcileRedisCPU measures Redis's own CPU in reconcile.lua: the usec of EVALSHA in INFO
+// commandstats (it includes the commands the script runs), per script call and per key. One round is
+// 8 nodes reconciling the same 200 keys, in script calls of keys-per-call keys; every key holds a
+// bucket and 8 node records (a warm-up round creates them before the timer). n=0 is a background
+// reconcile, n=1 a synchronous call. Each node consumes 2 tokens per key and round, declares a
+// demand with a fraction and asks for a lease. The figures to read are redis-µs/call and
+// redis-µs/key; run with -benchtime=Nx so every run does the same work, and repeat (-count): the
+// figures are as noisy as the machine.
+//
+// HYBRIDRATE_BENCH_REDIS=host:port runs against that server instead of one started for the benchmark
+// (its statistics are reset).
+func BenchmarkReconcileRedisCPU(b *testing.B) {
+	var rdb *redis.Client
+	if addr := os.Getenv("HYBRIDRATE_BENCH_REDIS"); addr != "" {
+		rdb = redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, PoolSize: 16})
+		b.Cleanup(func() { _ = rdb.Close() })
+	} else {
+		_, rdb = startRedis(b)
+	}
+	const nodes, nkeys = 8, 200
+	keys := names(nkeys)
+	ctx := context.Background()
+	for _, perCall := range []int{1, 5, 20} {
+		for _, n := range []int64{0, 1} {
+			b.Run(fmt.Sprintf("keys-per-call=%d/n=%d", perCall, n), func(b *testing.B) {
+				inc := incarnation.Add(1) // a fresh prefix per run: b.N ramp-up calls this function again
+				prefix := "cpu" + strconv.FormatUint(inc, 10)
+				type node struct {
+					c    *central.Client
+					ups  []central.Update
+					out  []central.State
+					errs []error
+				}
+				ns := make([]*node, nodes)
+				for i := range ns {
+					c, err := central.New(central.Config{
+						Client: rdb, Prefix: prefix, NodeID: "node" + strconv.Itoa(i),
+						SyncTimeout: time.Second, FlushTimeout: 10 * time.Second, MaxBatch: perCall,
+						PruneAge: 10 * time.Minute, Recount: time.Minute, ActiveWindow: 16 * time.Second,
+						Horizon: 4 * time.Second,
+						Breaker: redisx.BreakerConfig{Threshold: 5, Cooldown: 500 * time.Millisecond},
+					})
+					if err != nil {
+						b.Fatal(err)
+					}
+					nd := &node{c: c, ups: make([]central.Update, nkeys), out: make([]central.State, nkeys),
+						errs: make([]error, nkeys)}
+					for k := range nd.ups {
+						nd.ups[k] = central.Update{Key: keys[k], Limit: central.Limit{Rate: 1000, Burst: 500},
+							Inc: 1, Demand: 12.5 + float64(i), Want: 20, N: n}
+					}
+					ns[i] = nd
+				}
+				round := func() {
+					for _, nd := range ns {
+						for k := range nd.ups {
+							u := &nd.ups[k]
+							u.Acked, u.UAcked = nd.out[k].Charged, u.Used
+							u.Cum += 2
+							u.Used = u.Cum
+						}
+						if err := nd.c.Reconcile(ctx, nd.ups, nd.out, nd.errs); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+				round() // create the buckets and the node records outside the timer
+				if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+					b.Fatal(err)
+				}
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					round()
+				}
+				b.StopTimer()
+				calls, usec := evalshaStats(b, rdb)
+				if want := int64(b.N * nodes * ((nkeys + perCall - 1) / perCall)); calls != want {
+					b.Fatalf("%d EVALSHA calls, want %d", calls, want)
+				}
+				b.ReportMetric(float64(usec)/float64(calls), "redis-µs/call")
+				b.ReportMetric(float64(usec)/float64(b.N*nodes*nkeys), "redis-µs/key")
+			})
+		}
+	}
+}
+
+// evalshaStats returns the calls and usec of EVALSHA from INFO commandstats.
+func evalshaStats(tb testing.TB, rdb *redis.Client) (calls, usec int64) {
+	tb.Helper()
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for line := range strings.Lines(info) {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:")
+		if !ok {
+			continue
+		}
+		for f := range strings.SplitSeq(rest, ",") {
+			k, v, _ := strings.Cut(f, "=")
+			switch k {
+			case "calls":
+				calls, err = strconv.ParseInt(v, 10, 64)
+			case "usec":
+				usec, err = strconv.ParseInt(v, 10, 64)
+			}
+			if err != nil {
+				tb.Fatalf("commandstats %q: %v", line, err)
+			}
+		}
+	}
+	if calls == 0 {
+		tb.Fatal("no EVALSHA in INFO commandstats")
+	}
+	return calls, usec
+}

@@ -1,0 +1,65 @@
+package concurrency
+
+// This file holds the package's only uses of the shared Redis plumbing (internal/redisx): its error
+// classes and its circuit breaker.
+
+import (
+	"errors"
+	"log/slog"
+
+	"github.com/hybridrate/hybridrate/internal/redisx"
+)
+
+// fault is what a failed Redis call means for the failure policy and the breaker.
+type fault uint8
+
+const (
+	faultNone     fault = iota
+	faultCanceled       // the caller's context ended: nothing is known about Redis
+	faultRedis          // Redis did not serve the call (transport, timeout, a refusal): a breaker failure
+	faultKey            // Redis served the call but could not apply it to this key (WRONGTYPE, a bad reply)
+)
+
+// classify maps an error of a Redis call to its fault.
+func classify(err error) fault {
+	if errors.Is(err, errBadReply) {
+		return faultKey
+	}
+	switch redisx.Class(err) {
+	case redisx.ClassNone:
+		return faultNone
+	case redisx.ClassCanceled:
+		return faultCanceled
+	case redisx.ClassBadKey, redisx.ClassInvalid:
+		return faultKey
+	}
+	return faultRedis
+}
+
+// breaker guards Redis with the shared consecutive-failure breaker.
+type breaker struct{ b *redisx.Breaker }
+
+func newBreaker(log *slog.Logger) breaker {
+	return breaker{redisx.NewBreaker(redisx.BreakerConfig{
+		Threshold: breakerThreshold, Cooldown: breakerCooldown, MinSpan: breakerMinSpan,
+		OnStateChange: func(ev redisx.BreakerEvent) {
+			log.Warn("concurrency: redis circuit breaker", "from", ev.From.String(), "to", ev.To.String(),
+				"failures", ev.Failures, "err", ev.Err)
+		},
+	}, nil)}
+}
+
+// allow reports whether a call may go to Redis now; a true answer must be followed by one done.
+func (b breaker) allow() bool { return b.b.Allow() }
+
+// done records the outcome of an allowed call, whose fault is f.
+func (b breaker) done(f fault, err error) {
+	switch f {
+	case faultRedis:
+		b.b.Fail(err)
+	case faultCanceled:
+		b.b.Cancel()
+	default:
+		b.b.Success()
+	}
+}

@@ -1,0 +1,112 @@
+package concurrency
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+)
+
+// Lease is the answer to [Limiter.TryAcquire] or [Limiter.Acquire]: when [Lease.Acquired] reports
+// true, a slot of its key held until [Lease.Release] or until its TTL passes. A Lease that was not
+// acquired says why in its other methods, and releasing it does nothing; so does the zero Lease. Its
+// methods are safe for concurrent use.
+type Lease struct {
+	l          *Limiter
+	key        string
+	id         string // the lease's member in Redis: the Limiter's tag and num
+	num        uint64 // the lease's number in this Limiter, its id in the local semaphore
+	acquired   bool
+	source     Source
+	inFlight   int
+	retryAfter time.Duration
+	released   atomic.Bool
+}
+
+// Acquired reports whether the lease holds a slot.
+func (ls *Lease) Acquired() bool { return ls.acquired }
+
+// Key returns the key the lease was asked for.
+func (ls *Lease) Key() string { return ls.key }
+
+// Source returns who decided: SourceRedis normally, or the failure policy while Redis could not.
+func (ls *Lease) Source() Source { return ls.source }
+
+// InFlight returns the number of leases the key held just after the decision, this one included if
+// acquired: in Redis, or in the local semaphore under SourceLocalFallback (0 under SourceFailOpen and
+// SourceFailClosed).
+func (ls *Lease) InFlight() int { return ls.inFlight }
+
+// RetryAfter returns, for a lease that was not acquired, an upper bound on the wait for a slot: the
+// time until the earliest lease of the key expires (holders usually release sooner), or the circuit
+// breaker's cooldown under SourceFailClosed. It is 0 for an acquired lease.
+func (ls *Lease) RetryAfter() time.Duration { return ls.retryAfter }
+
+// Release gives the lease's slot back. It is idempotent: only the first call on an acquired lease
+// does anything, and releasing a lease that was not acquired, or whose TTL has passed, is harmless.
+// ctx's values are kept but its cancellation is not (a request's context is often cancelled by the
+// time its handler's deferred Release runs); the call is bounded by the Limiter's timeout. If Redis
+// cannot be reached the slot comes back when the lease expires, and the error wraps ErrUnavailable;
+// callers usually ignore it (the Limiter counts and logs it).
+func (ls *Lease) Release(ctx context.Context) error {
+	if !ls.acquired || !ls.released.CompareAndSwap(false, true) {
+		return nil
+	}
+	l := ls.l
+	switch ls.source {
+	case SourceRedis:
+		rkey, ok := l.untrack(ls)
+		if !ok { // Close released it, or it expired long ago
+			return nil
+		}
+		return l.releaseRedis(context.WithoutCancel(ctx), rkey, ls.id)
+	case SourceLocalFallback:
+		l.fb.release(ls.key, ls.num, l.o.now())
+	}
+	return nil
+}
+
+// Extend keeps a long-running holder's slot: it sets the lease to expire ttl from now (on Redis's
+// clock) and reports true if the lease was still held, or false if it had expired or been released
+// (it is not re-created: its slot may be someone else's now). Call it well before the TTL runs out,
+// say every ttl/3; the Limiter never extends leases by itself. Leases granted by a failure policy
+// are extended locally. The error is non-nil for an invalid ttl (ErrInvalidTTL), ctx's error, or
+// one wrapping ErrUnavailable when Redis could not answer; the lease may then still be held.
+func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) (bool, error) {
+	if err := validTTL(ttl); err != nil {
+		return false, err
+	}
+	if !ls.acquired || ls.released.Load() {
+		return false, nil
+	}
+	l := ls.l
+	switch ls.source {
+	case SourceFailOpen:
+		return true, nil
+	case SourceLocalFallback:
+		return l.fb.extend(ls.key, ls.num, ttl, l.o.now()), nil
+	}
+	if !l.br.allow() {
+		return false, fmt.Errorf("%w: circuit breaker open", ErrUnavailable)
+	}
+	start := l.o.now()
+	cctx, cancel := context.WithTimeout(ctx, l.o.timeout)
+	rep, err := l.script.run(cctx, l.rdb, redisKey(l.o.prefix, ls.key), opExtend, ls.id, 0, ttlMS(ttl))
+	cancel()
+	f := classify(err)
+	if f != faultNone && ctx.Err() != nil {
+		f = faultCanceled
+	}
+	l.br.done(f, err)
+	switch f {
+	case faultNone:
+		if rep.ok {
+			l.extended(ls, start.Add(ttl))
+		}
+		return rep.ok, nil
+	case faultCanceled:
+		return false, ctx.Err()
+	}
+	l.stats.RedisErrors.Add(1)
+	return false, fmt.Errorf("%w: extend: %v", ErrUnavailable, err)
+}

@@ -1,0 +1,160 @@
+package concurrency
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+)
+
+// Defaults and bounds.
+const (
+	// DefaultKeyPrefix is the prefix of every Redis key unless [WithKeyPrefix] says otherwise; it is
+	// package hybrid's default too (the two never share a key name: see [Limiter]).
+	DefaultKeyPrefix = "hr"
+	// DefaultTimeout bounds each Redis call unless [WithTimeout] says otherwise.
+	DefaultTimeout = 50 * time.Millisecond
+	// MaxKeyLen is the longest key the Limiter accepts, in bytes.
+	MaxKeyLen = 1024
+	// MaxLimit is the largest limit the Limiter accepts.
+	MaxLimit = 1 << 20
+	// MaxTTL is the longest lease time to live the Limiter accepts.
+	MaxTTL = 24 * time.Hour
+)
+
+// Layout is the version of the Redis key layout of this package: "<prefix>:v1:c:{<key>}".
+const Layout = "v1"
+
+// internal tunables, not options.
+const (
+	breakerThreshold = 5                      // consecutive failed calls that open the breaker
+	breakerCooldown  = 500 * time.Millisecond // open time before a probe
+	breakerMinSpan   = 50 * time.Millisecond  // a run of failures must last this long to open it
+	pollMin          = 2 * time.Millisecond   // Acquire's first wait between tries
+	pollMax          = 50 * time.Millisecond  // and its longest
+)
+
+// FailurePolicy says what TryAcquire and Acquire do when Redis cannot decide: the call failed or
+// timed out, the circuit breaker is open, Redis refused the call (OOM, READONLY, NOAUTH, …), or the
+// key could not be used (WRONGTYPE: something else owns the Redis key).
+type FailurePolicy int
+
+// The failure policies.
+const (
+	// LocalFallback admits up to this node's share of the limit, max(1, limit/nodes) leases per key
+	// (nodes: [WithNodes]), counted in a local semaphore with the same TTLs, until Redis is back.
+	// This is the default.
+	LocalFallback FailurePolicy = iota
+	// FailOpen admits every request.
+	FailOpen
+	// FailClosed denies every request; the lease's Source is SourceFailClosed.
+	FailClosed
+)
+
+// String returns "local-fallback", "fail-open" or "fail-closed".
+func (p FailurePolicy) String() string {
+	switch p {
+	case LocalFallback:
+		return "local-fallback"
+	case FailOpen:
+		return "fail-open"
+	case FailClosed:
+		return "fail-closed"
+	}
+	return fmt.Sprintf("FailurePolicy(%d)", int(p))
+}
+
+// Option configures a [Limiter]; see the With functions.
+type Option interface{ apply(*options) error }
+
+type optionFunc func(*options) error
+
+func (f optionFunc) apply(o *options) error { return f(o) }
+
+type options struct {
+	prefix  string
+	policy  FailurePolicy
+	nodes   int
+	timeout time.Duration
+	logger  *slog.Logger
+	now     func() time.Time // the local clock of fallback leases; tests replace it
+}
+
+func defaultOptions() options {
+	return options{
+		prefix:  DefaultKeyPrefix,
+		policy:  LocalFallback,
+		nodes:   1,
+		timeout: DefaultTimeout,
+		logger:  slog.New(slog.DiscardHandler),
+		now:     time.Now,
+	}
+}
+
+// ErrBadOption is wrapped by every option error from [New].
+var ErrBadOption = errors.New("concurrency: bad option")
+
+func badOption(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrBadOption}, args...)...)
+}
+
+// WithKeyPrefix sets the prefix of every Redis key, so that several applications can share a Redis.
+// It must be 1 to 64 bytes with no braces or whitespace. The default is DefaultKeyPrefix ("hr").
+func WithKeyPrefix(p string) Option {
+	return optionFunc(func(o *options) error {
+		if p == "" || len(p) > 64 || strings.ContainsAny(p, "{} \t\r\n") {
+			return badOption("key prefix %q: want 1 to 64 bytes without braces or whitespace", p)
+		}
+		o.prefix = p
+		return nil
+	})
+}
+
+// WithFailurePolicy sets what happens while Redis cannot decide. The default is LocalFallback.
+func WithFailurePolicy(p FailurePolicy) Option {
+	return optionFunc(func(o *options) error {
+		if p < LocalFallback || p > FailClosed {
+			return badOption("unknown failure policy %d", int(p))
+		}
+		o.policy = p
+		return nil
+	})
+}
+
+// WithNodes sets the number of nodes that share the limits, from 1 to 10000: under LocalFallback each
+// node admits max(1, limit/nodes) leases per key while Redis is away, so the fleet stays near the
+// limit. The default is 1 (each node alone may then admit the whole limit while Redis is away).
+func WithNodes(n int) Option {
+	return optionFunc(func(o *options) error {
+		if n < 1 || n > 10000 {
+			return badOption("nodes %d: want 1 to 10000", n)
+		}
+		o.nodes = n
+		return nil
+	})
+}
+
+// WithTimeout bounds each Redis call, from 1ms to 10s; a call that takes longer counts as a failure
+// and the failure policy decides. The default is DefaultTimeout (50ms).
+func WithTimeout(d time.Duration) Option {
+	return optionFunc(func(o *options) error {
+		if d < time.Millisecond || d > 10*time.Second {
+			return badOption("timeout %v: want 1ms to 10s", d)
+		}
+		o.timeout = d
+		return nil
+	})
+}
+
+// WithLogger sets where the Limiter logs Redis failures that no caller sees (a release that could
+// not reach Redis) and the circuit breaker's changes. The default discards them.
+func WithLogger(l *slog.Logger) Option {
+	return optionFunc(func(o *options) error {
+		if l == nil {
+			return badOption("nil logger")
+		}
+		o.logger = l
+		return nil
+	})
+}

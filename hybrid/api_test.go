@@ -1,0 +1,289 @@
+package hybrid_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridrate/hybridrate/central"
+	"github.com/hybridrate/hybridrate/hybrid"
+)
+
+// allowed counts how many of k calls of AllowN(n) are admitted.
+func allowed(t *testing.T, lim *hybrid.Limiter, key string, limit hybrid.Limit, n int64, k int) int {
+	t.Helper()
+	got := 0
+	for range k {
+		d, err := lim.AllowN(context.Background(), key, limit, n)
+		require.NoError(t, err)
+		if d.Allowed {
+			got++
+		}
+	}
+	return got
+}
+
+func TestRefundedTokensAreUsableAgainAndCountedOnce(t *testing.T) {
+	p := newPinned(t, hybrid.WithoutColdStart())
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: p.m.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	limit := hybrid.Limit{Rate: 1e-3, Burst: 10} // no refill to speak of
+	const key = "hierarchy:user"
+
+	d, err := p.lim.AllowN(ctx, key, limit, 10)
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	assert.Equal(t, 0, allowed(t, p.lim, key, limit, 1, 1), "the bucket is empty")
+
+	got, err := p.lim.Refund(ctx, key, limit, 4)
+	require.NoError(t, err)
+	assert.Equal(t, int64(4), got)
+	assert.Equal(t, 4, allowed(t, p.lim, key, limit, 1, 5), "the 4 refunded tokens, and no more")
+	require.NoError(t, p.lim.Flush(ctx))
+	assert.Equal(t, int64(10), consumedInRedis(t, rdb, key), "refunded before the report: 14 admitted − 4 refunded")
+
+	// A refund after the report: Redis keeps the largest count it was sent, so the refunded tokens
+	// are counted once, when they are used again.
+	got, err = p.lim.Refund(ctx, key, limit, 3)
+	require.NoError(t, err)
+	assert.Equal(t, int64(3), got)
+	require.NoError(t, p.lim.Flush(ctx))
+	assert.Equal(t, int64(10), consumedInRedis(t, rdb, key), "never fewer than what was reported")
+	assert.Equal(t, 3, allowed(t, p.lim, key, limit, 1, 4))
+	require.NoError(t, p.lim.Flush(ctx))
+	assert.Equal(t, int64(10), consumedInRedis(t, rdb, key), "17 admitted − 7 refunded, each token counted once")
+
+	got, err = p.lim.Refund(ctx, key, limit, 10)
+	require.NoError(t, err)
+	assert.Equal(t, int64(10), got)
+	got, err = p.lim.Refund(ctx, key, limit, 1)
+	require.NoError(t, err)
+	assert.Equal(t, int64(0), got, "never more than was admitted")
+	got, err = p.lim.Refund(ctx, "never-seen", limit, 1)
+	require.NoError(t, err)
+	assert.Equal(t, int64(0), got, "nothing to give back for a key this node does not hold")
+	_, err = p.lim.Refund(ctx, key, limit, 11)
+	assert.ErrorIs(t, err, hybrid.ErrInvalidCost)
+	_, err = p.lim.Refund(ctx, "", limit, 1)
+	assert.ErrorIs(t, err, hybrid.ErrInvalidKey)
+
+	// Past LeaseLife the refunded tokens would outlive their lease: they are written off instead.
+	p.advance(hybrid.LeaseLife + time.Second)
+	require.NoError(t, p.lim.Flush(ctx))
+	got, err = p.lim.Refund(ctx, key, limit, 1)
+	require.NoError(t, err)
+	assert.LessOrEqual(t, got, int64(1))
+	assert.Equal(t, 0, allowed(t, p.lim, key, limit, 1, 1), "a refund into an expired lease is not usable")
+}
+
+// TestRefundAccountingUnderLoad checks Redis's count on a real redis-server while two nodes admit
+// and refund concurrently with their background loops: every token admitted and not refunded is
+// counted, and Redis never counts more than was admitted.
+func TestRefundAccountingUnderLoad(t *testing.T) {
+	srv, rdb := startRedis(t)
+	f := newFleet(t, srv.Addr, 2)
+	limit := hybrid.Limit{Rate: 2000, Burst: 200}
+	keys := []string{"r:a", "r:b", "r:c"}
+	var admitted, refunded [3]atomic.Int64
+	var wg sync.WaitGroup
+	for _, lim := range f.lims {
+		for g := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx := context.Background()
+				for i := range 3000 {
+					k := (i + g) % len(keys)
+					d, err := lim.AllowN(ctx, keys[k], limit, 2)
+					if err != nil || !d.Allowed {
+						continue
+					}
+					admitted[k].Add(2)
+					if i%4 == 0 {
+						got, err := lim.Refund(ctx, keys[k], limit, 1+int64(i%2))
+						if err == nil {
+							refunded[k].Add(got)
+						}
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	f.flush(t)
+	byKey := consumedByKey(t, rdb, hybrid.DefaultKeyPrefix)
+	for k, key := range keys {
+		a, r := admitted[k].Load(), refunded[k].Load()
+		require.Positive(t, r, key)
+		assert.GreaterOrEqual(t, byKey[key], a-r, "%s: every token admitted and not refunded is counted", key)
+		assert.LessOrEqual(t, byKey[key], a, "%s: never more than admitted", key)
+	}
+}
+
+func TestReserveAndCancel(t *testing.T) {
+	p := newPinned(t, hybrid.WithoutColdStart())
+	ctx := context.Background()
+	user, tenant := hybrid.Limit{Rate: 1e-3, Burst: 5}, hybrid.Limit{Rate: 1e-3, Burst: 1}
+
+	// A hierarchy: the user's limit admits, the tenant's denies, so the user's tokens go back.
+	for i, wantTenant := range []bool{true, false} {
+		r, err := p.lim.Reserve(ctx, "user:1", user)
+		require.NoError(t, err)
+		require.True(t, r.OK(), "step %d", i)
+		assert.Equal(t, user, r.Decision().Limit)
+		d, err := p.lim.Allow(ctx, "tenant:1", tenant)
+		require.NoError(t, err)
+		require.Equal(t, wantTenant, d.Allowed, "step %d", i)
+		if !d.Allowed {
+			assert.Equal(t, int64(1), r.Cancel(), "step %d", i)
+			assert.Equal(t, int64(0), r.Cancel(), "a second Cancel does nothing")
+		}
+	}
+	assert.Equal(t, 4, allowed(t, p.lim, "user:1", user, 1, 5), "one reservation kept, one cancelled: 4 left")
+
+	r, err := p.lim.ReserveN(ctx, "user:1", user, 2)
+	require.NoError(t, err)
+	assert.False(t, r.OK())
+	assert.Equal(t, int64(0), r.Cancel(), "nothing to give back for a denial")
+	_, err = p.lim.ReserveN(ctx, "user:1", user, 6)
+	assert.ErrorIs(t, err, hybrid.ErrInvalidCost)
+}
+
+func TestWait(t *testing.T) {
+	lim, _ := newMini(t, hybrid.WithoutColdStart())
+	ctx := context.Background()
+
+	t.Run("n over the burst fails at once", func(t *testing.T) {
+		err := lim.WaitN(ctx, "w:burst", hybrid.Limit{Rate: 10, Burst: 2}, 3)
+		assert.ErrorIs(t, err, hybrid.ErrInvalidCost)
+	})
+	t.Run("waits for the refill", func(t *testing.T) {
+		limit := hybrid.Limit{Rate: 50, Burst: 1}
+		require.NoError(t, lim.Wait(ctx, "w:refill", limit))
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		require.NoError(t, lim.Wait(wctx, "w:refill", limit), "admitted once a token refilled")
+	})
+	t.Run("a deadline sooner than the refill fails at once", func(t *testing.T) {
+		limit := hybrid.Limit{Rate: 1e-3, Burst: 1}
+		require.NoError(t, lim.Wait(ctx, "w:deadline", limit))
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		err := lim.Wait(wctx, "w:deadline", limit)
+		assert.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.NoError(t, wctx.Err(), "returned before the deadline, without waiting for it")
+	})
+	t.Run("a cancelled context ends the wait", func(t *testing.T) {
+		limit := hybrid.Limit{Rate: 1e-3, Burst: 1}
+		require.NoError(t, lim.Wait(ctx, "w:cancel", limit))
+		wctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- lim.Wait(wctx, "w:cancel", limit) }()
+		cancel()
+		err := <-done
+		assert.ErrorIs(t, err, context.Canceled)
+	})
+	t.Run("FailClosed under an outage fails at once", func(t *testing.T) {
+		fc, fm := newMini(t, hybrid.WithoutColdStart(), hybrid.WithFailurePolicy(hybrid.FailClosed))
+		fm.Close()
+		err := fc.Wait(ctx, "w:outage", hybrid.PerSecond(10))
+		assert.ErrorIs(t, err, hybrid.ErrUnavailable)
+		// A limit's own policy counts, not only the limiter's default.
+		fo, om := newMini(t, hybrid.WithoutColdStart(), hybrid.WithFailurePolicy(hybrid.FailOpen))
+		om.Close()
+		closed := hybrid.PerSecond(10)
+		closed.OnFailure = hybrid.FailClosed
+		assert.ErrorIs(t, fo.Wait(ctx, "w:outage", closed), hybrid.ErrUnavailable)
+		assert.NoError(t, fo.Wait(ctx, "w:outage2", hybrid.PerSecond(10)), "the default, FailOpen, admits")
+	})
+}
+
+func TestPeekTakesNothing(t *testing.T) {
+	p := newPinned(t, hybrid.WithoutColdStart())
+	ctx := context.Background()
+	limit := hybrid.Limit{Rate: 1, Burst: 10}
+
+	d, err := p.lim.Peek(ctx, "k", limit)
+	require.NoError(t, err)
+	assert.Equal(t, hybrid.Decision{Allowed: true, Limit: limit, Remaining: 10, Source: hybrid.SourceCentral}, d,
+		"a key Redis has no bucket for: full")
+
+	require.Equal(t, 3, allowed(t, p.lim, "k", limit, 1, 3))
+	for range 2 {
+		d, err = p.lim.Peek(ctx, "k", limit)
+		require.NoError(t, err)
+		assert.Equal(t, hybrid.SourceLocal, d.Source)
+		assert.Equal(t, int64(7), d.Remaining, "the bucket with this node's lease, and Peek takes nothing")
+	}
+	p.advance(2 * time.Second)
+	d, err = p.lim.Peek(ctx, "k", limit)
+	require.NoError(t, err)
+	assert.Equal(t, int64(9), d.Remaining, "refilled at the limit's rate since Redis's answer")
+
+	// Another node sees Redis's bucket: the tokens this node holds as a lease are not in it.
+	rdb := redis.NewClient(&redis.Options{Addr: p.m.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	other := newLimiter(t, rdb, hybrid.WithCheckTimeout(time.Second), hybrid.WithTestClock(p.clock.Now))
+	d, err = other.Peek(ctx, "k", limit)
+	require.NoError(t, err)
+	assert.Equal(t, hybrid.SourceCentral, d.Source)
+	assert.LessOrEqual(t, d.Remaining, int64(9))
+
+	empty := hybrid.Limit{Rate: 0.5, Burst: 1}
+	require.Equal(t, 1, allowed(t, p.lim, "e", empty, 1, 2))
+	d, err = p.lim.Peek(ctx, "e", empty)
+	require.NoError(t, err)
+	assert.False(t, d.Allowed)
+	assert.Equal(t, int64(0), d.Remaining)
+	assert.Equal(t, 2*time.Second, d.RetryAfter, "one token at 0.5/s")
+
+	require.NoError(t, p.lim.Ban(ctx, "k", time.Minute))
+	d, err = p.lim.Peek(ctx, "k", limit)
+	require.NoError(t, err)
+	assert.Equal(t, hybrid.SourceDenyCache, d.Source)
+	assert.False(t, d.Allowed)
+}
+
+func TestResetStartsAFullBucket(t *testing.T) {
+	p := newPinned(t, hybrid.WithoutColdStart())
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: p.m.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	limit := hybrid.Limit{Rate: 1e-3, Burst: 3}
+	bucket := central.BucketKey(hybrid.DefaultKeyPrefix, "k", central.Limit{Rate: limit.Rate, Burst: limit.Burst})
+
+	require.Equal(t, 3, allowed(t, p.lim, "k", limit, 1, 4))
+	require.NoError(t, p.lim.Flush(ctx))
+	require.True(t, p.m.Exists(bucket))
+
+	require.NoError(t, p.lim.Reset(ctx, "k", limit))
+	assert.False(t, p.m.Exists(bucket), "the bucket is gone from Redis")
+	assert.Equal(t, 3, allowed(t, p.lim, "k", limit, 1, 4), "a full bucket again")
+	require.NoError(t, p.lim.Flush(ctx))
+	assert.Equal(t, int64(3), consumedInRedis(t, rdb, "k"), "the new bucket counts only what came after")
+
+	assert.NoError(t, p.lim.Reset(ctx, "never-used", limit), "resetting a key with no bucket is fine")
+	assert.ErrorIs(t, p.lim.Reset(ctx, "k", hybrid.Limit{Rate: 0, Burst: 1}), hybrid.ErrInvalidLimit)
+}
+
+func TestNewMethodsAfterClose(t *testing.T) {
+	lim, _ := newMini(t)
+	require.NoError(t, lim.Close(context.Background()))
+	ctx := context.Background()
+	l := hybrid.PerSecond(1)
+	_, err := lim.Refund(ctx, "k", l, 1)
+	assert.ErrorIs(t, err, hybrid.ErrClosed)
+	_, err = lim.Peek(ctx, "k", l)
+	assert.ErrorIs(t, err, hybrid.ErrClosed)
+	assert.ErrorIs(t, lim.Reset(ctx, "k", l), hybrid.ErrClosed)
+	assert.ErrorIs(t, lim.Wait(ctx, "k", l), hybrid.ErrClosed)
+	_, err = lim.Reserve(ctx, "k", l)
+	assert.ErrorIs(t, err, hybrid.ErrClosed)
+}

@@ -1,0 +1,119 @@
+package policy
+
+import (
+	"time"
+)
+
+// Source says who made a rule's decision. It extends hybrid.Source, whose four sources a hybrid
+// rule's decision keeps, with those only an Enforcer has: strict rules and its memo.
+type Source uint8
+
+// The decision sources.
+const (
+	// SourceLocal: a hybrid rule's local allowance, no I/O.
+	SourceLocal Source = iota + 1
+	// SourceCentral: a hybrid rule's synchronous Redis check.
+	SourceCentral
+	// SourceDenyCache: a hybrid rule's deny cache (banned, or denied by Redis until its retry-after).
+	SourceDenyCache
+	// SourceFallback: Redis could not answer; the rule's failure policy decided.
+	SourceFallback
+	// SourceStrict: a strict rule, in one atomic Redis call with the request's other strict rules.
+	SourceStrict
+	// SourceMemo: this Enforcer remembered the rule's denial of the subject until its retry-after;
+	// nothing was asked and nothing consumed.
+	SourceMemo
+)
+
+// String returns "local", "central", "deny-cache", "fallback", "strict" or "memo".
+func (s Source) String() string {
+	switch s {
+	case SourceLocal:
+		return "local"
+	case SourceCentral:
+		return "central"
+	case SourceDenyCache:
+		return "deny-cache"
+	case SourceFallback:
+		return "fallback"
+	case SourceStrict:
+		return "strict"
+	case SourceMemo:
+		return "memo"
+	}
+	return "none"
+}
+
+// Decision is one counter's answer for a request.
+type Decision struct {
+	// Rule is the rule id.
+	Rule string
+	// Unit names the counter: the rule id, or "<id>.<window>" (second, minute, hour, day) for a
+	// tiered rule's quota.
+	Unit string
+	// Algorithm is the rule's algorithm.
+	Algorithm Algorithm
+	// Shadow reports that the rule was evaluated in shadow mode: it never denies.
+	Shadow bool
+	// Allowed reports whether the counter had room. A strict counter that had room still counted
+	// nothing when another rule denied the request.
+	Allowed bool
+	// Limit is the quota (a bucket's burst, a window's limit).
+	Limit int64
+	// Window is the time in which the quota refills (a bucket's Burst/Rate, a window's Period).
+	Window time.Duration
+	// Remaining estimates the units left (exact for strict rules and hybrid central decisions).
+	Remaining int64
+	// RetryAfter is how long until the request's cost would fit, when not Allowed.
+	RetryAfter time.Duration
+	// ResetAfter estimates how long until the quota is full again.
+	ResetAfter time.Duration
+	// Source says who decided.
+	Source Source
+	// Unavailable reports a denial made only because Redis could not answer and the rule fails
+	// closed (on_failure: fail_closed): it says nothing about the subject's quota.
+	Unavailable bool
+}
+
+// Result is the outcome of [Enforcer.Check]. The zero Result denies.
+type Result struct {
+	// Allowed reports whether the request may proceed.
+	Allowed bool
+	// Rule is, when the request is denied (or would have been, in shadow mode), the id of the rule
+	// that denied it: the one with the longest RetryAfter when several did, or the rule that lacked a
+	// key.
+	Rule string
+	// RetryAfter is how long to wait before retrying, when denied.
+	RetryAfter time.Duration
+	// MissingKey reports that Rule lacks a dimension of the request and rejects such requests
+	// (MissingReject); nothing was consumed.
+	MissingKey bool
+	// Unavailable reports that the denying rule's decision is a fail-closed fallback (see
+	// Decision.Unavailable): the limiter could not decide, rather than the subject being over its
+	// limit. The middleware answers such denials with 503 rather than 429.
+	Unavailable bool
+	// ShadowDenied reports that the policy is in shadow mode and would have denied the request
+	// (Allowed is then true).
+	ShadowDenied bool
+	// Decisions are the counters consulted, in evaluation order: enforced rules, then shadow ones.
+	// Rules after a denying one are not consulted.
+	Decisions []Decision
+}
+
+// decision returns the counter's Decision with the fields every source fills in.
+func (p *planned) decision(allowed bool, src Source) Decision {
+	return Decision{Rule: p.r.id, Unit: p.u.name, Algorithm: p.r.algo, Allowed: allowed, Limit: p.u.limit,
+		Window: p.u.window, Source: src}
+}
+
+// denyWorst denies res for the decision of res.Decisions[from:] that denied with the longest
+// RetryAfter (the first of those in a tie); one of them must deny.
+func (res *Result) denyWorst(from int) {
+	var worst *Decision
+	for i := from; i < len(res.Decisions); i++ {
+		if d := &res.Decisions[i]; !d.Allowed && (worst == nil || d.RetryAfter > worst.RetryAfter) {
+			worst = d
+		}
+	}
+	res.Allowed, res.Rule, res.RetryAfter, res.Unavailable = false, worst.Rule, worst.RetryAfter, worst.Unavailable
+}

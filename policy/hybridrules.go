@@ -1,0 +1,87 @@
+package policy
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/hybridrate/hybridrate/hybrid"
+)
+
+// newHybrid creates the Enforcer's hybrid limiter; tests count its calls.
+var newHybrid = hybrid.New
+
+// limiterLocked returns the Enforcer's hybrid limiter, creating it on first use. There is one per
+// Enforcer: rules differ in their limits, failure policy included (hybrid.Limit.OnFailure).
+func (e *Enforcer) limiterLocked() (*hybrid.Limiter, error) {
+	if e.lim != nil {
+		return e.lim, nil
+	}
+	opts := append(append([]hybrid.Option(nil), e.cfg.HybridOptions...),
+		hybrid.WithLogger(e.cfg.Logger), hybrid.WithKeyPrefix(e.cfg.Prefix))
+	l, err := newHybrid(e.cfg.Redis, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("policy: hybrid limiter: %w", err)
+	}
+	e.lim = l
+	return l, nil
+}
+
+// Limiters returns the hybrid limiters the Enforcer has created so far, for their Stats: none before
+// a policy with hybrid rules is set, then one, which serves every hybrid rule whatever its failure
+// policy. They belong to the Enforcer: do not close them.
+func (e *Enforcer) Limiters() []*hybrid.Limiter {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.lim == nil {
+		return nil
+	}
+	return []*hybrid.Limiter{e.lim}
+}
+
+// withFailure sets the failure policy of hybrid units.
+func withFailure(units []unit, fp hybrid.FailurePolicy) {
+	for i := range units {
+		units[i].hybrid.OnFailure = fp
+	}
+}
+
+// hybridDecision converts a hybrid rule's hybrid.Decision.
+func hybridDecision(p *planned, hd hybrid.Decision) Decision {
+	d := p.decision(hd.Allowed, SourceFallback)
+	switch hd.Source {
+	case hybrid.SourceLocal:
+		d.Source = SourceLocal
+	case hybrid.SourceCentral:
+		d.Source = SourceCentral
+	case hybrid.SourceDenyCache:
+		d.Source = SourceDenyCache
+	}
+	d.Remaining, d.RetryAfter, d.ResetAfter = max(hd.Remaining, 0), max(hd.RetryAfter, 0), max(hd.ResetAfter, hd.RetryAfter, 0)
+	d.Unavailable = hd.Source == hybrid.SourceFallback && !hd.Allowed && p.r.failure == hybrid.FailClosed
+	return d
+}
+
+// checkHybrid consults the request's enforced hybrid counters, narrowest first, each taking the
+// request's cost when it admits; the first denial stops it and is remembered in the memo.
+func (e *Enforcer) checkHybrid(ctx context.Context, c *compiled, enforced []planned, res *Result) error {
+	for i := range enforced {
+		p := &enforced[i]
+		if p.r.strict {
+			continue
+		}
+		hd, err := p.r.lim.AllowN(ctx, p.key, p.u.hybrid, p.n)
+		if err != nil {
+			return fmt.Errorf("policy: rule %q: %w", p.r.id, err)
+		}
+		d := hybridDecision(p, hd)
+		res.Decisions = append(res.Decisions, d)
+		if !hd.Allowed {
+			if !d.Unavailable { // a fail-closed denial says nothing about the subject: not remembered
+				e.remember(p, c.gen, d.RetryAfter)
+			}
+			res.Allowed, res.Rule, res.RetryAfter, res.Unavailable = false, p.r.id, d.RetryAfter, d.Unavailable
+			return nil
+		}
+	}
+	return nil
+}

@@ -1,0 +1,166 @@
+package policy
+
+import (
+	"fmt"
+	"strings"
+)
+
+// plan describes the counters a request is checked against. The counters themselves, in the order
+// Check consults them (the enforced ones, hybrid ones narrowest first, then strict ones; then the
+// shadow ones), are a slice beside it, backed by an array on Check's stack: a plan holds no pointer
+// to them because Go's escape analysis does not tell fields apart, and the strings below reach the
+// heap (shadow events, Redis calls).
+type plan struct {
+	tier          string // the tier the request counts under
+	tag           string // the hash tag of the request's strict keys; set when a strict rule applies
+	nEnforced     int    // counters[:nEnforced] are enforced, the rest shadow
+	nStrict       int    // enforced strict counters
+	missingShadow bool   // shadow mode hid a missing-key rejection
+	missing       string // the rule that rejects the request for a missing key, if any
+}
+
+// makePlan returns the plan of req under c and its counters, appended to buf. When an enforced rule
+// lacks a dimension of the request and rejects such requests, the plan's missing names it and the
+// plan stops there; err is non-nil when the request's cost is invalid. Nothing is consumed either way.
+func (e *Enforcer) makePlan(c *compiled, req *Request, buf []planned) (plan, []planned, error) {
+	pl := plan{tier: c.defaultTier}
+	if len(c.tiers) > 0 && c.tiers[req.Tier] {
+		pl.tier = req.Tier
+	}
+	var route string
+	var routeOK bool
+	if c.needRoute && req.Dims != nil {
+		route, routeOK = req.Dims.Dimension(DimRoute)
+	}
+	counters := buf
+	var err error
+	for _, r := range c.enforced {
+		if r.matches(req.Method, route, routeOK, pl.tier) {
+			if counters, err = e.planRule(c, r, req, &pl, counters); err != nil || pl.missing != "" {
+				return pl, counters, err
+			}
+		}
+	}
+	pl.nEnforced = len(counters)
+	for _, r := range c.shadow {
+		if r.matches(req.Method, route, routeOK, pl.tier) {
+			if counters, err = e.planRule(c, r, req, &pl, counters); err != nil {
+				return pl, counters, err
+			}
+		}
+	}
+	return pl, counters, nil
+}
+
+// planRule appends to counters those of r, a rule that applies to req: one per unit (a tiered rule
+// has one per quota of the request's tier), keyed by the request's subject. See makePlan.
+func (e *Enforcer) planRule(c *compiled, r *crule, req *Request, pl *plan, counters []planned) ([]planned, error) {
+	units := r.units
+	if r.byTier != nil {
+		units = r.byTier[pl.tier]
+	}
+	if len(units) == 0 {
+		return counters, nil
+	}
+	var sbuf [192]byte
+	subject, ok := e.subject(r, req, &sbuf)
+	if !ok {
+		if r.shadow || r.missing == MissingSkip {
+			return counters, nil // shadow rules never deny, not even for a missing key
+		}
+		e.stats.MissingKey.Add(1)
+		if c.shadowAll {
+			pl.missingShadow = true
+			e.shadowEvent(ShadowEvent{Rule: r.id, Unit: units[0].name, Tier: pl.tier, Global: true, MissingKey: true,
+				Decision: Decision{Rule: r.id, Unit: units[0].name, Algorithm: r.algo}})
+			return counters, nil
+		}
+		pl.missing = r.id
+		return counters, nil
+	}
+	n, err := r.cost(req)
+	if err != nil {
+		return counters, err
+	}
+	if r.strict && pl.tag == "" {
+		pl.tag = e.tag(c, req)
+	}
+	for i := range units {
+		u := &units[i]
+		if n > u.limit {
+			return counters, fmt.Errorf("%w: rule %q: cost %d above its limit %d", ErrInvalidCost, r.id, n, u.limit)
+		}
+		key := u.name + ":" + string(subject) // one allocation: the subject is a slice of the key
+		counters = append(counters, planned{r: r, u: u, key: key, n: n})
+		if r.strict && !r.shadow {
+			pl.nStrict++
+		}
+	}
+	return counters, nil
+}
+
+// result returns the Result the steps after the plan fill in: admitted until a counter denies, with
+// room for a Decision per counter (in req.Decisions when its capacity suffices).
+func (pl plan) result(req *Request, counters int) Result {
+	res := Result{Allowed: true, ShadowDenied: pl.missingShadow}
+	if counters == 0 {
+		return res
+	}
+	if cap(req.Decisions) >= counters {
+		res.Decisions = req.Decisions[:0]
+	} else {
+		res.Decisions = make([]Decision, 0, counters)
+	}
+	return res
+}
+
+// planned is one counter to consult for a request.
+type planned struct {
+	r   *crule
+	u   *unit
+	key string // unit name + ":" + subject
+	n   int64
+}
+
+// sub returns the subject part of the key (hashed when configured).
+func (p *planned) sub() string { return p.key[len(p.u.name)+1:] }
+
+// matches reports whether the rule applies to a request.
+func (r *crule) matches(method, route string, routeOK bool, tier string) bool {
+	if r.routes != nil && (!routeOK || !r.routes[route]) {
+		return false
+	}
+	if r.methods != nil {
+		ok := false
+		for _, m := range r.methods {
+			if strings.EqualFold(m, method) {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+	return r.tiers == nil || r.tiers[tier]
+}
+
+// cost returns the request's cost under r.
+func (r *crule) cost(req *Request) (int64, error) {
+	if r.costFunc != nil {
+		n := r.costFunc(req)
+		if n < 1 {
+			return 0, fmt.Errorf("%w: rule %q: cost function returned %d", ErrInvalidCost, r.id, n)
+		}
+		return n, nil
+	}
+	if r.perMethod != nil {
+		if n, ok := r.perMethod[req.Method]; ok {
+			return n, nil
+		}
+		if n, ok := r.perMethod[strings.ToUpper(req.Method)]; ok {
+			return n, nil
+		}
+	}
+	return r.fixed, nil
+}

@@ -1,0 +1,139 @@
+package policy
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"hash"
+	"net/http"
+)
+
+const (
+	// anonymous is the value of a missing dimension under MissingShared; escaped values never
+	// contain '*', so no real value collides with it.
+	anonymous = "*"
+	// maxSubject is the longest subject stored as is; longer ones are replaced by their SHA-256.
+	maxSubject = 512
+	// strictTag is the hash tag of every strict key when Policy.StrictTag is empty.
+	strictTag = "policy"
+)
+
+// Request is what an [Enforcer] decides on. Package middleware builds one per HTTP request.
+type Request struct {
+	// Method is the HTTP method (for per-method costs and Match.Methods), or empty.
+	Method string
+	// Tier is the request's tier name; empty or unknown means the policy's DefaultTier.
+	Tier string
+	// Dims gives the request's dimension values; nil means none (every dimension is missing).
+	Dims Dimensions
+	// HTTP is the HTTP request when there is one (for cost functions); nil otherwise.
+	HTTP *http.Request
+	// Decisions is optional storage for the Result's Decisions: when its capacity suffices, Check
+	// appends to Decisions[:0] rather than allocating, and the Result shares its array.
+	Decisions []Decision
+}
+
+// Dimensions gives a request's dimension values. An empty value counts as missing.
+type Dimensions interface {
+	Dimension(name string) (value string, ok bool)
+}
+
+// Values is a map of dimension values; it implements [Dimensions].
+type Values map[string]string
+
+// Dimension returns v[name].
+func (v Values) Dimension(name string) (string, bool) {
+	s, ok := v[name]
+	return s, ok
+}
+
+// subject returns the request's subject under r, in buf when it fits: "dim=value,..." in the rule's
+// canonical dimension order, values percent-escaped, hashed with Config.HashKey when set. ok is false
+// when a dimension is missing and the rule does not count missing keys in a shared bucket.
+func (e *Enforcer) subject(r *crule, req *Request, buf *[192]byte) ([]byte, bool) {
+	b := buf[:0]
+	if len(r.dims) == 0 {
+		b = append(b, anonymous...)
+	}
+	for i, dim := range r.dims {
+		v, ok := "", false
+		if req.Dims != nil {
+			v, ok = req.Dims.Dimension(dim)
+		}
+		if dim == DimMethod && !ok {
+			v, ok = req.Method, req.Method != ""
+		}
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, dim...)
+		b = append(b, '=')
+		if !ok || v == "" || len(v) > MaxValueLen {
+			if r.missing != MissingShared {
+				return nil, false
+			}
+			b = append(b, anonymous...)
+			continue
+		}
+		b = appendEscaped(b, v)
+	}
+	return e.finish(b, buf), true
+}
+
+// tag returns the hash tag of the request's strict keys.
+func (e *Enforcer) tag(c *compiled, req *Request) string {
+	if c.tagDim == "" {
+		return strictTag
+	}
+	v, ok := "", false
+	if req.Dims != nil {
+		v, ok = req.Dims.Dimension(c.tagDim)
+	}
+	if !ok || v == "" || len(v) > MaxValueLen {
+		return anonymous
+	}
+	var buf [192]byte
+	return string(e.finish(appendEscaped(buf[:0], v), &buf))
+}
+
+// macState is a pooled HMAC with a buffer for its input, so that callers' buffers do not escape.
+type macState struct {
+	h   hash.Hash
+	buf []byte
+	sum [sha256.Size]byte
+}
+
+// finish hashes a subject when configured (or when it is too long to store), writing the result in
+// out, and returns it; otherwise it returns b.
+func (e *Enforcer) finish(b []byte, out *[192]byte) []byte {
+	switch {
+	case len(e.cfg.HashKey) > 0:
+		st := e.macs.Get().(*macState)
+		st.buf = append(st.buf[:0], b...)
+		st.h.Reset()
+		st.h.Write(st.buf)
+		st.h.Sum(st.sum[:0])
+		b = hex.AppendEncode(out[:0], st.sum[:16])
+		e.macs.Put(st)
+		return b
+	case len(b) > maxSubject:
+		sum := sha256.Sum256(b)
+		return hex.AppendEncode(append(out[:0], "sha256-"...), sum[:16])
+	}
+	return b
+}
+
+// appendEscaped appends v with every byte outside [A-Za-z0-9._~/:@+-] and space percent-escaped,
+// so values cannot contain the separators ',' and '=', the hash-tag braces, or '*'.
+func appendEscaped(b []byte, v string) []byte {
+	const hexDigits = "0123456789ABCDEF"
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
+			c == '.' || c == '_' || c == '~' || c == '/' || c == ':' || c == '@' || c == '+' || c == '-' || c == ' ' {
+			b = append(b, c)
+			continue
+		}
+		b = append(b, '%', hexDigits[c>>4], hexDigits[c&15])
+	}
+	return b
+}

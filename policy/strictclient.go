@@ -1,0 +1,60 @@
+package policy
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/hybridrate/hybridrate/strict"
+)
+
+// This file holds every call the Enforcer makes to the strict rules' Redis client (strict.Limiter):
+// its creation, the one script call of a request, and its health.
+
+const (
+	// strictBreakerThreshold, strictBreakerCooldown and strictBreakerMinSpan configure the strict
+	// client's breaker, as the hybrid limiter's: 5 consecutive failures, lasting at least 50ms, open
+	// it for 500ms.
+	strictBreakerThreshold = 5
+	strictBreakerCooldown  = 500 * time.Millisecond
+	strictBreakerMinSpan   = 50 * time.Millisecond
+)
+
+// StrictHealth is a snapshot of the strict rules' Redis client.
+type StrictHealth struct {
+	Calls    int64  // script calls sent
+	Errors   int64  // calls that failed (network, timeout, error reply)
+	Rejected int64  // calls not sent because the circuit breaker was open
+	Breaker  string // the circuit breaker's state: "closed", "open" or "half-open"
+}
+
+// StrictHealth returns the state of the strict rules' Redis client.
+func (e *Enforcer) StrictHealth() StrictHealth {
+	st := e.strict.Stats()
+	return StrictHealth{Calls: st.Calls.Load(), Errors: st.Errors.Load(), Rejected: st.Rejected.Load(),
+		Breaker: e.strict.BreakerState().String()}
+}
+
+// newStrictClient returns the strict rules' client for a validated cfg. It does no I/O.
+func newStrictClient(cfg *Config) (*strict.Limiter, error) {
+	s, err := strict.New(cfg.Redis,
+		strict.WithPrefix(cfg.Prefix),
+		strict.WithTimeout(cfg.StrictTimeout),
+		strict.WithBreaker(strictBreakerThreshold, strictBreakerCooldown, strictBreakerMinSpan),
+		strict.WithClock(cfg.Now),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
+	}
+	return s, nil
+}
+
+// allowStrict runs checks, the strict counters of one request under hash tag tag, in one atomic
+// script call: every one counts, or none does.
+func (e *Enforcer) allowStrict(ctx context.Context, tag string, checks []strict.Check) (strict.MultiResult, error) {
+	return e.strict.AllowMulti(ctx, tag, checks)
+}
+
+// strictUnavailable reports whether err, from allowStrict, says Redis is not serving (a transport
+// error, a refusal, the breaker open): the failure policies answer then.
+func strictUnavailable(err error) bool { return strict.IsTransport(err) }

@@ -1,0 +1,118 @@
+package strict
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/hybridrate/hybridrate/internal/redisx"
+)
+
+// The defaults of [New]. They match the hybrid limiter's (package hybrid) and the policy enforcer's.
+const (
+	// DefaultPrefix starts every key unless [WithPrefix] says otherwise; it is also the hybrid
+	// limiter's default prefix (the key layouts do not collide).
+	DefaultPrefix = "hr"
+	// DefaultTimeout bounds one Redis call unless [WithTimeout] says otherwise.
+	DefaultTimeout = 50 * time.Millisecond
+	// DefaultBreakerThreshold is the number of consecutive failed calls that opens the circuit
+	// breaker unless [WithBreaker] says otherwise.
+	DefaultBreakerThreshold = 5
+	// DefaultBreakerCooldown is how long the breaker stays open before a probe, unless [WithBreaker]
+	// says otherwise.
+	DefaultBreakerCooldown = 500 * time.Millisecond
+	// DefaultBreakerMinSpan is how long a run of failures must last to open the breaker, unless
+	// [WithBreaker] says otherwise.
+	DefaultBreakerMinSpan = 50 * time.Millisecond
+)
+
+// An Option configures a [Limiter] in [New].
+type Option interface{ apply(*options) error }
+
+type optionFunc func(*options) error
+
+func (f optionFunc) apply(o *options) error { return f(o) }
+
+// options are the settings of a Limiter; newOptions holds every default.
+type options struct {
+	prefix  string
+	hash    bool
+	hashKey []byte
+	timeout time.Duration
+	breaker redisx.BreakerConfig
+	now     func() time.Time
+}
+
+func newOptions() options {
+	return options{
+		prefix:  DefaultPrefix,
+		timeout: DefaultTimeout,
+		breaker: redisx.BreakerConfig{Threshold: DefaultBreakerThreshold, Cooldown: DefaultBreakerCooldown,
+			MinSpan: DefaultBreakerMinSpan},
+		now: time.Now,
+	}
+}
+
+// WithPrefix sets the string that starts every key: non-empty, with no braces or whitespace. The
+// default is DefaultPrefix ("hr").
+func WithPrefix(p string) Option {
+	return optionFunc(func(o *options) error {
+		if !redisx.ValidPrefix(p) {
+			return fmt.Errorf("%w: key prefix %q: want a non-empty prefix without braces or whitespace", ErrInvalid, p)
+		}
+		o.prefix = p
+		return nil
+	})
+}
+
+// WithTimeout bounds one Redis call, round trip included; positive. The default is DefaultTimeout
+// (50ms). A call that times out returns an error for which [IsTransport] is true.
+func WithTimeout(d time.Duration) Option {
+	return optionFunc(func(o *options) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: timeout %v: want a positive duration", ErrInvalid, d)
+		}
+		o.timeout = d
+		return nil
+	})
+}
+
+// WithHashedSubjects stores subjects and tags in keys as the first 16 bytes of their SHA-256 in hex
+// (HMAC-SHA-256 with key, when key is not empty), so no raw API key, e-mail or IP address reaches
+// Redis. Without a key, a small space such as IPv4 addresses can be reversed by hashing every
+// candidate. By default subjects are stored as given.
+func WithHashedSubjects(key []byte) Option {
+	return optionFunc(func(o *options) error {
+		o.hash = true
+		o.hashKey = append([]byte(nil), key...)
+		return nil
+	})
+}
+
+// WithBreaker configures the circuit breaker in front of Redis: threshold (at least 1) consecutive
+// failed calls, spanning at least minSpan (0 or more) from the first, open it; after cooldown
+// (positive) one probe call goes through, and its success closes it. A refusal (OOM, NOAUTH, …)
+// opens it at the threshold whatever the span. The defaults are DefaultBreakerThreshold,
+// DefaultBreakerCooldown and DefaultBreakerMinSpan.
+func WithBreaker(threshold int, cooldown, minSpan time.Duration) Option {
+	return optionFunc(func(o *options) error {
+		cfg := o.breaker
+		cfg.Threshold, cfg.Cooldown, cfg.MinSpan = threshold, cooldown, minSpan
+		if err := cfg.Validate(); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalid, err)
+		}
+		o.breaker = cfg
+		return nil
+	})
+}
+
+// WithClock sets the clock of the breaker and of [Shaper.WaitN]'s deadline arithmetic; nil means
+// time.Now, the default. The limits themselves always run on Redis TIME.
+func WithClock(now func() time.Time) Option {
+	return optionFunc(func(o *options) error {
+		if now == nil {
+			now = time.Now
+		}
+		o.now = now
+		return nil
+	})
+}
