@@ -453,7 +453,7 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 				}
 				flying = true
 			}
-			c := e.Next(sent, int64(l.opts.syncInterval))
+			c := e.Next(sent)
 			want := n
 			if l.opts.drift > 0 {
 				want = min(max(l.syncer.Want(e, c.Demand, n), n+e.Waiters()), limit.Burst)

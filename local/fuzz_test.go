@@ -56,7 +56,7 @@ func FuzzStore(f *testing.F) {
 					t.Fatalf("Insert(%q) made a second live entry", key)
 				}
 				known[key] = e
-				c := e.Next(1, 1)
+				c := e.Next(1)
 				e.Grant(Answer{Seq: c.Seq, Charged: e.Charged(), Credit: 3, Global: 3_000_000, Active: 1, At: 1})
 			case 1: // a local take
 				if e := s.Lookup(key, 10, 10, h); e != nil {
@@ -75,7 +75,7 @@ func FuzzStore(f *testing.F) {
 				}
 				for _, e := range s.Collect(nil) {
 					delete(pending, e)
-					c := e.Next(1, 1)
+					c := e.Next(1)
 					e.Grant(Answer{Seq: c.Seq, Charged: c.Cum, Credit: 3, Global: 3_000_000, Active: 1, At: 1})
 				}
 				for e := range pending {

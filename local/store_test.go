@@ -36,7 +36,7 @@ func insert(t *testing.T, s *Store, key string) *Entry {
 // grant applies an answer as a reconcile would: charged tokens charged, credit on top, global
 // micro-tokens in the bucket.
 func grant(e *Entry, charged, credit, global int64) {
-	c := e.Next(1, 1)
+	c := e.Next(1)
 	e.Grant(Answer{Seq: c.Seq, Charged: charged, Credit: credit, Global: global, Active: 1, SentUsed: c.Used,
 		At: 1, LeaseUntil: math.MaxInt64})
 }
@@ -113,7 +113,7 @@ func TestLimitIsPartOfTheIdentity(t *testing.T) {
 func TestExpireWritesOffTheUnusedLease(t *testing.T) {
 	s := newStore(t, 64)
 	e := insert(t, s, "k")
-	c := e.Next(1, 1)
+	c := e.Next(1)
 	e.Grant(Answer{Seq: c.Seq, Charged: 10, Credit: 1, Active: 1, At: 1, LeaseUntil: 100})
 	require.Equal(t, Taken, e.TryTake(3))
 	assert.Equal(t, int64(0), e.Expire(99), "not yet")
@@ -130,15 +130,58 @@ func TestDemandEstimate(t *testing.T) {
 	e := insert(t, s, "k")
 	e.Seen(1)
 	e.Add(4)
-	c := e.Next(2e9, 1e6) // 4 tokens in 2s
+	c := e.Next(2e9) // 4 tokens in 2s
 	assert.InDelta(t, 2.0, c.Demand, 1e-6)
 	assert.True(t, c.Active)
-	e.Deny(6) // denied demand counts too
-	c = e.Next(3e9, 1e6)
-	assert.InDelta(t, (2.0+6.0)/2, c.Demand, 1e-6, "blended half and half")
-	c = e.Next(4e9, 1e6)
+	e.Deny(6) // denied demand counts too: 6 tokens in 1s
+	c = e.Next(3e9)
+	decay := math.Exp(-1 / (32.0 / 6)) // τ = 32 events at the larger of the estimate and the observation
+	assert.InDelta(t, 2*decay+6*(1-decay), c.Demand, 1e-9)
+	prev := c.Demand
+	c = e.Next(4e9)
 	assert.False(t, c.Active)
-	assert.InDelta(t, 2.0, c.Demand, 1e-6, "idle: the estimate halves")
+	assert.Less(t, c.Demand, prev, "idle: the estimate decays")
+	assert.Greater(t, c.Demand, 0.8*prev, "slowly at a few requests a second")
+}
+
+// A node that sees a key about once a second, at irregular times (Poisson arrivals: some requests
+// come 50 ms after the one before), each request reported by a call 20 ms later, estimates about
+// one request a second. The rule before demandTau (each call's observation blended half and half
+// with the estimate) read up to 10/s here.
+func TestDemandEstimateSparseNode(t *testing.T) {
+	s := newStore(t, 64)
+	e := insert(t, s, "k")
+	e.Seen(1)
+	now := int64(1)
+	var c Call
+	for i := range 60 {
+		gap := []int64{50e6, 1600e6, 300e6, 2000e6, 1050e6}[i%5] // 1 s on average
+		now += gap - 20e6
+		e.Add(1)
+		now += 20e6
+		c = e.Next(now)
+		if i >= 20 {
+			assert.InDelta(t, 1.0, c.Demand, 0.4, "request %d", i)
+		}
+	}
+}
+
+// A key that turns hot is followed within about a second.
+func TestDemandEstimateFollowsAHotKey(t *testing.T) {
+	s := newStore(t, 64)
+	e := insert(t, s, "k")
+	e.Seen(1)
+	now := int64(1)
+	e.Add(1)
+	now += 2e9
+	c := e.Next(now) // 0.5/s
+	for range 15 {         // then 500/s, a call every 100 ms, for 1.5 s
+		e.Add(50)
+		now += 100e6
+		c = e.Next(now)
+	}
+	assert.Greater(t, c.Demand, 0.9*500)
+	assert.LessOrEqual(t, c.Demand, 500.0+1e-9)
 }
 
 func TestDirtyListCollectsEachEntryOnce(t *testing.T) {

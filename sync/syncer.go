@@ -331,7 +331,7 @@ func (s *Syncer) flushBatch(ctx context.Context, batch []pick, now int64, m mode
 	s.seqs = s.seqs[:0]
 	for _, p := range batch {
 		e := p.e
-		c := e.Next(now, int64(s.cfg.Interval))
+		c := e.Next(now)
 		want := int64(0)
 		if m == due && c.Active && !p.idle && s.cfg.Drift > 0 {
 			want = s.Want(e, c.Demand, 0)
