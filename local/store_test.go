@@ -175,7 +175,7 @@ func TestDemandEstimateFollowsAHotKey(t *testing.T) {
 	e.Add(1)
 	now += 2e9
 	c := e.Next(now) // 0.5/s
-	for range 15 {         // then 500/s, a call every 100 ms, for 1.5 s
+	for range 15 {   // then 500/s, a call every 100 ms, for 1.5 s
 		e.Add(50)
 		now += 100e6
 		c = e.Next(now)
