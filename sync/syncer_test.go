@@ -441,3 +441,51 @@ func TestRareKeyReportWaitsForTheRound(t *testing.T) {
 	require.NoError(t, s.flush(context.Background(), due))
 	assert.Equal(t, n+1, f.n(), "a busy key with its allowance spent is sent at once")
 }
+
+// A key of a few requests a second whose lease is spent waits for the round to fill while its
+// credit lasts, and goes at once when the credit is spent too. (Before, a spent lease alone made
+// the round go at once: on sparse keys, nearly every round was such a key's.)
+func TestSparseKeyWaitsWhileItsCreditLasts(t *testing.T) {
+	f := newFake()
+	c := newClock()
+	st, s := setup(t, f, c.now)
+	e := entry(t, st, "k", 2)
+	for range 40 { // 4 requests a second for 10 s, each reported
+		e.TryTake(1)
+		c.add(250 * time.Millisecond)
+		require.NoError(t, s.flush(context.Background(), due))
+	}
+	d := e.Demand()
+	require.Greater(t, d, 2.0)
+	require.Zero(t, s.urgentWater(d), "a key under a token per two intervals")
+
+	// A round that leaves the bucket a few tokens, so the answer's credit is a few tokens.
+	f.mu.Lock()
+	f.tokens["k"] = 10_000_000
+	f.mu.Unlock()
+	for e.Unused() > s.lowWater(e.Demand()) { // down to the renewal's low water
+		require.Equal(t, local.Taken, e.TryTake(1))
+	}
+	c.add(coalesceBusy * 20 * time.Millisecond) // the round goes, urgent or not
+	n := f.n()
+	require.NoError(t, s.flush(context.Background(), due))
+	require.Equal(t, n+1, f.n())
+	require.Positive(t, e.Unused())
+	require.Greater(t, e.Mark(), e.Charged(), "the answer gave credit")
+	require.Less(t, float64(e.Mark()-e.Total()+1), d*rareNeed.Seconds(), "not a rare key")
+
+	for e.Unused() > 0 { // the lease spent: the credit is left
+		require.Equal(t, local.Taken, e.TryTake(1))
+	}
+	n = f.n()
+	c.add(20 * time.Millisecond)
+	require.NoError(t, s.flush(context.Background(), due))
+	assert.Equal(t, n, f.n(), "the renewal waits for the round to fill while the credit lasts")
+
+	for e.TryTake(1) == local.Taken { // the credit spent too
+	}
+	c.add(20 * time.Millisecond)
+	require.NoError(t, s.flush(context.Background(), due))
+	assert.Equal(t, n+1, f.n(), "a key with nothing left is sent at once")
+	assert.Equal(t, "k", f.last()[0].Key)
+}
