@@ -279,17 +279,18 @@ func (e *Entry) Next(now int64) Call {
 		// An exponentially weighted rate over irregular intervals: the observation got/dt weighs
 		// 1 − e^(−dt/τ), so a call soon after the last (one request in 20 ms) moves the estimate by
 		// got/τ, not by got/dt.
-		obs := got / max(dt, 1) // a few requests in a short time: their rate over a second, not got/dt
+		rate := got / dt
+		obs := got / max(dt, 1) // for τ, a few requests in a short time count over a second
 		reliable := got >= demandReliable
 		if reliable {
-			obs = got / max(dt, 0.1) // a burst within a few ms is not a rate of thousands a second
+			rate = got / max(dt, 0.1) // a burst within a few ms is not a rate of thousands a second
+			obs = rate
 		}
-		decay := math.Exp(-dt / demandTau(e.demand, obs))
+		keep := math.Exp(-dt / demandTau(e.demand, obs))
 		if reliable {
-			e.demand = e.demand*min(decay, 0.5) + obs*(1-min(decay, 0.5)) // at least half the weight
-		} else {
-			e.demand = e.demand*decay + got*(1-decay)/dt
+			keep = min(keep, 0.5) // at least half the weight
 		}
+		e.demand = e.demand*keep + rate*(1-keep)
 	}
 	e.demand = min(e.demand, maxDemand) // a burst in a short window must not exceed what Redis accepts
 	e.sentUsed, e.sentDenied, e.sentAt = used, den, now
