@@ -218,14 +218,31 @@ func TestScriptLeaseAdvance(t *testing.T) {
 		busy := &node{c: c, key: "busy", lim: Limit{Rate: 10, Burst: 20}, inc: 1, demand: 12}
 		st = busy.call(t, 0, 80, 0)
 		assert.Equal(t, int64(30), st.Charged, "demand 12/s: the advance is capped at Rate·Advance, 10")
-		// Over 1.25× the rate (demand 20/s ≥ 12.5/s) nothing is lent beyond the bucket.
+		// Over 1.25× the rate (demand 20/s ≥ 12.5/s) the advance is not lent. A node that called
+		// before may lend the refill its leases hold while they wait for its requests instead:
+		// Rate/demand tokens below zero, rounded (here 10/20 → 1), not told to the node.
 		hot := &node{c: c, key: "over", lim: Limit{Rate: 10, Burst: 20}, inc: 1, demand: 20}
 		st = hot.call(t, 0, 80, 0)
-		assert.Equal(t, int64(20), st.Charged, "only the burst")
-		assert.Equal(t, int64(0), st.Tokens)
+		assert.Equal(t, int64(20), st.Charged, "only the burst: the node's share")
+		assert.Equal(t, int64(0), st.Tokens, "the lend is not what could be lent")
 		st = hot.call(t, 20, 80, 1) // the lease spent, one more now
-		assert.Equal(t, StatusDenied, st.Status)
-		assert.Equal(t, 100*time.Millisecond, st.RetryAfter, "a token refills in 0.1 s")
+		assert.Equal(t, StatusCovered, st.Status, "the lend covers one token")
+		assert.Equal(t, int64(-1_000_000), bucketField(t, rdb, BucketKey("t", "over", nd.lim), 0), "lent one token below zero")
+		st = hot.call(t, 1, 80, 1) // and one more
+		assert.Equal(t, StatusDenied, st.Status, "no further than the lend")
+		assert.Equal(t, 100*time.Millisecond, st.RetryAfter, "the bucket's -1 is the lend: a token refills in 0.1 s")
+		// A node with a small share of the key's demand lends more (its requests are further
+		// apart), up to Rate·Advance (10), and takes at most its share of the burst.
+		minor := &node{c: c, key: "over", lim: Limit{Rate: 10, Burst: 20}, inc: 1, demand: 0.5}
+		mcfg := testConfig(rdb, "minor")
+		mcfg.Advance = time.Second
+		minor.c, err = New(mcfg)
+		require.NoError(t, err)
+		minor.c.at(t0)
+		minor.call(t, 0, 0, 0) // its first call declares its demand
+		st = minor.call(t, 0, 80, 0)
+		assert.Equal(t, int64(1), st.Charged, "its share: 20·0.5/20.5 rounds to 0, at least 1")
+		assert.Equal(t, int64(-2_000_000), bucketField(t, rdb, BucketKey("t", "over", nd.lim), 0))
 		// Debt floors at -(Burst + Rate·Advance): a lent bucket's debt is never forgiven.
 		st = nd.call(t, 100, 0, 0)
 		assert.Equal(t, int64(-25_000_000), st.Tokens, "floor -30, plus what the demand takes of the advance, 5")

@@ -33,7 +33,7 @@ const (
 	LeaseLife = 8 * time.Second
 	// LeaseAdvance is the default of WithLeaseAdvance: lease renewals (not a node's first call for a
 	// key) may draw on what the key's demand takes of the next second's refill while the key is
-	// under 1.25× its rate.
+	// under 1.25× its rate, and over it on the refill its leases hold while they wait.
 	LeaseAdvance = time.Second
 )
 
@@ -229,9 +229,11 @@ func WithoutColdStart() Option {
 // has no demand to lend ahead for, so a burst on a quiet key takes at most its burst. The price: a
 // key that has run at W under its rate holds leases that include refill lent ahead, so a sudden
 // burst on it can admit up to Burst + W·d at once, and the overshoot bound widens by Rate·d
-// (docs/accuracy.md). The default, LeaseAdvance, is one second; 0 lends only tokens in the bucket
-// (a burst never exceeds Burst plus the overdraft credits). From 0 to a minute; every node of a
-// fleet should use the same.
+// (docs/accuracy.md). Over 1.25 × its rate a key lends instead the refill its leases hold while
+// they wait for their nodes' next requests (Rate/d_i tokens for node i of demand d_i, at most
+// Rate·d), so that an overloaded key spread over many nodes admits what an exact bucket would. The
+// default, LeaseAdvance, is one second; 0 lends only tokens in the bucket (a burst never exceeds
+// Burst plus the overdraft credits). From 0 to a minute; every node of a fleet should use the same.
 func WithLeaseAdvance(d time.Duration) Option {
 	return optionFunc(func(o *options) error {
 		if d < 0 || d > time.Minute {
