@@ -182,7 +182,8 @@ func TestScriptDebtFloorAndRetry(t *testing.T) {
 
 // TestScriptLeaseAdvance: while a key's demand is under its rate (below 1.25·Rate), leases may draw
 // on the next Advance of refill: the bucket is lent below zero, down to -Rate·Advance, and the node is
-// told what could still be lent. Over the rate, only tokens in the bucket are lent.
+// told what could still be lent. Over 1.25·Rate, a node that called before may lend the refill its
+// leases hold while they wait (the lend: -Rate/demand, at most -Rate·Advance), not told to the node.
 func TestScriptLeaseAdvance(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		cfg := testConfig(rdb, "a")
