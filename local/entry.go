@@ -300,6 +300,20 @@ func (e *Entry) Next(now int64) Call {
 	}
 }
 
+// RecentRate returns the tokens admitted and denied since the entry's last call, per second over the
+// time since that call (at least a second), at time now (caller's monotonic clock, ns); -1 before the
+// first call. Unlike Demand, it reacts at once to a key that went quiet: one request in the 14 s
+// since the last call reads 0.07/s whatever the estimate says.
+func (e *Entry) RecentRate(now int64) float64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.sentAt <= 0 {
+		return -1
+	}
+	got := float64(max(e.total.Load()-e.burned.Load()-e.sentUsed, 0) + e.denied.Load() - e.sentDenied)
+	return got / max(float64(now-e.sentAt)/1e9, 1)
+}
+
 // Seen notes the first time the syncer sees the entry, for the first demand estimate.
 func (e *Entry) Seen(now int64) {
 	e.mu.Lock()

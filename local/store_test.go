@@ -144,6 +144,21 @@ func TestDemandEstimate(t *testing.T) {
 	assert.Greater(t, c.Demand, 0.8*prev, "slowly at a few requests a second")
 }
 
+func TestRecentRate(t *testing.T) {
+	s := newStore(t, 64)
+	e := insert(t, s, "k")
+	e.Seen(1)
+	e.Add(3)
+	assert.Equal(t, -1.0, e.RecentRate(2e9), "no call yet")
+	e.Next(2e9)
+	assert.Zero(t, e.RecentRate(3e9), "nothing since the call")
+	e.Add(1)
+	e.Deny(2)
+	assert.InDelta(t, 3.0, e.RecentRate(2.5e9), 1e-9, "three tokens half a second after the call: over at least a second")
+	assert.InDelta(t, 0.1, e.RecentRate(32e9), 1e-9, "three tokens in 30 s")
+	assert.Greater(t, e.Demand(), 1.0, "the estimate still says the first call's 1.5/s")
+}
+
 // A node that sees a key about once a second, at irregular times (Poisson arrivals: some requests
 // come 50 ms after the one before), each request reported by a call 20 ms later, estimates about
 // one request a second. The rule before demandTau (each call's observation blended half and half

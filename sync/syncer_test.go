@@ -489,3 +489,93 @@ func TestSparseKeyWaitsWhileItsCreditLasts(t *testing.T) {
 	assert.Equal(t, n+1, f.n(), "a key with nothing left is sent at once")
 	assert.Equal(t, "k", f.last()[0].Key)
 }
+
+// A sparse key (about a request a second) whose lease and credit are spent right after a round
+// waits for the next round while it expects fewer than soonRisk requests (five intervals at 1/s),
+// instead of making its node's round go at once. (Before, on loadgen's sparse scenario, such keys
+// made nearly every interval a round on every node.)
+func TestSpentSparseKeyWaitsBriefly(t *testing.T) {
+	f := newFake()
+	c := newClock()
+	st, s := setup(t, f, c.now)
+	e := entry(t, st, "k", 2)
+	for range 40 { // a request a second for 40 s, each reported by the round that follows
+		require.Equal(t, local.Taken, e.TryTake(1))
+		c.add(time.Second)
+		require.NoError(t, s.flush(context.Background(), due))
+	}
+	d := e.Demand()
+	require.InDelta(t, 1.0, d, 0.3)
+	require.Zero(t, s.urgentWater(d), "a sparse key")
+	wait := s.soonWait(d)
+	require.Equal(t, int64(0.1/(d*0.02)), wait, "0.1 requests at 1/s take 100 ms: about five intervals")
+	require.Greater(t, wait, int64(1))
+
+	for e.TryTake(1) == local.Taken { // lease and credit spent, right after a round
+	}
+	require.True(t, e.Pending(), "debt")
+	n := f.n()
+	for i := int64(1); i < wait; i++ {
+		c.add(20 * time.Millisecond)
+		require.NoError(t, s.flush(context.Background(), due))
+		require.Equal(t, n, f.n(), "interval %d: the renewal waits for the round", i)
+	}
+	c.add(20 * time.Millisecond)
+	require.NoError(t, s.flush(context.Background(), due))
+	assert.Equal(t, n+1, f.n(), "and goes after %d intervals", wait)
+	assert.Equal(t, "k", f.last()[0].Key)
+	assert.Equal(t, int64(coalesce), s.soonWait(0.01), "at most coalesce intervals")
+	assert.Equal(t, int64(1), s.soonWait(100), "at least one")
+}
+
+// A key whose demand estimate is still that of a busy past, but that asked once in the 30 s since
+// its last call, is judged by that recent rate: its report waits for the round like a rare key's.
+// (On loadgen's sticky scenario, minority nodes rated their keys at 1–2/s from their first second
+// and, once their leases had expired, sent a round at once for each request: 172 rounds/s.)
+func TestQuietKeyIsJudgedByItsRecentRate(t *testing.T) {
+	f := newFake()
+	c := newClock()
+	st, s := setup(t, f, c.now)
+	e := entry(t, st, "q", 2)
+	for i := range 20 { // two requests a second for 10 s
+		if i == 19 {
+			f.mu.Lock()
+			f.tokens["q"] = 3_000_000 // a nearly empty bucket: the last answer's credit is one token
+			f.mu.Unlock()
+		}
+		require.Equal(t, local.Taken, e.TryTake(1))
+		c.add(500 * time.Millisecond)
+		require.NoError(t, s.flush(context.Background(), due))
+	}
+	d := e.Demand()
+	require.Greater(t, d, 1.0)
+	require.LessOrEqual(t, e.Mark()-e.Charged(), int64(1), "credit")
+
+	c.add(30 * time.Second) // quiet: the lease expires, nothing is sent
+	n := f.n()
+	require.NoError(t, s.flush(context.Background(), due))
+	require.Equal(t, n, f.n())
+	busy := entry(t, st, "busy", 50)
+	for range 50 {
+		require.Equal(t, local.Taken, busy.TryTake(1))
+	}
+	c.add(20 * time.Millisecond)
+	require.NoError(t, s.flush(context.Background(), due)) // a round: the busy key's first report
+	require.Equal(t, n+1, f.n())
+
+	for e.TryTake(1) == local.Taken { // one request spends what is left
+	}
+	require.True(t, e.Pending(), "debt")
+	require.Equal(t, d, e.Demand(), "no call since: the estimate is the busy past's")
+	require.Less(t, e.RecentRate(c.now()), 1/rareNeed.Seconds())
+	n = f.n()
+	for i := 1; i < coalesce; i++ {
+		c.add(20 * time.Millisecond)
+		require.NoError(t, s.flush(context.Background(), due))
+		require.Equal(t, n, f.n(), "interval %d: the report waits for the round", i)
+	}
+	c.add(20 * time.Millisecond)
+	require.NoError(t, s.flush(context.Background(), due))
+	assert.Equal(t, n+1, f.n(), "and goes with the next round")
+	assert.Equal(t, "q", f.last()[0].Key)
+}
