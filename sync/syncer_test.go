@@ -491,7 +491,7 @@ func TestSparseKeyWaitsWhileItsCreditLasts(t *testing.T) {
 }
 
 // A sparse key (about a request a second) whose lease and credit are spent right after a round
-// waits for the next round while it expects fewer than soonRisk requests (five intervals at 1/s),
+// waits for the next round while it expects fewer than soonRisk requests (two intervals at 1/s),
 // instead of making its node's round go at once. (Before, on loadgen's sparse scenario, such keys
 // made nearly every interval a round on every node.)
 func TestSpentSparseKeyWaitsBriefly(t *testing.T) {
@@ -508,7 +508,7 @@ func TestSpentSparseKeyWaitsBriefly(t *testing.T) {
 	require.InDelta(t, 1.0, d, 0.3)
 	require.Zero(t, s.urgentWater(d), "a sparse key")
 	wait := s.soonWait(d)
-	require.Equal(t, int64(0.1/(d*0.02)), wait, "0.1 requests at 1/s take 100 ms: about five intervals")
+	require.Equal(t, int64(soonRisk/(d*0.02)), wait, "0.05 requests at 1/s take 50 ms: two intervals")
 	require.Greater(t, wait, int64(1))
 
 	for e.TryTake(1) == local.Taken { // lease and credit spent, right after a round
