@@ -263,10 +263,9 @@ func (e *Entry) Next(now int64) Call {
 	defer e.mu.Unlock()
 	e.seq++
 	total := e.total.Load()
-	burned := e.burned.Load()
-	used := total - burned
+	used := total - e.burned.Load()
 	den := e.denied.Load()
-	got := float64(max(used-e.sentUsed, 0) + den - e.sentDenied) // used falls after a Refund
+	got := e.sinceCall(used, den)
 	active := got > 0
 	if e.sentAt <= 0 {
 		born := -e.sentAt
@@ -310,8 +309,13 @@ func (e *Entry) RecentRate(now int64) float64 {
 	if e.sentAt <= 0 {
 		return -1
 	}
-	got := float64(max(e.total.Load()-e.burned.Load()-e.sentUsed, 0) + e.denied.Load() - e.sentDenied)
-	return got / max(float64(now-e.sentAt)/1e9, 1)
+	return e.sinceCall(e.total.Load()-e.burned.Load(), e.denied.Load()) / max(float64(now-e.sentAt)/1e9, 1)
+}
+
+// sinceCall returns the tokens admitted and denied since the last call, given the counters now:
+// used (admitted, less what was written off) and den (denied); e.mu must be held.
+func (e *Entry) sinceCall(used, den int64) float64 {
+	return float64(max(used-e.sentUsed, 0) + den - e.sentDenied) // used falls after a Refund
 }
 
 // Seen notes the first time the syncer sees the entry, for the first demand estimate.
