@@ -292,12 +292,13 @@ func (s *Syncer) flush(ctx context.Context, m mode) error {
 				// were what set the pace of rounds on sparse keys: on loadgen's sticky scenario
 				// 1,680 rounds in 10 s, 99% of them urgent, 680 with this rule. (Debt reported
 				// later is no more debt: a node's credit is renewed only by an answer.)
+				sparse := d > 0 && s.urgentWater(d) == 0
 				needed := debt || unused <= s.urgentWater(d)
-				if d > 0 && s.urgentWater(d) == 0 {
+				if sparse {
 					needed = left == 0
 				}
 				switch {
-				case needed && !rare && d > 0 && s.urgentWater(d) == 0:
+				case needed && !rare && sparse:
 					// A sparse key with nothing left waits for its round while the requests it
 					// expects over the wait stay under soonRisk (a request meanwhile goes to Redis
 					// synchronously): at 0.6/s, 4 intervals. On loadgen's sparse scenario such
