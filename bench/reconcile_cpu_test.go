@@ -21,7 +21,9 @@ import (
 // bucket and 8 node records (a warm-up round creates them before the timer). n=0 is a background
 // reconcile, n=1 a synchronous call. Each node consumes 2 tokens per key and round, declares a
 // demand with a fraction and asks for a lease. The figures to read are redis-µs/call and
-// redis-µs/key; run with -benchtime=Nx so every run does the same work, and repeat (-count): the
+// redis-µs/key; server-µs/key is the whole server's CPU (INFO cpu, user + sys) per key, which also
+// counts what commandstats leaves out: reading the requests, building the arguments, writing the
+// replies, and any other client's work. Run with -benchtime=Nx so every run does the same work, and repeat (-count): the
 // figures are as noisy as the machine.
 //
 // HYBRIDRATE_BENCH_REDIS=host:port runs against that server instead of one started for the benchmark
@@ -102,20 +104,50 @@ func BenchmarkReconcileRedisCPU(b *testing.B) {
 				if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
 					b.Fatal(err)
 				}
+				cpu0 := serverCPU(b, rdb)
 				b.ResetTimer()
 				for i := 0; i < b.N; i++ {
 					round()
 				}
 				b.StopTimer()
+				cpu := serverCPU(b, rdb) - cpu0
 				calls, usec := evalshaStats(b, rdb)
 				if want := int64(b.N * nodes * ((nk + perCall - 1) / perCall)); calls != want {
 					b.Fatalf("%d EVALSHA calls, want %d", calls, want)
 				}
 				b.ReportMetric(float64(usec)/float64(calls), "redis-µs/call")
 				b.ReportMetric(float64(usec)/float64(b.N*nodes*nk), "redis-µs/key")
+				b.ReportMetric(cpu.Seconds()*1e6/float64(b.N*nodes*nk), "server-µs/key")
 			})
 		}
 	}
+}
+
+// serverCPU returns the server's CPU time so far (INFO cpu, used_cpu_user + used_cpu_sys).
+func serverCPU(tb testing.TB, rdb *redis.Client) time.Duration {
+	tb.Helper()
+	info, err := rdb.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var sum float64
+	n := 0
+	for line := range strings.Lines(info) {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || k != "used_cpu_user" && k != "used_cpu_sys" {
+			continue
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			tb.Fatalf("INFO cpu %q: %v", line, err)
+		}
+		sum += f
+		n++
+	}
+	if n != 2 {
+		tb.Fatalf("INFO cpu: want used_cpu_user and used_cpu_sys, got %d of them", n)
+	}
+	return time.Duration(sum * 1e9)
 }
 
 // evalshaStats returns the calls and usec of EVALSHA from INFO commandstats.

@@ -307,3 +307,38 @@ func FuzzSlot(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseBucket: any field is either rejected or decoded into whole numbers (the demand aside);
+// and every field reconcile.lua can write, packed (Redis) or as text (miniredis), decodes to the
+// values written.
+func FuzzParseBucket(f *testing.F) {
+	f.Add("", int64(0), int64(0), int64(0), int64(0), int64(0), int64(0))
+	f.Add("-5000000:18c2a3b4c5d6e:13:13880:18c2a3b4c5d6e:18c2a3b4c5", int64(-5_000_000), int64(1_700_000_000_123_456),
+		int64(13), int64(80_000), int64(1_700_000_001_000_000), int64(1_700_000_000_123))
+	f.Add(strings.Repeat("0", 48), int64(1e15), int64(0), int64(1), int64(1), int64(1), int64(1))
+	f.Add("1:2:3:4:5", int64(-2e15), int64(1<<53), int64(0), int64(1e12), int64(0), int64(0))
+	f.Fuzz(func(t *testing.T, field string, tok, ts, con, wm, nt, x int64) {
+		if b, err := ParseBucket(field); err == nil && (math.IsNaN(b.Demand) || math.IsInf(b.Demand, 0)) {
+			t.Fatalf("%q: demand %v", field, b.Demand)
+		}
+		// What the script writes: tokens down to -(burst + rate·advance) ≥ -2e15 micro-tokens, the
+		// times and counts non-negative, all below 2^53.
+		clamp := func(v, lo int64) int64 { return min(max(v, lo), 1<<53-1) }
+		tok, ts, con, wm, nt, x = clamp(tok, -2e15), clamp(ts, 0), clamp(con, 0), clamp(wm, 0), clamp(nt, 0), clamp(x, 0)
+		want := Bucket{Tokens: tok, Refilled: ts, Consumed: con, Demand: float64(wm) / 1000, NextScan: nt, TTLSet: x}
+		text := fmt.Sprintf("%d:%x:%d:%x:%x:%x", tok, ts, con, wm, nt, x)
+		packed := make([]byte, 0, bucketPacked)
+		for _, v := range []float64{float64(tok), float64(ts), float64(con), float64(wm) / 1000, float64(nt), float64(x)} {
+			packed = binary.LittleEndian.AppendUint64(packed, math.Float64bits(v))
+		}
+		for _, s := range []string{text, string(packed)} {
+			got, err := ParseBucket(s)
+			if err != nil {
+				t.Fatalf("%q: %v", s, err)
+			}
+			if got != want {
+				t.Fatalf("%q: got %+v, want %+v", s, got, want)
+			}
+		}
+	})
+}

@@ -1,33 +1,42 @@
 package central
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
 	"github.com/hybridrate/hybridrate/internal/redisx"
 )
 
-// Version is the key-layout version embedded in every Redis key; it changes when the layout does.
-// v2: leases (reconcile.lua), buckets per (key, limit), and disjoint namespaces for buckets and the
-// limiter's own structures. v3: the same model in cheaper records (hexadecimal numbers in the
-// bucket field, node records packed with struct.pack where Redis has it; reconcile.lua). The keys
-// of package strict ("<prefix>:v1:{tag}:…", strict.Version) never share a name with them.
-const Version = "v3"
+// Version is the key-layout version of the buckets, embedded in every bucket's Redis key; it changes
+// when their layout does. v2: leases (reconcile.lua), buckets per (key, limit), and disjoint
+// namespaces for buckets and the limiter's own structures. v3: the same model in cheaper records
+// (hexadecimal numbers in the bucket field, node records packed with struct.pack where Redis has
+// it). v4: the bucket field packed with struct.pack too (reconcile.lua). The keys of package strict
+// ("<prefix>:v1:{tag}:…", strict.Version) never share a name with them.
+const Version = "v4"
+
+// internalVersion is the layout version of the limiter's own structures (the ban list and its
+// change log). Their layout has not changed since v3, so they keep their v3 names: bans survive an
+// upgrade from v3.
+const internalVersion = "v3"
 
 // ErrBadPrefix is returned for a key prefix that is empty or contains a '{', '}' or whitespace.
 var ErrBadPrefix = redisx.NewError(redisx.ClassInvalid, "central: key prefix must be non-empty and contain no braces or spaces")
 
-// The namespaces under "<prefix>:v3:". User keys only ever appear after "b:" (buckets); the limiter's
-// own structures live under "x:", which no user key can reach.
+// The namespaces: buckets under "<prefix>:v4:b:", the limiter's own structures under "<prefix>:v3:x:".
+// User keys only ever appear after "b:"; no user key can reach the "x:" namespace, and a bucket's
+// name never starts like an internal one (the versions differ, and so do "b:" and "x:").
 const (
 	bucketSpace   = ":" + Version + ":b:"
-	internalSpace = ":" + Version + ":x:"
+	internalSpace = ":" + internalVersion + ":x:"
 )
 
 // BucketKey returns the Redis key of the global bucket for key under lim:
-// "<prefix>:v3:b:{<key>}:<rate>:<burst>". The key is the hash tag, so in a Cluster every bucket of one
+// "<prefix>:v4:b:{<key>}:<rate>:<burst>". The key is the hash tag, so in a Cluster every bucket of one
 // key lives in one slot. Any key is accepted, including one with braces or NUL bytes: two different
 // (key, limit) pairs always give two different Redis keys, and none of them can equal [BansKey] or
 // any other key of the limiter's own. The same key used with two limits has two buckets: each limit
@@ -49,24 +58,48 @@ type Bucket struct {
 	Refilled int64   // time of the last refill, µs of Redis TIME
 	Consumed int64   // tokens admitted in total, as the nodes reported them
 	Demand   float64 // the key's demand, tokens/s, as the active nodes declared it
+	NextScan int64   // when the node records are next scanned, µs of Redis TIME
+	TTLSet   int64   // when the key's TTL was last set, ms of Redis TIME
 }
 
 // BucketField is the hash field of a bucket's state; see [ParseBucket].
 const BucketField = "b"
 
-// ParseBucket decodes a bucket's "b" field ("t:s:c:w:nt:x": t and c decimal, the others
-// hexadecimal, w in milli-tokens/s; reconcile.lua), for tests and admin tools.
+// bucketPacked is the length of a bucket field packed with struct.pack("<dddddd").
+const bucketPacked = 48
+
+// ParseBucket decodes a bucket's "b" field, for tests and admin tools. On Redis the field is six
+// little-endian float64s (struct.pack("<dddddd"): tokens, refill time, consumed, demand in tokens/s,
+// next scan, TTL set); where Redis's Lua has no struct library (miniredis, in tests) it is the text
+// "t:s:c:w:nt:x", t and c decimal, the others hexadecimal, w in milli-tokens/s (reconcile.lua).
 func ParseBucket(b string) (Bucket, error) {
-	p := strings.Split(b, ":")
-	if len(p) != 6 {
+	if p := strings.Split(b, ":"); len(p) == 6 {
+		t, err1 := strconv.ParseInt(p[0], 10, 64)
+		s, err2 := strconv.ParseInt(p[1], 16, 64)
+		c, err3 := strconv.ParseInt(p[2], 10, 64)
+		w, err4 := strconv.ParseInt(p[3], 16, 64)
+		nt, err5 := strconv.ParseInt(p[4], 16, 64)
+		x, err6 := strconv.ParseInt(p[5], 16, 64)
+		err := errors.Join(err1, err2, err3, err4, err5, err6)
+		if err == nil {
+			return Bucket{Tokens: t, Refilled: s, Consumed: c, Demand: float64(w) / 1000, NextScan: nt, TTLSet: x}, nil
+		}
+		if len(b) != bucketPacked {
+			return Bucket{}, fmt.Errorf("%w: bucket field %q: %v", ErrBadReply, b, err)
+		}
+		// 48 bytes with five colons that do not parse as text: packed.
+	}
+	if len(b) != bucketPacked {
 		return Bucket{}, fmt.Errorf("%w: bucket field %q", ErrBadReply, b)
 	}
-	t, err1 := strconv.ParseInt(p[0], 10, 64)
-	s, err2 := strconv.ParseInt(p[1], 16, 64)
-	c, err3 := strconv.ParseInt(p[2], 10, 64)
-	w, err4 := strconv.ParseInt(p[3], 16, 64)
-	if err := errors.Join(err1, err2, err3, err4); err != nil {
-		return Bucket{}, fmt.Errorf("%w: bucket field %q: %v", ErrBadReply, b, err)
+	var v [6]float64
+	for i := range v {
+		v[i] = math.Float64frombits(binary.LittleEndian.Uint64([]byte(b[8*i : 8*i+8])))
+		whole := v[i] == math.Trunc(v[i]) || i == 3 // the demand is the only fraction
+		if !whole || !(math.Abs(v[i]) <= 1<<62) {   // NaN fails the comparison
+			return Bucket{}, fmt.Errorf("%w: bucket field %x", ErrBadReply, b)
+		}
 	}
-	return Bucket{Tokens: t, Refilled: s, Consumed: c, Demand: float64(w) / 1000}, nil
+	return Bucket{Tokens: int64(v[0]), Refilled: int64(v[1]), Consumed: int64(v[2]), Demand: v[3],
+		NextScan: int64(v[4]), TTLSet: int64(v[5])}, nil
 }

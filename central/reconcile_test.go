@@ -346,21 +346,15 @@ func TestScriptPrunesDepartedNodes(t *testing.T) {
 	})
 }
 
-// bucketField reads element i of a bucket's packed "b" field (reconcile.lua: t:s:c:w:nt:x, t and c
-// decimal, the others hexadecimal).
+// bucketField reads element i of a bucket's "b" field (reconcile.lua: t, s, c, w, nt, x; w in
+// milli-tokens/s, rounded down), through ParseBucket.
 func bucketField(t *testing.T, rdb redis.UniversalClient, key string, i int) int64 {
 	t.Helper()
-	b, err := rdb.HGet(context.Background(), key, "b").Result()
+	b, err := rdb.HGet(context.Background(), key, BucketField).Result()
 	require.NoError(t, err)
-	parts := strings.Split(b, ":")
-	require.Len(t, parts, 6, b)
-	base := 16
-	if i == 0 || i == 2 {
-		base = 10
-	}
-	v, err := strconv.ParseInt(parts[i], base, 64)
-	require.NoError(t, err, b)
-	return v
+	st, err := ParseBucket(b)
+	require.NoError(t, err, "%q", b)
+	return [...]int64{st.Tokens, st.Refilled, st.Consumed, int64(st.Demand * 1000), st.NextScan, st.TTLSet}[i]
 }
 
 func TestScriptRejectsBadNumbers(t *testing.T) {
@@ -384,18 +378,18 @@ func TestScriptRejectsBadNumbers(t *testing.T) {
 			{"garbage n", []any{1, 0, 0, 0, 0, 1, 1, "x", "1", 10}},
 		} {
 			args := append([]any{"node", 60000, 1000, 4000, 4000, 0, 0}, tc.args...)
-			res, err := src.Eval(ctx, rdb, []string{"t:v3:b:{bad}:1:10"}, args...).Result()
+			res, err := src.Eval(ctx, rdb, []string{"t:" + Version + ":b:{bad}:1:10"}, args...).Result()
 			require.NoError(t, err, tc.name)
 			out, errs := make([]State, 1), make([]error, 1)
 			require.NoError(t, decodeStates(res, out, errs), tc.name)
 			require.ErrorIs(t, errs[0], ErrBadKey, tc.name)
 			assert.Contains(t, errs[0].Error(), "hybridrate: bad", tc.name)
 		}
-		n, err := rdb.Exists(ctx, "t:v3:b:{bad}:1:10").Result()
+		n, err := rdb.Exists(ctx, "t:"+Version+":b:{bad}:1:10").Result()
 		require.NoError(t, err)
 		assert.Equal(t, int64(0), n, "a rejected key writes nothing")
 		// A bad global argument fails the whole call.
-		err = src.Eval(ctx, rdb, []string{"t:v3:b:{bad}:1:10"}, "no:de", 60000, 1000, 4000, 4000, 0, 0,
+		err = src.Eval(ctx, rdb, []string{"t:" + Version + ":b:{bad}:1:10"}, "no:de", 60000, 1000, 4000, 4000, 0, 0,
 			1, 0, 0, 0, 0, 1, 1, 1, "1", 10).Err()
 		require.Error(t, err)
 		// Go rejects bad limits before they are sent.
@@ -444,7 +438,7 @@ func TestUserKeysCannotReachInternalStructures(t *testing.T) {
 		for _, in := range internal {
 			assert.NotEqual(t, in, BucketKey("hr", k, lim), k)
 		}
-		assert.True(t, strings.HasPrefix(BucketKey("hr", k, lim), "hr:v3:b:{"), k)
+		assert.True(t, strings.HasPrefix(BucketKey("hr", k, lim), "hr:v4:b:{"), k)
 	}
 	for _, in := range internal {
 		assert.True(t, strings.HasPrefix(in, "hr:v3:x:"), in)
@@ -528,7 +522,7 @@ func TestBreakerOpensAndFailsFast(t *testing.T) {
 }
 
 func TestKeysAndSlots(t *testing.T) {
-	assert.Equal(t, "hr:v3:b:{user:1}:2.5:10", BucketKey("hr", "user:1", Limit{Rate: 2.5, Burst: 10}))
+	assert.Equal(t, "hr:v4:b:{user:1}:2.5:10", BucketKey("hr", "user:1", Limit{Rate: 2.5, Burst: 10}))
 	assert.NotEqual(t, BucketKey("hr", "k", Limit{Rate: 10, Burst: 10}), BucketKey("hr", "k", Limit{Rate: 100, Burst: 10}),
 		"one key under two limits: two buckets")
 	assert.Equal(t, uint16(0x31C3), redisx.CRC16("123456789"), "CRC-16/XMODEM check value")

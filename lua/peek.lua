@@ -1,4 +1,4 @@
--- peek.lua (key layout v3): read one global token bucket, refilled to now, without changing it.
+-- peek.lua (key layout v4): read one global token bucket, refilled to now, without changing it.
 --
 -- KEYS[1]  bucket key (reconcile.lua documents its fields; only "b" is read)
 -- ARGV[1]  rate (tokens/s), ARGV[2] burst, ARGV[3] time override in µs ("0" = use Redis TIME; tests only)
@@ -23,9 +23,16 @@ end
 local burst_u = burst * 1000000
 local b = redis.call('HGET', KEYS[1], 'b')
 if not b then return { 0, burst_u, 0 } end
-local t, s = string.match(b, '^(%-?%d+):(%x+):') -- t decimal, s hexadecimal
-if t == nil then return { 0, burst_u, 0 } end
-local tokens, ts = tonumber(t), tonumber(s, 16)
+local tokens, ts
+local st = rawget(_G, 'struct') -- as reconcile.lua: packed where Redis has struct, else text
+if st ~= nil then
+  if #b ~= 48 then return { 0, burst_u, 0 } end
+  tokens, ts = st.unpack('<dd', b)
+else
+  local t, s = string.match(b, '^(%-?%d+):(%x+):') -- t decimal, s hexadecimal
+  if t == nil then return { 0, burst_u, 0 } end
+  tokens, ts = tonumber(t), tonumber(s, 16)
+end
 if now > ts and tokens < burst_u then tokens = math.min(tokens + (now - ts) * rate, burst_u) end
 tokens = math.floor(tokens)
 local full = math.ceil((burst_u - tokens) / rate)

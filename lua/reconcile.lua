@@ -1,26 +1,31 @@
 #!lua
--- reconcile.lua (key layout v3): lease tokens of global token buckets to nodes, and apply what the
+-- reconcile.lua (key layout v4): lease tokens of global token buckets to nodes, and apply what the
 -- nodes consumed beyond their leases.
 --
 -- One call handles one or more buckets (all KEYS must share a cluster slot). Each bucket is a hash
 -- of two kinds of fields (packed into strings: every field read or written costs Redis CPU):
---   b   "t:s:c:w:nt:x", the bucket; t and c are decimal, the others hexadecimal (lower case):
+--   b   the bucket: t, s, c, w, nt, x, packed with struct.pack('<dddddd') where Redis's Lua has the
+--       struct library (every Redis since 2.6), else (gopher-lua: miniredis, in tests) the text
+--       "t:s:c:w:nt:x", t and c decimal, the others hexadecimal (lower case), w in milli-tokens/s:
 --       t   tokens in the bucket, in micro-tokens (integer; negative: lent ahead or debt, down to
 --           -(burst + rate·advance))
 --       s   time of the last refill, µs of Redis TIME
 --       c   tokens admitted in total, as the nodes report them (accounting; never decreases)
---       w   the demand on the key, milli-tokens/s: the sum of the demands the active nodes declared
+--       w   the demand on the key, tokens/s: the sum of the demands the active nodes declared
 --       nt  next time (µs) the node records are scanned: w recomputed, departed nodes pruned
 --       x   time (ms) the key's TTL was last set; it is set again once half of it has passed
 --   n:<node>  this node's record: inc, chg, used, demand (tokens/s), seen (ms); packed with
---             struct.pack('<ddddd') where Redis's Lua has the struct library (every Redis since 2.6),
---             else (gopher-lua: miniredis, in tests) the text "inc:chg:used:demand:seen".
+--             struct.pack('<ddddd') where Redis's Lua has struct, else the text
+--             "inc:chg:used:demand:seen".
+-- Every value is an integer below 2^53 but w and demand, so a double holds it exactly.
 --
 -- Cost (what this layout is for): in Redis 7.0's Lua, tonumber of a decimal is glibc's strtod (about
--- 0.1 µs), of a hexadecimal strtoul (about 0.04 µs); string.format and string.match cost about
--- 0.6 µs each, struct.pack about 0.15 µs, a table per key about 0.2 µs. BenchmarkReconcileRedisCPU
+-- 0.1 µs), of a hexadecimal strtoul (about 0.04 µs); string.format of the six bucket values costs
+-- about 0.7 µs, string.match of them 0.8 µs and their tonumber 0.5 µs more, struct.pack and
+-- struct.unpack of them about 0.16 µs each, a table per key about 0.2 µs. BenchmarkReconcileRedisCPU
 -- (bench/; docs/benchmarks.md) measures Redis's CPU per key with 8 node records per key: in calls of
--- 20 keys, layout v2 took 9.4–9.9 µs per key (median), v3 6.6–6.8 µs.
+-- 20 keys, layout v2 took 9.4–9.9 µs per key (median), v3 6.6–6.8 µs; in a later session, v3
+-- 6.5 µs and v4 5.1 µs (medians of five alternating runs).
 --
 -- The model. A node's lease is tokens taken from the bucket in advance: it may consume them without
 -- asking. `chg` is the tokens charged to the node's incarnation in total (leases and debt); the node
@@ -133,6 +138,24 @@ local function parse(s)
   return tonum(a), tonum(b), tonum(c), tonum(d), tonum(e)
 end
 
+-- unbucket reads the bucket field: tokens, ts, consumed, w (tokens/s), next_scan, ttl_set; nil when
+-- malformed.
+local function unbucket(s)
+  if sunpack then
+    if #s ~= 48 then return nil end
+    return sunpack('<dddddd', s)
+  end
+  local t1, t2, t3, t4, t5, t6 = smatch(s, '^(%-?%d+):(%x+):(%d+):(%x+):(%x+):(%x+)$')
+  if t1 == nil then return nil end
+  return tonum(t1), tonum(t2, 16), tonum(t3), tonum(t4, 16) / 1000, tonum(t5, 16), tonum(t6, 16)
+end
+
+-- bucket packs the bucket field (see unbucket).
+local function bucket(tokens, ts, consumed, w, next_scan, ttl_set)
+  if spack then return spack('<dddddd', tokens, ts, consumed, w, next_scan, ttl_set) end
+  return sformat('%d:%x:%d:%x:%x:%x', tokens, ts, consumed, w * 1000 + 0.5, next_scan, ttl_set)
+end
+
 -- record packs a node record (see parse).
 local function record(inc, chg, used, d, seen)
   if spack then return spack('<ddddd', inc, chg, used, d, seen) end
@@ -167,13 +190,7 @@ local function process(i, key)
   local h = rcall('HMGET', key, 'b', field)
   local burst_u = burst * 1000000
   local tokens, ts, consumed, w, next_scan, ttl_set
-  if h[1] then
-    local t1, t2, t3, t4, t5, t6 = smatch(h[1], '^(%-?%d+):(%x+):(%d+):(%x+):(%x+):(%x+)$')
-    if t1 then
-      tokens, ts, consumed, w = tonum(t1), tonum(t2, 16), tonum(t3), tonum(t4, 16) / 1000
-      next_scan, ttl_set = tonum(t5, 16), tonum(t6, 16)
-    end
-  end
+  if h[1] then tokens, ts, consumed, w, next_scan, ttl_set = unbucket(h[1]) end
   if tokens == nil then
     -- A new bucket (or an unreadable one): full.
     tokens, ts, consumed, w, next_scan, ttl_set = burst_u, now, 0, 0, now + scan_ms * 1000, -1
@@ -205,7 +222,7 @@ local function process(i, key)
       retry = clamp(ceil((n * 1000000 - tokens) / rate))
     end
     tokens = floor(tokens)
-    rcall('HSET', key, 'b', sformat('%d:%x:%d:%x:%x:%x', tokens, ts, consumed, w * 1000 + 0.5, next_scan, now_ms))
+    rcall('HSET', key, 'b', bucket(tokens, ts, consumed, w, next_scan, now_ms))
     rcall('PEXPIRE', key, ttl)
     return status, 0, tokens, floor(w * 1000), retry, clamp(ceil((burst_u - tokens) / rate))
   end
@@ -351,7 +368,7 @@ local function process(i, key)
   local refresh = ttl_set < 0 or now_ms - ttl_set > ttl / 2 or now_ms < ttl_set
   if refresh then ttl_set = now_ms end
   rcall('HSET', key,
-    'b', sformat('%d:%x:%d:%x:%x:%x', tokens, ts, consumed, w * 1000 + 0.5, next_scan, ttl_set),
+    'b', bucket(tokens, ts, consumed, w, next_scan, ttl_set),
     field, record(rec_inc, rec_chg, rec_used, rec_d, rec_seen))
   if refresh then rcall('PEXPIRE', key, ttl) end
   -- The node is told what could be lent to it now (the bucket plus the advance, at most a burst).

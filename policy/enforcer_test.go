@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -100,11 +99,9 @@ func (e *env) consumed(t *testing.T, key string) int64 {
 			continue
 		}
 		require.NoError(t, err)
-		parts := strings.Split(b, ":") // lua/reconcile.lua: "t:s:c:w:nt:x"
-		require.Len(t, parts, 6, b)
-		v, err := strconv.ParseInt(parts[2], 10, 64)
+		st, err := central.ParseBucket(b)
 		require.NoError(t, err)
-		total += v
+		total += st.Consumed
 	}
 	return total
 }
