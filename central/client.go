@@ -2,10 +2,10 @@ package central
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -255,23 +255,21 @@ func (c *Client) Stats() *Stats { return &c.stats }
 func (c *Client) Breaker() *redisx.Breaker { return c.guard.Breaker() }
 
 // argsPerKey is the number of script arguments per key (reconcile.lua).
-const argsPerKey = 10
+const argsPerKey = 1
 
-// appendArgs appends u's script arguments: hexadecimal integers (the script parses them with
-// strtoul, cheaper in Redis's Lua than the strtod of a decimal), the demand in milli-tokens/s, and
-// the rate in decimal.
+// argBytes is the length of a key's script argument: ten float64s.
+const argBytes = 80
+
+// appendArgs appends u's script argument: inc, cum, acked, used, uacked, demand (tokens/s), want,
+// n, rate and burst as little-endian float64s (struct.pack('<dddddddddd'), which the script reads
+// with one struct.unpack; validate keeps every integer below 2^53, so each is exact).
 func appendArgs(args []any, u Update) []any {
-	return append(args,
-		strconv.FormatUint(u.Inc, 16),
-		strconv.FormatInt(u.Cum, 16),
-		strconv.FormatInt(u.Acked, 16),
-		strconv.FormatInt(u.Used, 16),
-		strconv.FormatInt(u.UAcked, 16),
-		strconv.FormatInt(int64(math.Round(u.Demand*1000)), 16), // validate bounds Demand to [0, 1e9]
-		strconv.FormatInt(u.Want, 16),
-		strconv.FormatInt(u.N, 16),
-		strconv.FormatFloat(u.Limit.Rate, 'f', -1, 64), // no exponent: gopher-lua (miniredis) cannot parse "1e+09"
-		strconv.FormatInt(u.Limit.Burst, 16))
+	b := make([]byte, 0, argBytes)
+	for _, v := range [...]float64{float64(u.Inc), float64(u.Cum), float64(u.Acked), float64(u.Used),
+		float64(u.UAcked), u.Demand, float64(u.Want), float64(u.N), u.Limit.Rate, float64(u.Limit.Burst)} {
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(v))
+	}
+	return append(args, b)
 }
 
 // validate checks an update before it is sent: NaN, infinities and out-of-range numbers never reach Redis.

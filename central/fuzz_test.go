@@ -1,6 +1,7 @@
 package central
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -9,9 +10,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
+	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/internal/redisx"
+	"github.com/hybridrate/hybridrate/lua"
 )
 
 var _ redis.Error = replyErr("")
@@ -341,4 +347,63 @@ func FuzzParseBucket(f *testing.F) {
 			}
 		}
 	})
+}
+
+// FuzzReconcileArgument: reconcile.lua reads a key's argument (ten float64s) with struct.unpack on
+// Redis and with its own decoder where Lua has no struct library (gopher-lua, miniredis). Any 80
+// bytes must be rejected alike by both (the key fails with "bad <value>", nothing else does) or
+// applied alike (the same status and charge); and any other length is rejected. It needs a real
+// redis-server (skipped without one, outside CI).
+func FuzzReconcileArgument(f *testing.F) {
+	real := redistest.Start(f).Client(f)
+	m := miniredis.RunT(f)
+	mini := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	f.Cleanup(func() { _ = mini.Close() })
+	src := redis.NewScript(lua.StripShebang(lua.Reconcile()))
+	for _, v := range [][]float64{
+		{1, 0, 0, 0, 0, 1, 1, 1, 1, 10},
+		{1, 5, 0, 5, 0, 12.5, 20, 0, 1000, 500},
+		{1 << 53, 1 << 53, 1 << 53, 1 << 53, 1 << 53, 1e9, 1e9, 1e9, 1e9, 1e9},
+		{math.Copysign(0, -1), 0, 0, 0, 0, 5e-324, 0, 0, 1e-9, 1},
+		{1, 0, 0, 0, 0, math.SmallestNonzeroFloat64 * 3, 1, 1, 2.2250738585072014e-308, 7},
+		{1, math.Inf(-1), 0, 0, 0, 1, 1, 1, 1, 10},
+		{3, 2, 1, 1, 0, 0.001, 4, 1, 0.5, 3},
+	} {
+		f.Add(packed(v...))
+	}
+	f.Add([]byte("short"))
+	f.Fuzz(func(t *testing.T, arg []byte) {
+		// The bytes as given (mostly of another length), and cut or zero-padded to 80 bytes.
+		for _, a := range [][]byte{arg, append(arg[:min(len(arg), argBytes):min(len(arg), argBytes)], make([]byte, max(argBytes-len(arg), 0))...)} {
+			compareEngines(t, src, real, mini, a)
+		}
+	})
+}
+
+// compareEngines runs reconcile.lua on a new bucket with the key argument arg on real Redis and on
+// miniredis, and checks that both reject it alike or apply it alike (FuzzReconcileArgument).
+func compareEngines(t *testing.T, src *redis.Script, real, mini redis.UniversalClient, arg []byte) {
+	ctx := context.Background()
+	key := "f:" + Version + ":b:{fuzz}:1:10"
+	var out [2]State
+	var errs [2]error
+	for i, rdb := range []redis.UniversalClient{real, mini} {
+		require.NoError(t, rdb.Del(ctx, key).Err())
+		res, err := src.Run(ctx, rdb, []string{key}, "node", 60000, 1000, 4000, 4000, 0, t0, arg).Result()
+		require.NoError(t, err, "a key's argument fails that key only")
+		o, e := make([]State, 1), make([]error, 1)
+		require.NoError(t, decodeStates(res, o, e))
+		out[i], errs[i] = o[0], e[0]
+	}
+	if len(arg) != argBytes {
+		require.ErrorIs(t, errs[0], ErrBadKey)
+	}
+	if errs[0] != nil || errs[1] != nil {
+		require.ErrorIs(t, errs[0], ErrBadKey, "%x", arg)
+		require.ErrorIs(t, errs[1], ErrBadKey, "%x", arg)
+		assert.Equal(t, errs[0].Error(), errs[1].Error(), "both engines reject the same value: %x", arg)
+		return
+	}
+	assert.Equal(t, out[0].Status, out[1].Status, "%x", arg)
+	assert.Equal(t, out[0].Charged, out[1].Charged, "%x", arg)
 }

@@ -2,6 +2,7 @@ package central
 
 import (
 	"context"
+	"encoding/binary"
 	"math"
 	"strconv"
 	"strings"
@@ -361,23 +362,30 @@ func TestScriptRejectsBadNumbers(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		ctx := context.Background()
 		src := redis.NewScript(lua.StripShebang(lua.Reconcile()))
+		nan, inf := math.NaN(), math.Inf(1)
 		for _, tc := range []struct {
 			name string
-			args []any // inc, cum, acked, used, uacked, demand, want, n, rate, burst (hexadecimal but rate)
+			arg  []byte // a key's packed argument (see packed); nil: ok below, cut short
 		}{
-			{"nan rate", []any{1, 0, 0, 0, 0, 1, 1, 1, "nan", 10}},
-			{"inf rate", []any{1, 0, 0, 0, 0, 1, 1, 1, "inf", 10}},
-			{"negative rate", []any{1, 0, 0, 0, 0, 1, 1, 1, "-1", 10}},
-			{"zero burst", []any{1, 0, 0, 0, 0, 1, 1, 1, "1", 0}},
-			{"fractional burst", []any{1, 0, 0, 0, 0, 1, 1, 1, "1", 2.5}},
-			{"n over burst", []any{1, 0, 0, 0, 0, 1, 1, 11, "1", 10}},
-			{"nan cum", []any{1, "nan", 0, 0, 0, 1, 1, 1, "1", 10}},
-			{"used over cum", []any{1, 1, 0, 2, 0, 1, 1, 1, "1", 10}},
-			{"negative inc", []any{-1, 0, 0, 0, 0, 1, 1, 1, "1", 10}},
-			{"nan demand", []any{1, 0, 0, 0, 0, "nan", 1, 1, "1", 10}},
-			{"garbage n", []any{1, 0, 0, 0, 0, 1, 1, "x", "1", 10}},
+			{"nan rate", packed(1, 0, 0, 0, 0, 1, 1, 1, nan, 10)},
+			{"inf rate", packed(1, 0, 0, 0, 0, 1, 1, 1, inf, 10)},
+			{"negative rate", packed(1, 0, 0, 0, 0, 1, 1, 1, -1, 10)},
+			{"zero burst", packed(1, 0, 0, 0, 0, 1, 1, 1, 1, 0)},
+			{"fractional burst", packed(1, 0, 0, 0, 0, 1, 1, 1, 1, 2.5)},
+			{"n over burst", packed(1, 0, 0, 0, 0, 1, 1, 11, 1, 10)},
+			{"nan cum", packed(1, nan, 0, 0, 0, 1, 1, 1, 1, 10)},
+			{"inf cum", packed(1, inf, 0, 0, 0, 1, 1, 1, 1, 10)},
+			{"fractional cum", packed(1, 0.5, 0, 0, 0, 1, 1, 1, 1, 10)},
+			{"used over cum", packed(1, 1, 0, 2, 0, 1, 1, 1, 1, 10)},
+			{"negative inc", packed(-1, 0, 0, 0, 0, 1, 1, 1, 1, 10)},
+			{"nan demand", packed(1, 0, 0, 0, 0, nan, 1, 1, 1, 10)},
+			{"negative demand", packed(1, 0, 0, 0, 0, -1, 1, 1, 1, 10)},
+			{"fractional n", packed(1, 0, 0, 0, 0, 1, 1, 0.5, 1, 10)},
+			{"short argument", packed(1, 0, 0, 0, 0, 1, 1, 1, 1, 10)[:79]},
+			{"long argument", append(packed(1, 0, 0, 0, 0, 1, 1, 1, 1, 10), 0)},
+			{"text argument", []byte("1")},
 		} {
-			args := append([]any{"node", 60000, 1000, 4000, 4000, 0, 0}, tc.args...)
+			args := []any{"node", 60000, 1000, 4000, 4000, 0, 0, tc.arg}
 			res, err := src.Eval(ctx, rdb, []string{"t:" + Version + ":b:{bad}:1:10"}, args...).Result()
 			require.NoError(t, err, tc.name)
 			out, errs := make([]State, 1), make([]error, 1)
@@ -388,10 +396,23 @@ func TestScriptRejectsBadNumbers(t *testing.T) {
 		n, err := rdb.Exists(ctx, "t:"+Version+":b:{bad}:1:10").Result()
 		require.NoError(t, err)
 		assert.Equal(t, int64(0), n, "a rejected key writes nothing")
+		// The same argument, well-formed, is applied: the cases above fail on their one bad value.
+		res, err := src.Eval(ctx, rdb, []string{"t:" + Version + ":b:{bad}:1:10"}, "node", 60000, 1000, 4000, 4000, 0, 0,
+			packed(1, 0, 0, 0, 0, 1, 1, 1, 1, 10)).Result()
+		require.NoError(t, err)
+		out, errs := make([]State, 1), make([]error, 1)
+		require.NoError(t, decodeStates(res, out, errs))
+		require.NoError(t, errs[0])
+		assert.Equal(t, StatusCovered, out[0].Status)
+		require.NoError(t, rdb.Del(ctx, "t:"+Version+":b:{bad}:1:10").Err())
 		// A bad global argument fails the whole call.
 		err = src.Eval(ctx, rdb, []string{"t:" + Version + ":b:{bad}:1:10"}, "no:de", 60000, 1000, 4000, 4000, 0, 0,
-			1, 0, 0, 0, 0, 1, 1, 1, "1", 10).Err()
+			packed(1, 0, 0, 0, 0, 1, 1, 1, 1, 10)).Err()
 		require.Error(t, err)
+		// So does a call with ten text numbers per key (the protocol before the packed argument).
+		err = src.Eval(ctx, rdb, []string{"t:" + Version + ":b:{bad}:1:10"}, "node", 60000, 1000, 4000, 4000, 0, 0,
+			1, 0, 0, 0, 0, 1, 1, 1, "1", 10).Err()
+		require.ErrorContains(t, err, "want 8 arguments")
 		// Go rejects bad limits before they are sent.
 		c := newTestClient(t, rdb, "a")
 		for _, lim := range []Limit{{math.NaN(), 1}, {math.Inf(1), 1}, {-1, 1}, {1, 0}} {
@@ -400,6 +421,15 @@ func TestScriptRejectsBadNumbers(t *testing.T) {
 			assert.False(t, redisx.IsTransport(err))
 		}
 	})
+}
+
+// packed returns a key's script argument: the ten values as little-endian float64s (appendArgs).
+func packed(v ...float64) []byte {
+	b := make([]byte, 0, 8*len(v))
+	for _, x := range v {
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(x))
+	}
+	return b
 }
 
 // TestOneBadKeyCostsOnlyThatKey: a key whose Redis value has the wrong type (WRONGTYPE) fails alone;
