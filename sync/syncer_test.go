@@ -579,3 +579,63 @@ func TestQuietKeyIsJudgedByItsRecentRate(t *testing.T) {
 	assert.Equal(t, n+1, f.n(), "and goes with the next round")
 	assert.Equal(t, "q", f.last()[0].Key)
 }
+
+// TestBusyKeysJoinARoundThatGoes: when a key's renewal sends a round, the node's other busy keys
+// whose lease would be due within about one more round's wait (topUpWater) join it; a key with
+// more left does not.
+func TestBusyKeysJoinARoundThatGoes(t *testing.T) {
+	f := newFake()
+	c := newClock()
+	st, err := local.New(local.Config{MaxKeys: 1024})
+	require.NoError(t, err)
+	// A small drift keeps the overdraft credit small: with a large one, the key would count as
+	// rare (its allowance lasts seconds), and rare keys do not join rounds early.
+	s, err := New(Config{Store: st, Central: f, Interval: 20 * time.Millisecond, MaxBatch: 10, Drift: 0.01,
+		Horizon: 4 * time.Second, LeaseLife: 8 * time.Second, Now: c.now})
+	require.NoError(t, err)
+	keys := map[string]*local.Entry{}
+	for _, k := range []string{"due", "soon", "later"} {
+		keys[k] = st.Insert(k, st.Hash(k, local.LimitID(1000, 2000)), 1000, 2000, 1)
+		require.NotNil(t, keys[k])
+	}
+	// Two seconds at 50 requests a second on every key, a round whenever one is due.
+	for range 100 {
+		for _, e := range keys {
+			if e.TryTake(1) != local.Taken {
+				e.Deny(1)
+			}
+		}
+		c.add(20 * time.Millisecond)
+		require.NoError(t, s.flush(context.Background(), due))
+	}
+	// Spend every lease down to its renewal mark: one round renews all three.
+	for _, e := range keys {
+		for e.Unused() > s.lowWater(e.Demand()) {
+			require.Equal(t, local.Taken, e.TryTake(1))
+		}
+	}
+	c.add(coalesceBusy * 20 * time.Millisecond)
+	n := f.n()
+	require.NoError(t, s.flush(context.Background(), due))
+	require.Equal(t, n+1, f.n())
+	require.Len(t, f.last(), 3)
+	// Then spend each key down to where the test wants it, by its own demand.
+	for k, e := range keys {
+		low, top := s.lowWater(e.Demand()), s.topUpWater(e.Demand())
+		require.Greater(t, low, int64(5), "a busy key: demand %v", e.Demand())
+		left := map[string]int64{"due": low, "soon": (low + top) / 2, "later": top + low/2}[k]
+		require.Greater(t, e.Unused(), left, k)
+		for e.Unused() > left {
+			require.Equal(t, local.Taken, e.TryTake(1))
+		}
+	}
+	c.add(coalesceBusy * 20 * time.Millisecond)
+	n = f.n()
+	require.NoError(t, s.flush(context.Background(), due))
+	require.Equal(t, n+1, f.n(), "the due key's renewal sends a round")
+	var sent []string
+	for _, u := range f.last() {
+		sent = append(sent, u.Key)
+	}
+	assert.ElementsMatch(t, []string{"due", "soon"}, sent, "the key due soon joins; the one with more left waits")
+}
