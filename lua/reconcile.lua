@@ -192,17 +192,17 @@ local function process(i, key)
   -- rejects it, and an infinity fails the bounds; "x % 1 == 0" requires an integer.
   local inc, cum, acked, used, uacked, demand, want, n, rate, burst = unpack10(argv[NG + i])
   local bad = nil
-  if inc == nil then bad = 'arguments (want 80 bytes)'
-  elseif not (inc and inc >= 0 and inc <= MAXI and inc % 1 == 0) then bad = 'inc'
-  elseif not (cum and cum >= 0 and cum <= MAXI and cum % 1 == 0) then bad = 'cum'
-  elseif not (acked and acked >= 0 and acked <= MAXI and acked % 1 == 0) then bad = 'acked'
-  elseif not (used and used >= 0 and used <= cum and used % 1 == 0) then bad = 'used'
-  elseif not (uacked and uacked >= 0 and uacked <= MAXI and uacked % 1 == 0) then bad = 'uacked'
-  elseif not (demand and demand >= 0 and demand <= 1e9) then bad = 'demand'
-  elseif not (want and want >= 0 and want <= 1e9 and want % 1 == 0) then bad = 'want'
-  elseif not (rate and rate >= 1e-9 and rate <= 1e9) then bad = 'rate'
-  elseif not (burst and burst >= 1 and burst <= 1e9 and burst % 1 == 0) then bad = 'burst'
-  elseif not (n and n >= 0 and n <= burst and n % 1 == 0) then bad = 'n'
+  if inc == nil then bad = 'arguments (want 80 bytes)' -- else unpack10 gave all ten numbers
+  elseif not (inc >= 0 and inc <= MAXI and inc % 1 == 0) then bad = 'inc'
+  elseif not (cum >= 0 and cum <= MAXI and cum % 1 == 0) then bad = 'cum'
+  elseif not (acked >= 0 and acked <= MAXI and acked % 1 == 0) then bad = 'acked'
+  elseif not (used >= 0 and used <= cum and used % 1 == 0) then bad = 'used'
+  elseif not (uacked >= 0 and uacked <= MAXI and uacked % 1 == 0) then bad = 'uacked'
+  elseif not (demand >= 0 and demand <= 1e9) then bad = 'demand'
+  elseif not (want >= 0 and want <= 1e9 and want % 1 == 0) then bad = 'want'
+  elseif not (rate >= 1e-9 and rate <= 1e9) then bad = 'rate'
+  elseif not (burst >= 1 and burst <= 1e9 and burst % 1 == 0) then bad = 'burst'
+  elseif not (n >= 0 and n <= burst and n % 1 == 0) then bad = 'n'
   end
   if bad then error('hybridrate: bad ' .. bad .. ' for key ' .. i, 0) end
 

@@ -349,15 +349,16 @@ func (s *Syncer) flush(ctx context.Context, m mode) error {
 		}
 	}
 	defer s.count()
-	if len(s.batch) == 0 || !anyUrgent && now-s.lastSent < wait*int64(s.cfg.Interval) {
-		clear(s.batch)
-		clear(s.extra)
-		s.extra = s.extra[:0]
-		return nil
+	goes := len(s.batch) > 0 && (anyUrgent || now-s.lastSent >= wait*int64(s.cfg.Interval))
+	if goes {
+		s.batch = append(s.batch, s.extra...)
 	}
-	s.batch = append(s.batch, s.extra...)
 	clear(s.extra)
 	s.extra = s.extra[:0]
+	if !goes {
+		clear(s.batch)
+		return nil
+	}
 	s.lastSent = now
 	start := time.Now()
 	s.stats.Flushes.Add(1)
