@@ -3,6 +3,7 @@ package sync
 import (
 	"context"
 	"errors"
+	"math"
 	"strconv"
 	stdsync "sync"
 	"sync/atomic"
@@ -608,9 +609,9 @@ func TestBusyKeysJoinARoundThatGoes(t *testing.T) {
 		c.add(20 * time.Millisecond)
 		require.NoError(t, s.flush(context.Background(), due))
 	}
-	// Spend every lease down to its renewal mark: one round renews all three.
+	// Spend every lease down to where its renewal must go (renewBy): one round renews all three.
 	for _, e := range keys {
-		for e.Unused() > s.lowWater(e.Demand()) {
+		for e.Unused() > goMark(s, e.Demand()) {
 			require.Equal(t, local.Taken, e.TryTake(1))
 		}
 	}
@@ -623,7 +624,7 @@ func TestBusyKeysJoinARoundThatGoes(t *testing.T) {
 	for k, e := range keys {
 		low, top := s.lowWater(e.Demand()), s.topUpWater(e.Demand())
 		require.Greater(t, low, int64(5), "a busy key: demand %v", e.Demand())
-		left := map[string]int64{"due": low, "soon": (low + top) / 2, "later": top + low/2}[k]
+		left := map[string]int64{"due": goMark(s, e.Demand()), "soon": (low + top) / 2, "later": top + low/2}[k]
 		require.Greater(t, e.Unused(), left, k)
 		for e.Unused() > left {
 			require.Equal(t, local.Taken, e.TryTake(1))
@@ -638,4 +639,62 @@ func TestBusyKeysJoinARoundThatGoes(t *testing.T) {
 		sent = append(sent, u.Key)
 	}
 	assert.ElementsMatch(t, []string{"due", "soon"}, sent, "the key due soon joins; the one with more left waits")
+}
+
+// goMark returns the unused lease at which a busy key's renewal goes (renewBy): renewMargin
+// intervals of demand above its urgent mark.
+func goMark(s *Syncer, d float64) int64 {
+	return s.urgentWater(d) + int64(math.Floor(d*renewMargin*s.cfg.Interval.Seconds()))
+}
+
+// TestBusyRenewalGoesNearItsUrgentMark: a busy key down to its renewal mark (lowWater) does not
+// send a round on its own while its lease lasts more than renewMargin intervals beyond its urgent
+// mark, even when the node's last round is long past; it sends one once it is down to that point,
+// topping up more than a renewal at lowWater would. A key that turns urgent sends one at once.
+func TestBusyRenewalGoesNearItsUrgentMark(t *testing.T) {
+	f := newFake()
+	c := newClock()
+	st, err := local.New(local.Config{MaxKeys: 1024})
+	require.NoError(t, err)
+	s, err := New(Config{Store: st, Central: f, Interval: 20 * time.Millisecond, MaxBatch: 10, Drift: 0.01,
+		Horizon: 4 * time.Second, LeaseLife: 8 * time.Second, Now: c.now})
+	require.NoError(t, err)
+	e := st.Insert("k", st.Hash("k", local.LimitID(1000, 2000)), 1000, 2000, 1)
+	require.NotNil(t, e)
+	for range 100 { // two seconds at 50 requests a second
+		if e.TryTake(1) != local.Taken {
+			e.Deny(1)
+		}
+		c.add(20 * time.Millisecond)
+		require.NoError(t, s.flush(context.Background(), due))
+	}
+	d := e.Demand()
+	low, mark := s.lowWater(d), goMark(s, d)
+	require.Greater(t, low, mark+5, "a busy key: demand %v", d)
+	for e.Unused() > low {
+		require.Equal(t, local.Taken, e.TryTake(1))
+	}
+	c.add(coalesceBusy * 20 * time.Millisecond)
+	n := f.n()
+	require.NoError(t, s.flush(context.Background(), due))
+	require.Equal(t, n, f.n(), "at lowWater, with its lease lasting a while, the renewal waits")
+	for e.Unused() > mark+1 {
+		require.Equal(t, local.Taken, e.TryTake(1))
+	}
+	c.add(20 * time.Millisecond)
+	require.NoError(t, s.flush(context.Background(), due))
+	require.Equal(t, n, f.n(), "one token above the point, it still waits")
+	require.Equal(t, local.Taken, e.TryTake(1))
+	c.add(20 * time.Millisecond)
+	require.NoError(t, s.flush(context.Background(), due))
+	require.Equal(t, n+1, f.n(), "down to the point, it goes")
+	require.Len(t, f.last(), 1)
+
+	// A key that turns urgent goes at once, whatever the time since the last round.
+	for e.Unused() > s.urgentWater(e.Demand()) {
+		require.Equal(t, local.Taken, e.TryTake(1))
+	}
+	c.add(20 * time.Millisecond)
+	require.NoError(t, s.flush(context.Background(), due))
+	require.Equal(t, n+2, f.n(), "an urgent key does not wait")
 }
