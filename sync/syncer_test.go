@@ -31,6 +31,7 @@ type fakeCentral struct {
 	calls   int
 	fail    error         // when not nil, every key fails with it
 	block   chan struct{} // when not nil, Reconcile waits on it
+	delay   time.Duration // Reconcile takes this long
 	sent    [][]central.Update
 }
 
@@ -46,6 +47,7 @@ func (f *fakeCentral) Reconcile(ctx context.Context, ups []central.Update, out [
 			return ctx.Err()
 		}
 	}
+	time.Sleep(f.delay)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
@@ -697,4 +699,21 @@ func TestBusyRenewalGoesNearItsUrgentMark(t *testing.T) {
 	c.add(20 * time.Millisecond)
 	require.NoError(t, s.flush(context.Background(), due))
 	require.Equal(t, n+2, f.n(), "an urgent key does not wait")
+
+	// A slow round makes renewals go earlier, by twice its duration.
+	require.Less(t, s.slow, int64(50*time.Millisecond))
+	f.delay = 50 * time.Millisecond
+	for e.Unused() > s.urgentWater(e.Demand()) {
+		require.Equal(t, local.Taken, e.TryTake(1))
+	}
+	c.add(20 * time.Millisecond)
+	require.NoError(t, s.flush(context.Background(), due))
+	require.Equal(t, n+3, f.n())
+	require.GreaterOrEqual(t, s.slow, int64(50*time.Millisecond), "the round's duration is kept")
+	now, u, slow := c.now(), goMark(s, d)+int64(d), s.slow
+	s.slow = 0
+	fast := s.renewBy(now, u, d)
+	s.slow = slow
+	require.Greater(t, fast, now+int64(900*time.Millisecond), "a second of demand above the point")
+	require.InDelta(t, fast-2*slow, s.renewBy(now, u, d), 1e3, "earlier by twice the slow round, to a microsecond")
 }
