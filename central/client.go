@@ -64,8 +64,13 @@ type Config struct {
 	// rate (the bucket may be lent down to -Rate·Advance); 0 lends only tokens in the bucket. It
 	// widens the overshoot bound by Rate·Advance (docs/accuracy.md).
 	Advance time.Duration
-	// Breaker configures the circuit breaker.
+	// Breaker configures the circuit breaker of every call. A synchronous take that times out on
+	// its own deadline (SyncTimeout) does not count in it, but in a second breaker, of takes only,
+	// with the same Threshold, Cooldown and MinSpan: see [Client.Take].
 	Breaker redisx.BreakerConfig
+	// OnCheckBreaker, if not nil, is called after every change of state of the takes' breaker, on
+	// the terms of Breaker.OnStateChange.
+	OnCheckBreaker func(redisx.BreakerEvent)
 	// Now is the clock for the breaker; nil means time.Now.
 	Now func() time.Time
 }
@@ -149,7 +154,8 @@ type Client struct {
 	enforced      bool                  // socket deadlines follow our timeouts
 	hooksBypassed bool                  // syncRDB/flushRDB are copies without the client's hooks
 	guard         *redisx.Guard
-	runner        redisx.Runner // counts into stats; remembers a server that rejects the #!lua line
+	checks        *redisx.Breaker // the takes' breaker: takes that time out at SyncTimeout open it
+	runner        redisx.Runner   // counts into stats; remembers a server that rejects the #!lua line
 	stats         Stats
 	keyArgs       []any // the global ARGV values
 }
@@ -182,9 +188,12 @@ func New(cfg Config) (*Client, error) {
 	if err := cfg.Breaker.Validate(); err != nil {
 		return nil, fmt.Errorf("central: %w", err)
 	}
+	checks := cfg.Breaker
+	checks.OnStateChange = cfg.OnCheckBreaker
 	c := &Client{
-		cfg:   cfg,
-		guard: redisx.NewGuard(redisx.NewBreaker(cfg.Breaker, cfg.Now), cfg.Client),
+		cfg:    cfg,
+		guard:  redisx.NewGuard(redisx.NewBreaker(cfg.Breaker, cfg.Now), cfg.Client),
+		checks: redisx.NewBreaker(checks, cfg.Now),
 	}
 	c.runner.Commands, c.runner.Loads = &c.stats.Commands, &c.stats.ScriptLoads
 	// go-redis applies a context deadline to the socket only with ContextTimeoutEnabled; otherwise a
@@ -251,8 +260,12 @@ func (c *Client) Preload(ctx context.Context) error {
 // Stats returns the client's counters.
 func (c *Client) Stats() *Stats { return &c.stats }
 
-// Breaker returns the client's circuit breaker.
+// Breaker returns the client's circuit breaker: open, it keeps every call from Redis.
 func (c *Client) Breaker() *redisx.Breaker { return c.guard.Breaker() }
+
+// CheckBreaker returns the breaker of synchronous takes: open, it keeps takes from Redis while
+// they time out at SyncTimeout, and lets reconciles go (see [Client.Take]).
+func (c *Client) CheckBreaker() *redisx.Breaker { return c.checks }
 
 // argsPerKey is the number of script arguments per key (reconcile.lua).
 const argsPerKey = 1
@@ -294,12 +307,22 @@ func validate(u Update) error {
 // Take applies u (which should have N > 0) in one synchronous script call bounded by SyncTimeout: the
 // answer's Status is StatusCovered when the node's lease now covers N. A key Redis could not process
 // returns an error wrapping ErrBadKey.
-// It returns ErrUnavailable without I/O while the breaker is open.
+// It returns ErrUnavailable without I/O while the breaker, or the takes' breaker, is open.
+//
+// # A slow Redis
+//
+// A take that times out at SyncTimeout (its caller still waiting) counts as a failure in the takes'
+// breaker ([Client.CheckBreaker]) only, not in the breaker of every call: a Redis that answers in
+// more than SyncTimeout (a few milliseconds) but well within FlushTimeout is slow, not down, and
+// reconciles, which renew the leases, must keep going. Once takes have timed out Threshold times in
+// a row over MinSpan, they fail fast (no I/O, and no connection that go-redis closes after each
+// timeout) until a probe, one take after Cooldown, is answered in time. Every other failure counts
+// in the breaker of every call, as for reconciles; an answer closes both.
 func (c *Client) Take(ctx context.Context, u Update) (State, error) {
 	if err := validate(u); err != nil {
 		return State{}, err
 	}
-	if !c.guard.Allow() {
+	if !c.guard.AllowCheck(c.checks) {
 		c.stats.Rejected.Add(1)
 		return State{}, ErrUnavailable
 	}
@@ -310,7 +333,10 @@ func (c *Client) Take(ctx context.Context, u Update) (State, error) {
 	args := appendArgs(append(make([]any, 0, len(c.keyArgs)+argsPerKey), c.keyArgs...), u)
 	c.stats.Takes.Add(1)
 	res, err := c.runner.Run(ctx, c.syncRDB, reconcileScript, keys, args...)
-	c.record(caller, err)
+	if err != nil {
+		c.stats.Errors.Add(1)
+	}
+	c.guard.DoneCheck(c.checks, caller, err)
 	if err != nil {
 		return State{}, fmt.Errorf("central: take %q: %w", u.Key, err)
 	}

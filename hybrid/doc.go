@@ -50,4 +50,8 @@
 // DefaultFailure, the limiter's (WithFailurePolicy): LocalFallback (the default) enforces this node's
 // share of the limit locally, FailOpen admits, FailClosed denies. Consumption admitted meanwhile is
 // kept (bounded by the local key cap) and applied when Redis returns: nothing consumed is forgotten.
+// A Redis slower than the check timeout but faster than the flush timeout is slow, not down:
+// synchronous checks that time out are suspended by a breaker of their own (they go to the
+// FailurePolicy), while the background loop keeps renewing leases (docs/operations.md, "Slow
+// Redis").
 package hybrid

@@ -147,7 +147,8 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		Advance:      o.leaseAdvance,
 		Breaker: redisx.BreakerConfig{Threshold: breakerThreshold, Cooldown: breakerCooldown, MinSpan: breakerMinSpan,
 			OnStateChange: logs.breaker},
-		Now: nil, // the breaker measures its cooldown on the monotonic clock, never WithClock's
+		OnCheckBreaker: logs.checkBreaker,
+		Now:            nil, // the breaker measures its cooldown on the monotonic clock, never WithClock's
 	})
 	if err != nil {
 		return nil, fmt.Errorf("hybrid: %w", err)

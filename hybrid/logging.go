@@ -11,7 +11,7 @@ import (
 	"github.com/hybridrate/hybridrate/internal/redisx"
 )
 
-// bgLog writes the limiter's background log: state changes of the circuit breaker as they happen,
+// bgLog writes the limiter's background log: state changes of the circuit breakers as they happen,
 // and failures of the background work (reconcile rounds, ban-list loads) as at most one summary
 // line per kind and logSummaryEvery, so that an outage costs a handful of lines, not one per flush.
 // Safe for concurrent use.
@@ -93,5 +93,20 @@ func (l *bgLog) breaker(ev redisx.BreakerEvent) {
 			attrs = append(attrs, slog.Any("last_error", last))
 		}
 		l.logger.LogAttrs(context.Background(), slog.LevelInfo, "hybridrate: Redis available again, circuit breaker closed", attrs...)
+	}
+}
+
+// checkBreaker logs the changes of the breaker of synchronous checks (central.Client.CheckBreaker):
+// opened, when checks keep timing out at the check timeout (Redis slower than it, or unreachable:
+// go-redis retries a refused dial for longer than a check waits), and closed. The probes in between
+// are not logged.
+func (l *bgLog) checkBreaker(ev redisx.BreakerEvent) {
+	switch {
+	case ev.From == redisx.BreakerClosed && ev.To == redisx.BreakerOpen:
+		l.logger.LogAttrs(context.Background(), slog.LevelWarn,
+			"hybridrate: synchronous checks time out (Redis slower than the check timeout, or unreachable), checks suspended; the failure policy decides what needs Redis, background reconciles go on",
+			slog.Int("consecutive_timeouts", ev.Failures), slog.Any("last_error", ev.Err))
+	case ev.To == redisx.BreakerClosed:
+		l.logger.LogAttrs(context.Background(), slog.LevelInfo, "hybridrate: synchronous checks answered in time again, checks resumed")
 	}
 }

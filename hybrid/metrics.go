@@ -50,6 +50,11 @@ type Stats struct {
 	ScriptLoads   int64  // script (re)loads after NOSCRIPT
 	BreakerOpen   bool   // the circuit breaker is not closed
 	Breaker       string // the circuit breaker's state: "closed", "open" or "half-open"
+	// CheckBreaker is the state of the breaker of synchronous checks alone: "open" (or "half-open")
+	// while checks keep timing out at the check timeout (Redis slower than it, or unreachable):
+	// decisions that need Redis go to the failure policy without I/O; background reconciles go on,
+	// and the breaker above opens only if they fail too.
+	CheckBreaker string
 
 	// EvictionPolicy is Redis's maxmemory-policy as last read (every minute), "" until read;
 	// EvictionUnsafe reports that it can evict the limiter's keys (it is not noeviction).
@@ -87,6 +92,7 @@ func (l *Limiter) Stats() Stats {
 	s.RedisRejected, s.ScriptLoads = cs.Rejected.Load(), cs.ScriptLoads.Load()
 	s.Breaker = l.central.Breaker().State().String()
 	s.BreakerOpen = s.Breaker != "closed"
+	s.CheckBreaker = l.central.CheckBreaker().State().String()
 	s.Bans, _ = l.deny.Len()
 	s.BanListSize = l.bans.total.Load()
 	if p, ok := l.evictionPolicy(); ok {
@@ -130,7 +136,8 @@ func newMetrics(l *Limiter) (*metrics, error) {
 		metric.WithDescription("Bans: held locally (where=local, at most 65,536) and in Redis's ban list (where=redis, as last read)."))
 	state, err13 := m.Int64ObservableGauge("hybridrate.breaker.state", metric.WithDescription("1 for the circuit breaker's current state (closed, open, half-open), 0 for the others."))
 	flushTime, err14 := m.Float64ObservableCounter("hybridrate.sync.duration", metric.WithUnit("s"), metric.WithDescription("Time spent in background reconcile rounds."))
-	if err := errors.Join(err1, err2, err3, err4, err5, err6, err7, err8, err9, err10, err11, err12, err13, err14); err != nil {
+	checks, err15 := m.Int64ObservableGauge("hybridrate.breaker.checks.open", metric.WithDescription("1 while the breaker of synchronous checks is open or half-open: checks time out at the check timeout (Redis slower than it, or unreachable), so decisions that need Redis go to the failure policy without I/O; background reconciles go on."))
+	if err := errors.Join(err1, err2, err3, err4, err5, err6, err7, err8, err9, err10, err11, err12, err13, err14, err15); err != nil {
 		return nil, err
 	}
 	instance := l.opts.instance
@@ -175,6 +182,11 @@ func newMetrics(l *Limiter) (*metrics, error) {
 			open = 1
 		}
 		o.ObserveInt64(breaker, open, a)
+		checksOpen := int64(0)
+		if s.CheckBreaker != "closed" {
+			checksOpen = 1
+		}
+		o.ObserveInt64(checks, checksOpen, a)
 		for i, st := range breakerStates {
 			v := int64(0)
 			if st == s.Breaker {
@@ -193,7 +205,7 @@ func newMetrics(l *Limiter) (*metrics, error) {
 			o.ObserveInt64(unsafe, v, metric.WithAttributes(node, fp, attribute.String("policy", s.EvictionPolicy)))
 		}
 		return nil
-	}, decisions, keys, pending, flushes, flushed, failed, cmds, errs, breaker, evictions, unsafe, bans, state, flushTime)
+	}, decisions, keys, pending, flushes, flushed, failed, cmds, errs, breaker, evictions, unsafe, bans, state, flushTime, checks)
 	if err != nil {
 		return nil, err
 	}

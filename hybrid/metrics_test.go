@@ -98,6 +98,8 @@ func TestMetricsDecisionsBySourceWithStableInstance(t *testing.T) {
 	assert.Positive(t, got, "reconcile rounds are counted")
 	got, _ = point(t, m["hybridrate.breaker.state"], inst, attribute.String("state", "closed"))
 	assert.EqualValues(t, 1, got)
+	got, _ = point(t, m["hybridrate.breaker.checks.open"], inst)
+	assert.Zero(t, got)
 	got, _ = point(t, m["hybridrate.redis.errors"], inst, attribute.String("class", "error"))
 	assert.Zero(t, got)
 	_, attrs := point(t, m["hybridrate.keys"], inst)
@@ -113,7 +115,7 @@ func TestMetricsRedisErrorsAndBreakerState(t *testing.T) {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
 	lim, err := hybrid.New(rdb, hybrid.WithMeterProvider(mp), hybrid.WithFailurePolicy(hybrid.FailOpen), hybrid.WithoutColdStart(),
-		hybrid.WithCheckTimeout(100*time.Millisecond), hybrid.WithSyncInterval(time.Minute))
+		hybrid.WithCheckTimeout(100*time.Millisecond), hybrid.WithSyncInterval(time.Minute), hybrid.WithFlushTimeout(100*time.Millisecond))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = lim.Close(context.Background()) })
 
@@ -125,6 +127,9 @@ func TestMetricsRedisErrorsAndBreakerState(t *testing.T) {
 		d, err := lim.Allow(ctx, "cold:"+strconv.Itoa(i), hybrid.Limit{Rate: 1, Burst: 1})
 		require.NoError(t, err)
 		require.True(t, d.Allowed, "fail-open admits")
+		// The checks time out (go-redis retries a refused dial for 400ms), which opens only the
+		// checks' breaker; the reconciles of what fail-open admitted fail and open the breaker.
+		require.Error(t, lim.Flush(ctx))
 	}
 	for i := 0; i < 5; i++ { // refused by the open breaker
 		_, err := lim.Allow(ctx, "refused:"+strconv.Itoa(i), hybrid.Limit{Rate: 1, Burst: 1})
@@ -146,6 +151,9 @@ func TestMetricsRedisErrorsAndBreakerState(t *testing.T) {
 	assert.EqualValues(t, 0, got)
 	got, _ = point(t, m["hybridrate.breaker.open"], inst)
 	assert.EqualValues(t, 1, got)
+	got, _ = point(t, m["hybridrate.breaker.checks.open"], inst)
+	assert.EqualValues(t, 1, got, "the checks timed out: their breaker opened")
+	assert.NotEqual(t, "closed", s.CheckBreaker)
 	got, _ = point(t, m["hybridrate.decisions"], inst, attribute.String("source", "fallback"), attribute.String("outcome", "allowed"))
 	assert.Equal(t, s.FallbackAllowed, got)
 }

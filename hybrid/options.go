@@ -44,9 +44,9 @@ const DefaultSyncTimeout = DefaultCheckTimeout
 
 // Tunables that have no option yet; documented in docs/operations.md.
 const (
-	breakerThreshold = 5                      // consecutive failed calls that open the breaker
+	breakerThreshold = 5                      // consecutive failed calls that open a breaker (also the checks' breaker)
 	breakerCooldown  = 500 * time.Millisecond // open time before a probe
-	breakerMinSpan   = 50 * time.Millisecond  // a run of failures must last this long to open the breaker
+	breakerMinSpan   = 50 * time.Millisecond  // a run of failures must last this long to open a breaker
 	scriptBatch      = 256                    // keys per reconcile script call
 	flushBatch       = 4096                   // keys per pipelined reconcile
 	recountPeriod    = time.Minute            // Redis scans a key's node records for departed nodes this often
@@ -272,7 +272,11 @@ func WithMaxKeys(n int) Option {
 // WithCheckTimeout bounds the synchronous Redis check that a decision makes when local allowance
 // cannot answer it (one script call, round trip included), from 100µs to 10s. A check that times out
 // is answered by the failure policy. It does not bound the background loop's calls (see
-// WithFlushTimeout). The default is 5ms (DefaultCheckTimeout).
+// WithFlushTimeout). Checks that keep timing out (5 in a row over at least 50ms) are suspended, so
+// that decisions needing Redis go to the failure policy at once, with one probe every 500ms; they
+// do not stop the background loop, which keeps renewing leases from a Redis slower than the check
+// timeout but faster than the flush timeout (docs/operations.md, "Slow Redis"). The default is 5ms
+// (DefaultCheckTimeout).
 func WithCheckTimeout(d time.Duration) Option {
 	return optionFunc(func(o *options) error {
 		if d < 100*time.Microsecond || d > 10*time.Second {

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"slices"
 	"strconv"
@@ -528,6 +529,110 @@ func TestSlowRedisCoalescesFlushes(t *testing.T) {
 	assert.Equal(t, cl.total(), sum(consumed(t, rdb, coldKeys)), "cold keys: exact accounting")
 }
 
+// TestSlowRedisKeepsHotKeysLocal: every reply from Redis is delayed by 150ms, far beyond the
+// default check timeout (5ms) but well within the default flush timeout (500ms), while new keys keep
+// coming whose first decision needs a synchronous check. Those checks time out and go to the failure
+// policy, as they must; but a slow Redis is not a dead one: background reconciles keep renewing the
+// hot keys' leases, so that after a second of warm-up at least 90% of the hot keys' decisions stay
+// local, and the accounting is exact afterwards. (The checks' timeouts used to open the breaker of
+// every call, whose probes were then mostly 5ms checks that could not succeed: reconciles were
+// turned away, leases ran out and the hot keys went to the failure policy too, for good.)
+func TestSlowRedisKeepsHotKeysLocal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-second latency test; run without -short")
+	}
+	srv := redistest.Start(t)
+	p := redistest.NewProxy(t, srv.Addr)
+	rdb := redis.NewClient(&redis.Options{Addr: p.Addr, MaxRetries: -1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	const latency = 150 * time.Millisecond
+	rec := &logRecorder{}
+	lim := newLimiter(t, rdb, hybrid.WithLogger(slog.New(rec))) // the default timeouts: check 5ms, flush 500ms
+	// About 250 decisions/s per hot key: a lease (at most the burst plus a second of demand) lasts
+	// about a second, so it is renewed a few times while Redis is slow.
+	hot := hybrid.Limit{Rate: 1000, Burst: 50}
+	hotKeys := keyNames("slowhot:", 16)
+	warm(t, lim, hotKeys, hot)
+	flushed(t, lim, 5*time.Second)
+	warmed := sum(consumed(t, rdb, hotKeys))
+
+	hl := &loader{lim: lim, keys: hotKeys, limit: hot, pace: 500 * time.Microsecond}
+	hl.start(2)
+	time.Sleep(200 * time.Millisecond)
+	logFrom := rec.len()
+	p.SetLatency(latency)
+	// New keys, one every 5ms: three tokens of a key this node has never seen are more than its
+	// cold-start credit, so each decision needs a synchronous check, which times out.
+	newKey := hybrid.Limit{Rate: 1, Burst: 3}
+	var newAdmitted, newFallback, newCalls atomic.Int64
+	var newErr atomic.Value
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			d, err := lim.AllowN(context.Background(), "slownew:"+strconv.Itoa(i), newKey, 3)
+			newCalls.Add(1)
+			switch {
+			case err != nil:
+				newErr.Store(err)
+			case d.Source == hybrid.SourceFallback:
+				newFallback.Add(1)
+			}
+			if err == nil && d.Allowed {
+				newAdmitted.Add(3)
+			}
+		}
+	}()
+	time.Sleep(time.Second) // warm-up: the checks time out, the breakers settle
+	calls0, local0, fb0 := hl.calls.Load(), hl.sources[hybrid.SourceLocal].Load(), hl.sources[hybrid.SourceFallback].Load()
+	s0, start := lim.Stats(), time.Now()
+	time.Sleep(2500 * time.Millisecond)
+	calls1, local1, fb1 := hl.calls.Load(), hl.sources[hybrid.SourceLocal].Load(), hl.sources[hybrid.SourceFallback].Load()
+	s1, elapsed := lim.Stats(), time.Since(start)
+	close(stop)
+	wg.Wait()
+	lines := rec.lines(logFrom)
+	hl.halt()
+	p.SetLatency(0)
+	flushed(t, lim, 5*time.Second)
+
+	calls, local := calls1-calls0, local1-local0
+	share := float64(local) / float64(max(calls, 1))
+	t.Logf("%v at +%v latency: hot keys %d decisions, %.1f%% local, %d fallback; %d reconcile rounds (%d keys, %d failed); new keys: %d decisions, %d by the failure policy",
+		elapsed.Round(time.Millisecond), latency, calls, 100*share, fb1-fb0, s1.Flushes-s0.Flushes,
+		s1.FlushedKeys-s0.FlushedKeys, s1.FailedKeys-s0.FailedKeys, newCalls.Load(), newFallback.Load())
+	t.Logf("hot: %v; stats at the end of the slow period %+v", hl, s1)
+	t.Logf("log while Redis was slow:\n%s", strings.Join(lines, "\n"))
+	require.Positive(t, calls)
+	assert.GreaterOrEqual(t, share, 0.9, "hot keys stay local while Redis is slow but answers within the flush timeout")
+	assert.Positive(t, newFallback.Load(), "checks slower than the check timeout go to the failure policy")
+	count := func(sub string) (n int) {
+		for _, line := range lines {
+			if strings.Contains(line, sub) {
+				n++
+			}
+		}
+		return n
+	}
+	assert.Equal(t, 1, count("synchronous checks time out"), "one line for the change of state, not one per timed-out check or probe")
+	assert.Zero(t, count("circuit breaker opened"), "the breaker of every call stays closed")
+	assert.Nil(t, newErr.Load(), "no decision failed")
+	assert.Zero(t, hl.errs.Load(), "no decision failed: %v", hl.errors())
+	assert.Equal(t, hl.total()+warmed, sum(consumed(t, rdb, hotKeys)), "hot keys: exact accounting")
+	// A new key's check that timed out still ran in Redis (only its reply was late), and may have
+	// charged its tokens there while the failure policy decided: Redis may count more than was
+	// admitted on these keys, never less.
+	newKeys := keyNames("slownew:", int(newCalls.Load()))
+	assert.GreaterOrEqual(t, sum(consumed(t, rdb, newKeys)), newAdmitted.Load(), "new keys: nothing admitted is lost")
+}
+
 // TestClockJumpsDoNotRefill is issue #4 item 9: the node's clock (WithClock, a wall clock with no
 // monotonic reading) jumps forwards and backwards by hours while a key is driven far over its
 // limit. Global refill follows Redis TIME only, so the tokens admitted over the run stay within
@@ -716,13 +821,13 @@ func TestReplayedBatchIsAppliedOnce(t *testing.T) {
 }
 
 // TestCloseWaitsOutAnOpenBreaker: Redis hangs for a moment just before shutdown, long enough for
-// decisions that need it to time out and open the breaker. Redis is healthy again when Close runs;
-// Close waits out the breaker's cooldown (within its context) instead of dropping the pending
-// consumption because the breaker was open.
+// reconciles to time out and open the breaker. Redis is healthy again when Close runs; Close waits
+// out the breaker's cooldown (within its context) instead of dropping the pending consumption
+// because the breaker was open.
 func TestCloseWaitsOutAnOpenBreaker(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
-	lim, err := hybrid.New(rdb, hybrid.WithSyncInterval(time.Minute), hybrid.WithCheckTimeout(20*time.Millisecond))
+	lim, err := hybrid.New(rdb, hybrid.WithSyncInterval(time.Minute), hybrid.WithFlushTimeout(20*time.Millisecond))
 	require.NoError(t, err)
 	ctx := context.Background()
 	hot := hybrid.Limit{Rate: 1000, Burst: 100_000}
@@ -741,9 +846,9 @@ func TestCloseWaitsOutAnOpenBreaker(t *testing.T) {
 	srv.Pause(t)
 	for i := 0; !lim.Stats().BreakerOpen; i++ {
 		require.Less(t, i, 100, "the breaker opens after a few timeouts")
-		// Three tokens of a new key: more than its cold-start credit, so the decision needs Redis.
-		_, err := lim.AllowN(ctx, "breaker:cold:"+strconv.Itoa(i), hybrid.Limit{Rate: 1, Burst: 3}, 3)
-		require.NoError(t, err)
+		// (Synchronous checks that time out open only the breaker of checks: see
+		// TestSlowRedisKeepsHotKeysLocal.)
+		require.Error(t, lim.Flush(ctx), "the reconcile times out")
 	}
 	srv.Resume(t)
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)

@@ -10,7 +10,10 @@
 //   - [Guard], which feeds the breaker with the outcome of each call, applying two rules: a call the
 //     caller gave up on (its context was cancelled or its own deadline passed) says nothing about
 //     Redis, and a call Redis did not serve makes a Cluster client reload its slot map (a failover
-//     moved the slots, and go-redis would otherwise wait for its periodic reload);
+//     moved the slots, and go-redis would otherwise wait for its periodic reload); calls with a far
+//     shorter deadline than the others (synchronous checks) go through [Guard.AllowCheck] and
+//     [Guard.DoneCheck], which count their timeouts in a breaker of their own, so that a Redis slower
+//     than their deadline does not stop the other calls;
 //   - [ValidPrefix], the rule for a key prefix that comes before a hash tag.
 //
 // Everything here is safe for concurrent use.
