@@ -418,7 +418,7 @@ rules:
 	// docs/operations.md's alerts, each with a rule on its metric.
 	alerts, err := os.ReadFile(filepath.Join("..", "..", "examples", "prometheus", "alerts.yml"))
 	require.NoError(t, err)
-	for _, m := range []string{"hybridrate_breaker_open", "hybridrate_redis_errors_total", "hybridrate_pending",
+	for _, m := range []string{"hybridrate_breaker_open", "hybridrate_breaker_checks_open", "hybridrate_redis_errors_total", "hybridrate_pending",
 		"hybridrate_sync_failed_keys_total", `hybridrate_decisions_total{source="fallback"}`, "hybridrate_evictions_total"} {
 		assert.Contains(t, string(alerts), m)
 	}
