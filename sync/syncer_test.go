@@ -583,19 +583,27 @@ func TestQuietKeyIsJudgedByItsRecentRate(t *testing.T) {
 	assert.Equal(t, "q", f.last()[0].Key)
 }
 
-// TestBusyKeysJoinARoundThatGoes: when a key's renewal sends a round, the node's other busy keys
-// whose lease would be due within about one more round's wait (topUpWater) join it; a key with
-// more left does not.
-func TestBusyKeysJoinARoundThatGoes(t *testing.T) {
+// busySetup returns a fake Redis, a clock, a store and a syncer with the library's lease horizon
+// and life, for tests of busy keys' rounds. A small drift keeps the overdraft credit small: with a
+// large one, a key would count as rare (its allowance lasts seconds), and rare keys neither join
+// rounds early nor wait for their urgent mark.
+func busySetup(t *testing.T) (*fakeCentral, *clock, *local.Store, *Syncer) {
+	t.Helper()
 	f := newFake()
 	c := newClock()
 	st, err := local.New(local.Config{MaxKeys: 1024})
 	require.NoError(t, err)
-	// A small drift keeps the overdraft credit small: with a large one, the key would count as
-	// rare (its allowance lasts seconds), and rare keys do not join rounds early.
 	s, err := New(Config{Store: st, Central: f, Interval: 20 * time.Millisecond, MaxBatch: 10, Drift: 0.01,
 		Horizon: 4 * time.Second, LeaseLife: 8 * time.Second, Now: c.now})
 	require.NoError(t, err)
+	return f, c, st, s
+}
+
+// TestBusyKeysJoinARoundThatGoes: when a key's renewal sends a round, the node's other busy keys
+// whose lease would be due within about one more round's wait (topUpWater) join it; a key with
+// more left does not.
+func TestBusyKeysJoinARoundThatGoes(t *testing.T) {
+	f, c, st, s := busySetup(t)
 	keys := map[string]*local.Entry{}
 	for _, k := range []string{"due", "soon", "later"} {
 		keys[k] = st.Insert(k, st.Hash(k, local.LimitID(1000, 2000)), 1000, 2000, 1)
@@ -654,13 +662,7 @@ func goMark(s *Syncer, d float64) int64 {
 // mark, even when the node's last round is long past; it sends one once it is down to that point,
 // topping up more than a renewal at lowWater would. A key that turns urgent sends one at once.
 func TestBusyRenewalGoesNearItsUrgentMark(t *testing.T) {
-	f := newFake()
-	c := newClock()
-	st, err := local.New(local.Config{MaxKeys: 1024})
-	require.NoError(t, err)
-	s, err := New(Config{Store: st, Central: f, Interval: 20 * time.Millisecond, MaxBatch: 10, Drift: 0.01,
-		Horizon: 4 * time.Second, LeaseLife: 8 * time.Second, Now: c.now})
-	require.NoError(t, err)
+	f, c, st, s := busySetup(t)
 	e := st.Insert("k", st.Hash("k", local.LimitID(1000, 2000)), 1000, 2000, 1)
 	require.NotNil(t, e)
 	for range 100 { // two seconds at 50 requests a second
