@@ -776,10 +776,19 @@ func TestReplayedBatchIsAppliedOnce(t *testing.T) {
 	p := redistest.NewProxy(t, srv.Addr)
 	rdb := redis.NewClient(&redis.Options{Addr: p.Addr, ReadTimeout: 150 * time.Millisecond}) // default MaxRetries: 3
 	t.Cleanup(func() { _ = rdb.Close() })
-	// A one-minute interval: only the test's Flush calls reconcile. An hour between ban-list reads:
-	// their script calls would count as EVALSHA too.
+	// One ban in Redis's list before the limiter starts, so that the test can see when the
+	// limiter's first ban-list read (a script call, run once its ban channel is subscribed, in the
+	// background) is done: it would count as EVALSHA too. CI saw it land after ResetStats.
+	// (The limiter that bans is closed first: Close waits for its own background calls.)
+	admin, err := hybrid.New(direct)
+	require.NoError(t, err)
+	require.NoError(t, admin.Ban(context.Background(), "replay:marker", time.Hour))
+	require.NoError(t, admin.Close(context.Background()))
+	// A one-minute interval: only the test's Flush calls reconcile. An hour between ban-list reads.
 	lim := newLimiter(t, rdb, hybrid.WithSyncInterval(time.Minute), hybrid.WithFlushTimeout(150*time.Millisecond),
 		hybrid.WithBanRefresh(time.Hour))
+	require.Eventually(t, func() bool { return lim.Stats().BanListSize == 1 }, 5*time.Second, time.Millisecond,
+		"the limiter's first ban-list read")
 	limit := hybrid.Limit{Rate: 1000, Burst: 100_000}
 	keys := keyNames("replay:", 50)
 	warm(t, lim, keys, limit)
@@ -800,7 +809,7 @@ func TestReplayedBatchIsAppliedOnce(t *testing.T) {
 	srv.ResetStats(t)
 
 	p.Blackhole(true)
-	err := lim.Flush(ctx)
+	err = lim.Flush(ctx)
 	require.Error(t, err, "the reconcile's reply never came")
 	t.Logf("flush with the network held: %v", err)
 	require.EqualValues(t, len(keys), lim.Stats().Pending, "the keys stay pending")
