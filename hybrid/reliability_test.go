@@ -461,6 +461,17 @@ func TestRestartLosesScriptCacheWhileReconcileIsDue(t *testing.T) {
 	assert.True(t, d.Allowed)
 }
 
+// behindProxy starts a real Redis behind a fault-injecting proxy (redistest.Proxy) and returns the
+// proxy and a client of it that does not retry.
+func behindProxy(t *testing.T) (*redistest.Proxy, *redis.Client) {
+	t.Helper()
+	srv := redistest.Start(t)
+	p := redistest.NewProxy(t, srv.Addr)
+	rdb := redis.NewClient(&redis.Options{Addr: p.Addr, MaxRetries: -1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	return p, rdb
+}
+
 // TestSlowRedisCoalescesFlushes is issue #4 item 6: every reply from Redis is delayed by 60ms, three
 // times the 20ms sync interval. Background flushes do not pile up: one runs at a time, so there are
 // about duration/(latency + interval) of them, not duration/interval, and each carries every dirty
@@ -470,10 +481,7 @@ func TestSlowRedisCoalescesFlushes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-second latency test; run without -short")
 	}
-	srv := redistest.Start(t)
-	p := redistest.NewProxy(t, srv.Addr)
-	rdb := redis.NewClient(&redis.Options{Addr: p.Addr, MaxRetries: -1})
-	t.Cleanup(func() { _ = rdb.Close() })
+	p, rdb := behindProxy(t)
 	const interval, latency = 20 * time.Millisecond, 60 * time.Millisecond
 	lim := newLimiter(t, rdb, hybrid.WithSyncInterval(interval),
 		hybrid.WithCheckTimeout(500*time.Millisecond), hybrid.WithFlushTimeout(2*time.Second))
@@ -541,10 +549,7 @@ func TestSlowRedisKeepsHotKeysLocal(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-second latency test; run without -short")
 	}
-	srv := redistest.Start(t)
-	p := redistest.NewProxy(t, srv.Addr)
-	rdb := redis.NewClient(&redis.Options{Addr: p.Addr, MaxRetries: -1})
-	t.Cleanup(func() { _ = rdb.Close() })
+	p, rdb := behindProxy(t)
 	const latency = 150 * time.Millisecond
 	rec := &logRecorder{}
 	lim := newLimiter(t, rdb, hybrid.WithLogger(slog.New(rec))) // the default timeouts: check 5ms, flush 500ms
