@@ -58,6 +58,10 @@ type workload struct {
 	limit    hybrid.Limit
 	demand   float64 // requests per second per key, over all nodes
 	affinity float64 // when > 0, this share of a key's requests goes to its home node (key index mod nodes)
+	// stagger offsets each node's requests for a key by a fraction of its interval between them
+	// (node i of n: (i+j)/n for key j), as a load balancer's round robin would: without it, nodes
+	// that each see a key less than once a second all send their requests for it at the same moment.
+	stagger bool
 }
 
 // share returns the part of key j's demand that node i of n sends.
@@ -71,19 +75,29 @@ func (w workload) share(j, i, n int) float64 {
 	return (1 - w.affinity) / float64(n-1)
 }
 
+// phase returns node i's offset, in requests, for key j (see stagger).
+func (w workload) phase(j, i, n int) float64 {
+	if !w.stagger {
+		return 0
+	}
+	return float64((i+j)%n) / float64(n)
+}
+
 // tally is what a load run observed.
 type tally struct {
 	mu         sync.Mutex
 	admitted   map[string]int64
 	demanded   map[string]int64
 	sources    map[hybrid.Source]int64
+	keySources map[string]map[hybrid.Source]int64 // sources by key
 	errors     int64
 	maxLatency time.Duration
 	start, end time.Time
 }
 
 func newTally() *tally {
-	return &tally{admitted: map[string]int64{}, demanded: map[string]int64{}, sources: map[hybrid.Source]int64{}}
+	return &tally{admitted: map[string]int64{}, demanded: map[string]int64{}, sources: map[hybrid.Source]int64{},
+		keySources: map[string]map[hybrid.Source]int64{}}
 }
 
 // run drives the workloads on every node until stop is closed. Each node has one goroutine that, every
@@ -125,6 +139,14 @@ func (f *fleet) run(t *testing.T, stop <-chan struct{}, tl *tally, ws ...workloa
 					for k, v := range local.sources {
 						tl.sources[k] += v
 					}
+					for k, m := range local.keySources {
+						if tl.keySources[k] == nil {
+							tl.keySources[k] = map[hybrid.Source]int64{}
+						}
+						for s, v := range m {
+							tl.keySources[k][s] += v
+						}
+					}
 					tl.errors += local.errors
 					tl.maxLatency = max(tl.maxLatency, maxLat)
 					tl.mu.Unlock()
@@ -137,7 +159,7 @@ func (f *fleet) run(t *testing.T, stop <-chan struct{}, tl *tally, ws ...workloa
 				el := virtual.Seconds()
 				for i, w := range ws {
 					for j, key := range w.keys {
-						due := int64(w.demand*w.share(j, node, n)*el) - issued[i][j]
+						due := int64(w.demand*w.share(j, node, n)*el+w.phase(j, node, n)) - issued[i][j]
 						for range due {
 							t0 := time.Now()
 							d, err := lim.Allow(ctx, key, w.limit)
@@ -150,6 +172,10 @@ func (f *fleet) run(t *testing.T, stop <-chan struct{}, tl *tally, ws ...workloa
 								continue
 							}
 							local.sources[d.Source]++
+							if local.keySources[key] == nil {
+								local.keySources[key] = map[hybrid.Source]int64{}
+							}
+							local.keySources[key][d.Source]++
 							if d.Allowed {
 								local.admitted[key]++
 							}
