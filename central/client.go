@@ -73,6 +73,10 @@ type Config struct {
 	OnCheckBreaker func(redisx.BreakerEvent)
 	// Now is the clock for the breaker; nil means time.Now.
 	Now func() time.Time
+	// ScriptNow, if not nil, is the time the scripts run at, in µs, instead of Redis TIME: for the
+	// fleet simulator (cmd/loadgen -fleet), which runs many nodes on virtual time against a real
+	// Redis. Never set it in production: the global state must have one clock (DESIGN.md).
+	ScriptNow func() int64
 }
 
 // Limit is a token bucket: Rate tokens per second refill a bucket of Burst tokens.
@@ -331,6 +335,7 @@ func (c *Client) Take(ctx context.Context, u Update) (State, error) {
 	defer cancel()
 	keys := []string{BucketKey(c.cfg.Prefix, u.Key, u.Limit)}
 	args := appendArgs(append(make([]any, 0, len(c.keyArgs)+argsPerKey), c.keyArgs...), u)
+	c.scriptTime(args)
 	c.stats.Takes.Add(1)
 	res, err := c.runner.Run(ctx, c.syncRDB, reconcileScript, keys, args...)
 	if err != nil {
@@ -515,6 +520,7 @@ func (c *Client) pipeline(ctx context.Context, updates []Update, groups [][]int)
 		keys := make([]string, len(g))
 		args := make([]any, 0, len(c.keyArgs)+argsPerKey*len(g))
 		args = append(args, c.keyArgs...)
+		c.scriptTime(args)
 		for k, i := range g {
 			keys[k] = BucketKey(c.cfg.Prefix, updates[i].Key, updates[i].Limit)
 			args = appendArgs(args, updates[i])
@@ -523,6 +529,14 @@ func (c *Client) pipeline(ctx context.Context, updates []Update, groups [][]int)
 	}
 	_, err := pipe.Exec(ctx)
 	return cmds, err
+}
+
+// scriptTime sets the time override of a call's global arguments (reconcile.lua's ARGV[7]) when
+// Config.ScriptNow is set; it leaves "0" (Redis TIME) otherwise.
+func (c *Client) scriptTime(args []any) {
+	if c.cfg.ScriptNow != nil {
+		args[len(c.keyArgs)-1] = max(c.cfg.ScriptNow(), 1)
+	}
 }
 
 // replyWidth is the number of reply elements per key (reconcile.lua).

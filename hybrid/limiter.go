@@ -149,6 +149,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 			OnStateChange: logs.breaker},
 		OnCheckBreaker: logs.checkBreaker,
 		Now:            nil, // the breaker measures its cooldown on the monotonic clock, never WithClock's
+		ScriptNow:      o.scriptNow,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("hybrid: %w", err)
@@ -215,6 +216,9 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	l.cancel = cancel
+	if o.manual {
+		return l, nil // the fleet simulator steps it (internal/virtual)
+	}
 	l.wg.Add(4)
 	go func() {
 		defer l.wg.Done()

@@ -133,6 +133,8 @@ type options struct {
 	banRefresh     time.Duration // not an option; tests shorten it
 	maxBans        int           // not an option; tests shrink it
 	mono           func() int64  // not an option; tests drive the monotonic clock (nil: time since New)
+	scriptNow      func() int64  // not an option; the fleet simulator's script time in µs (nil: Redis TIME)
+	manual         bool          // not an option; the fleet simulator steps the limiter (no background goroutines)
 }
 
 func defaultOptions() options {

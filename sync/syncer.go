@@ -142,6 +142,10 @@ func (s *Syncer) Run(ctx context.Context) {
 	}
 }
 
+// Tick runs one round of Run's work now: the due keys' reconciles, if the round goes. For a caller
+// that drives the syncer on its own clock (the fleet simulator, internal/virtual) instead of Run.
+func (s *Syncer) Tick(ctx context.Context) error { return s.flush(ctx, due) }
+
 // mode says which keys a flush sends.
 type mode int
 
