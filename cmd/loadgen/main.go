@@ -56,6 +56,9 @@ func (quietLogger) Printf(context.Context, string, ...any) {}
 
 // run is the whole command; it returns the exit status.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, tty bool) int {
+	if fleetRequested(args) {
+		return runFleet(ctx, args, stdout, stderr)
+	}
 	c, err := parseConfig(args, stderr)
 	if errors.Is(err, errHelp) {
 		return 0

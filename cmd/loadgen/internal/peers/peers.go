@@ -59,7 +59,16 @@ type StrictResult struct {
 
 // AllowN takes n tokens from the bucket stored at redisKey if it holds them.
 func (s *Strict) AllowN(ctx context.Context, redisKey string, n int64) (StrictResult, error) {
-	v, err := strictScript.Run(ctx, s.rdb, []string{redisKey}, s.rate, s.burst, n).Result()
+	return s.result(strictScript.Run(ctx, s.rdb, []string{redisKey}, s.rate, s.burst, n).Result())
+}
+
+// AllowAt is AllowN at the time nowMicros (µs, positive) instead of Redis TIME: for the fleet
+// simulator, whose nodes run on virtual time.
+func (s *Strict) AllowAt(ctx context.Context, redisKey string, n, nowMicros int64) (StrictResult, error) {
+	return s.result(strictScript.Run(ctx, s.rdb, []string{redisKey}, s.rate, s.burst, n, nowMicros).Result())
+}
+
+func (s *Strict) result(v any, err error) (StrictResult, error) {
 	if err != nil {
 		return StrictResult{}, err
 	}
