@@ -73,6 +73,10 @@ type Config struct {
 	OnCheckBreaker func(redisx.BreakerEvent)
 	// Now is the clock for the breaker; nil means time.Now.
 	Now func() time.Time
+	// Fleet, if not nil, returns the fleet's size (the live limiters sharing the prefix, from the
+	// fleet registry; 0 when unknown), which reconcile.lua needs to keep the leases of nodes that see a
+	// key rarely within one lendable amount (docs/accuracy.md).
+	Fleet func() int64
 	// ScriptNow, if not nil, is the time the scripts run at, in µs, instead of Redis TIME: for the
 	// fleet simulator (cmd/loadgen -fleet), which runs many nodes on virtual time against a real
 	// Redis. Never set it in production: the global state must have one clock (DESIGN.md).
@@ -167,6 +171,7 @@ type Client struct {
 // The client's scripts.
 var (
 	reconcileScript = redisx.NewScript(lua.Reconcile())
+	takeScript      = redisx.NewScript(lua.Take())
 	banScript       = redisx.NewScript(lua.Ban())
 )
 
@@ -219,7 +224,7 @@ func New(cfg Config) (*Client, error) {
 		c.enforced = rc.Options().ContextTimeoutEnabled
 	}
 	c.keyArgs = []any{cfg.NodeID, cfg.PruneAge.Milliseconds(), cfg.Recount.Milliseconds(),
-		cfg.ActiveWindow.Milliseconds(), cfg.Horizon.Milliseconds(), cfg.Advance.Milliseconds(), 0}
+		cfg.ActiveWindow.Milliseconds(), cfg.Horizon.Milliseconds(), cfg.Advance.Milliseconds(), 0, 0}
 	return c, nil
 }
 
@@ -255,8 +260,10 @@ func (c *Client) Preload(ctx context.Context) error {
 	if err := c.runner.Load(ctx, c.flushRDB, reconcileScript); err != nil {
 		return fmt.Errorf("central: preload: %w", err)
 	}
-	if err := c.runner.Load(ctx, c.flushRDB, banScript); err != nil {
-		return fmt.Errorf("central: preload: %w", err)
+	for _, sc := range []*redisx.Script{banScript, takeScript, fleetScript} {
+		if err := c.runner.Load(ctx, c.flushRDB, sc); err != nil {
+			return fmt.Errorf("central: preload: %w", err)
+		}
 	}
 	return nil
 }
@@ -334,10 +341,22 @@ func (c *Client) Take(ctx context.Context, u Update) (State, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.SyncTimeout)
 	defer cancel()
 	keys := []string{BucketKey(c.cfg.Prefix, u.Key, u.Limit)}
-	args := appendArgs(append(make([]any, 0, len(c.keyArgs)+argsPerKey), c.keyArgs...), u)
-	c.scriptTime(args)
+	script, args := reconcileScript, []any(nil)
+	if u.Inc == 0 {
+		// A one-off take (no local entry, or hybrid's direct rule): take.lua, which costs Redis what
+		// a central bucket's decision does, rather than reconcile.lua's set-up for one key.
+		now := int64(0)
+		if c.cfg.ScriptNow != nil {
+			now = max(c.cfg.ScriptNow(), 1)
+		}
+		script = takeScript
+		args = []any{u.N, u.Limit.Rate, u.Limit.Burst, c.cfg.Advance.Milliseconds(), c.cfg.ActiveWindow.Milliseconds(), now}
+	} else {
+		args = appendArgs(append(make([]any, 0, len(c.keyArgs)+argsPerKey), c.keyArgs...), u)
+		c.scriptTime(args)
+	}
 	c.stats.Takes.Add(1)
-	res, err := c.runner.Run(ctx, c.syncRDB, reconcileScript, keys, args...)
+	res, err := c.runner.Run(ctx, c.syncRDB, script, keys, args...)
 	if err != nil {
 		c.stats.Errors.Add(1)
 	}
@@ -531,9 +550,13 @@ func (c *Client) pipeline(ctx context.Context, updates []Update, groups [][]int)
 	return cmds, err
 }
 
-// scriptTime sets the time override of a call's global arguments (reconcile.lua's ARGV[7]) when
-// Config.ScriptNow is set; it leaves "0" (Redis TIME) otherwise.
+// scriptTime sets the dynamic global arguments of a call: the fleet's size (reconcile.lua's
+// ARGV[7]) when Config.Fleet is set, and the time override (ARGV[8]) when Config.ScriptNow is set
+// ("0", Redis TIME, otherwise).
 func (c *Client) scriptTime(args []any) {
+	if c.cfg.Fleet != nil {
+		args[len(c.keyArgs)-2] = max(c.cfg.Fleet(), 0)
+	}
 	if c.cfg.ScriptNow != nil {
 		args[len(c.keyArgs)-1] = max(c.cfg.ScriptNow(), 1)
 	}

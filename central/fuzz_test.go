@@ -389,7 +389,7 @@ func compareEngines(t *testing.T, src *redis.Script, real, mini redis.UniversalC
 	var errs [2]error
 	for i, rdb := range []redis.UniversalClient{real, mini} {
 		require.NoError(t, rdb.Del(ctx, key).Err())
-		res, err := src.Run(ctx, rdb, []string{key}, "node", 60000, 1000, 4000, 4000, 0, t0, arg).Result()
+		res, err := src.Run(ctx, rdb, []string{key}, "node", 60000, 1000, 4000, 4000, 0, 0, t0, arg).Result()
 		require.NoError(t, err, "a key's argument fails that key only")
 		o, e := make([]State, 1), make([]error, 1)
 		require.NoError(t, decodeStates(res, o, e))

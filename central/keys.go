@@ -103,3 +103,6 @@ func ParseBucket(b string) (Bucket, error) {
 	return Bucket{Tokens: int64(v[0]), Refilled: int64(v[1]), Consumed: int64(v[2]), Demand: v[3],
 		NextScan: int64(v[4]), TTLSet: int64(v[5])}, nil
 }
+
+// FleetKey returns the Redis key of the registry of live nodes under prefix (fleet.lua).
+func FleetKey(prefix string) string { return prefix + internalSpace + "{fleet}" }

@@ -385,7 +385,7 @@ func TestScriptRejectsBadNumbers(t *testing.T) {
 			{"long argument", append(packed(1, 0, 0, 0, 0, 1, 1, 1, 1, 10), 0)},
 			{"text argument", []byte("1")},
 		} {
-			args := []any{"node", 60000, 1000, 4000, 4000, 0, 0, tc.arg}
+			args := []any{"node", 60000, 1000, 4000, 4000, 0, 0, 0, tc.arg}
 			res, err := src.Eval(ctx, rdb, []string{"t:" + Version + ":b:{bad}:1:10"}, args...).Result()
 			require.NoError(t, err, tc.name)
 			out, errs := make([]State, 1), make([]error, 1)
@@ -397,7 +397,7 @@ func TestScriptRejectsBadNumbers(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, int64(0), n, "a rejected key writes nothing")
 		// The same argument, well-formed, is applied: the cases above fail on their one bad value.
-		res, err := src.Eval(ctx, rdb, []string{"t:" + Version + ":b:{bad}:1:10"}, "node", 60000, 1000, 4000, 4000, 0, 0,
+		res, err := src.Eval(ctx, rdb, []string{"t:" + Version + ":b:{bad}:1:10"}, "node", 60000, 1000, 4000, 4000, 0, 0, 0,
 			packed(1, 0, 0, 0, 0, 1, 1, 1, 1, 10)).Result()
 		require.NoError(t, err)
 		out, errs := make([]State, 1), make([]error, 1)
@@ -406,13 +406,13 @@ func TestScriptRejectsBadNumbers(t *testing.T) {
 		assert.Equal(t, StatusCovered, out[0].Status)
 		require.NoError(t, rdb.Del(ctx, "t:"+Version+":b:{bad}:1:10").Err())
 		// A bad global argument fails the whole call.
-		err = src.Eval(ctx, rdb, []string{"t:" + Version + ":b:{bad}:1:10"}, "no:de", 60000, 1000, 4000, 4000, 0, 0,
+		err = src.Eval(ctx, rdb, []string{"t:" + Version + ":b:{bad}:1:10"}, "no:de", 60000, 1000, 4000, 4000, 0, 0, 0,
 			packed(1, 0, 0, 0, 0, 1, 1, 1, 1, 10)).Err()
 		require.Error(t, err)
 		// So does a call with ten text numbers per key (the protocol before the packed argument).
-		err = src.Eval(ctx, rdb, []string{"t:" + Version + ":b:{bad}:1:10"}, "node", 60000, 1000, 4000, 4000, 0, 0,
+		err = src.Eval(ctx, rdb, []string{"t:" + Version + ":b:{bad}:1:10"}, "node", 60000, 1000, 4000, 4000, 0, 0, 0,
 			1, 0, 0, 0, 0, 1, 1, 1, "1", 10).Err()
-		require.ErrorContains(t, err, "want 8 arguments")
+		require.ErrorContains(t, err, "want 9 arguments")
 		// Go rejects bad limits before they are sent.
 		c := newTestClient(t, rdb, "a")
 		for _, lim := range []Limit{{math.NaN(), 1}, {math.Inf(1), 1}, {-1, 1}, {1, 0}} {

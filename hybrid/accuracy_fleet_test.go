@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/hybridrate/hybridrate/hybrid"
 )
@@ -34,6 +35,18 @@ func TestAccuracySixtyFourNodes(t *testing.T) {
 func accuracyFleet(t *testing.T, nodes int, d time.Duration, opts ...hybrid.Option) {
 	srv, rdb := startRedis(t)
 	f := newFleet(t, srv.Addr, nodes, opts...)
+	// Traffic starts once every node knows its fleet's size, as a readiness check that waits for
+	// FleetSize would let it: before its first heartbeat is answered, a node grants cold-start credit
+	// as a fleet of one would (docs/accuracy.md, "Assumptions"), and 64 nodes starting at once under
+	// a loaded test run could overdraw a burst-20 key into debt its honest load then pays for.
+	require.Eventually(t, func() bool {
+		for _, l := range f.lims {
+			if l.FleetSize() < 1 {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 5*time.Millisecond, "every node's first heartbeat is answered")
 
 	over := []workload{
 		{keys: []string{"over:80:a", "over:80:b"}, limit: hybrid.Limit{Rate: 80, Burst: 80}},

@@ -39,3 +39,11 @@ func WithTestClock(now func() time.Time) Option {
 		return nil
 	})
 }
+
+// WithFleetBeat sets the fleet registry's heartbeat period (5s by default); for tests only.
+func WithFleetBeat(d time.Duration) Option {
+	return optionFunc(func(o *options) error {
+		o.fleetBeat = d
+		return nil
+	})
+}

@@ -199,10 +199,11 @@ func harmonic(n int) float64 {
 
 // overshootBound is docs/accuracy.md's bound on E for nodes nodes at the default lease life and advance:
 //
-//	E = min(C·H(N) + N + A, C + Rate·L) + N·max(1, D·Burst) + N·min(Burst, max(2, D·Burst)), A = Rate·LeaseAdvance, C = Burst + A
+//	E = min(C·H(N) + min(N, C) + A, C + Rate·L) + min(C, N·max(1, D·Burst)) + min(Burst, N·min(Burst, max(2, D·Burst)))
+//	A = Rate·LeaseAdvance, C = Burst + A
 //
-// unused leases held while the bucket refills, the nodes' overdraft credits, and their cold-start
-// credits.
+// unused leases held while the bucket refills, the nodes' overdraft credits (one lendable amount
+// over the fleet at most), and their cold-start credits (one burst over the fleet at most).
 func overshootBound(drift float64, l hybrid.Limit, nodes int) float64 {
 	return overshootBoundAdvance(drift, l, nodes, hybrid.LeaseAdvance)
 }
@@ -211,10 +212,11 @@ func overshootBound(drift float64, l hybrid.Limit, nodes int) float64 {
 func overshootBoundAdvance(drift float64, l hybrid.Limit, nodes int, advance time.Duration) float64 {
 	b, n := float64(l.Burst), float64(nodes)
 	adv := l.Rate * advance.Seconds()
-	leases := min((b+adv)*harmonic(nodes)+n+adv, b+adv+l.Rate*hybrid.LeaseLife.Seconds())
-	credit := max(1, drift*b)
-	cold := min(b, max(2, drift*b))
-	return leases + n*credit + n*cold
+	c := b + adv
+	leases := min(c*harmonic(nodes)+min(n, c)+adv, c+l.Rate*hybrid.LeaseLife.Seconds())
+	credit := min(c, n*max(1, drift*b))
+	cold := min(b, n*min(b, max(2, drift*b)))
+	return leases + credit + cold
 }
 
 func consumedInRedis(t *testing.T, rdb *redis.Client, key string) int64 {

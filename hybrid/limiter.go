@@ -107,8 +107,12 @@ type Limiter struct {
 	metrics  *metrics
 	started  time.Time    // origin of mono
 	fleet    atomic.Int64 // the most nodes Redis has reported active on any key: the fleet size estimate
-	evict    evictionWatch
-	bans     banWatch
+	// fleetSize is the live limiters under this key prefix at the last heartbeat (the fleet
+	// registry, fleet.go); 0 until Redis first answers.
+	fleetSize atomic.Int64
+	fleetW    fleetWatch
+	evict     evictionWatch
+	bans      banWatch
 }
 
 // New returns a limiter that keeps its global state in rdb (a *redis.Client, a Sentinel failover
@@ -133,6 +137,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		o.nodeID = hex.EncodeToString(b[:])
 	}
 	logs := newBGLog(o.logger, logSummaryEvery)
+	var self *Limiter // set below, before anything can call Fleet
 	cc, err := central.New(central.Config{
 		Client:       rdb,
 		Prefix:       o.prefix,
@@ -150,6 +155,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		OnCheckBreaker: logs.checkBreaker,
 		Now:            nil, // the breaker measures its cooldown on the monotonic clock, never WithClock's
 		ScriptNow:      o.scriptNow,
+		Fleet:          func() int64 { return self.fleetSize.Load() },
 	})
 	if err != nil {
 		return nil, fmt.Errorf("hybrid: %w", err)
@@ -176,6 +182,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		tracer:   o.tracerProvider.Tracer(instrumentationName),
 		started:  time.Now(),
 	}
+	self = l
 	l.bans.init()
 	l.syncer, err = ratesync.New(ratesync.Config{
 		Store:     store,
@@ -184,6 +191,8 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		MaxBatch:  flushBatch,
 		Drift:     o.drift,
 		Horizon:   LeaseHorizon,
+		Advance:   o.leaseAdvance,
+		Fleet:     func() int64 { return self.fleetSize.Load() },
 		LeaseLife: LeaseLife,
 		Now:       l.mono,
 		OnState: func(e *local.Entry, _ central.State) {
@@ -219,10 +228,14 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	if o.manual {
 		return l, nil // the fleet simulator steps it (internal/virtual)
 	}
-	l.wg.Add(4)
+	l.wg.Add(5)
 	go func() {
 		defer l.wg.Done()
 		l.syncer.Run(ctx)
+	}()
+	go func() {
+		defer l.wg.Done()
+		l.watchFleet(ctx)
 	}()
 	go func() {
 		defer l.wg.Done()
@@ -373,15 +386,23 @@ func (l *Limiter) starved(e *local.Entry, limit Limit, n int64) (Decision, bool)
 // starvedTrust is how long Redis's answer that a key's bucket is empty lets a node deny locally.
 const starvedTrust = time.Second
 
-// coldCredit is the allowance of a key this node has never seen: max(2, drift·Burst/A) tokens, at
-// most Burst, with A the largest number of nodes sharing a key that Redis's answers showed; 0 in
-// strict mode or WithoutColdStart. Two tokens let the first requests of a new key (a client's first
-// call is often followed by a second at once) be answered before its first reconcile.
+// coldCredit is the allowance of a key this node has never seen: min(max(2, drift·Burst/F),
+// Burst/F) tokens, rounded down, with F the live limiters of the fleet registry, so that the
+// fleet's cold-start credits on one key add up to one burst at most whatever the fleet's size
+// (docs/accuracy.md); 0 when that is under a token (the key's first request here asks Redis), in
+// strict mode or WithoutColdStart. Before the registry's first answer (a node's first
+// milliseconds, or Redis down at start) F is the largest number of nodes Redis's answers showed
+// sharing a key, at least 1. Two tokens let the first requests of a new key (a client's first call
+// is often followed by a second at once) be answered before its first reconcile on small fleets.
 func (l *Limiter) coldCredit(limit Limit) int64 {
 	if l.opts.drift == 0 || !l.opts.coldStart {
 		return 0
 	}
-	return min(limit.Burst, max(2, int64(l.opts.drift*float64(limit.Burst)/float64(max(l.fleet.Load(), 1)))))
+	f := l.fleetSize.Load()
+	if f < 1 {
+		f = max(l.fleet.Load(), 1)
+	}
+	return min(limit.Burst/f, max(2, int64(l.opts.drift*float64(limit.Burst)/float64(f))))
 }
 
 func invalidKey(key string) error {
@@ -416,6 +437,37 @@ func (l *Limiter) denied(key string, limit Limit) (Decision, bool) {
 	return Decision{Limit: limit, RetryAfter: wait, ResetAfter: max(wait, 0), Source: SourceDenyCache}, true
 }
 
+// directToLease is how many of a key's decisions within a LeaseLife a node sends to Redis as one-off
+// takes before it asks for leases: a node that sees a key this often can use a token of it within
+// the lease's life.
+const directToLease = 3
+
+// direct reports whether the decision of e, which this node holds no lease or credit for, should
+// go to Redis as a one-off take (taken and counted at once, nothing leased, no node record): only
+// when the fleet outnumbers the key's burst (the fleet registry's count: a node's share of the
+// burst is under a token, so it has no cold-start credit either), and then
+//   - after an answer less than a LeaseLife old: when the last synchronous answer left this node
+//     nothing beyond its request (its share rounded to no lease, and no credit);
+//   - otherwise: while this node has sent fewer than directToLease of the key's decisions to Redis
+//     within a LeaseLife (the next one asks for a lease, and learns its share from the answer).
+//
+// Such a node sees the key too rarely to use a lease before it expires; a one-off take costs
+// Redis what a central bucket's decision does, where a leasing take writes the node's record and
+// makes the syncer watch the key (issue 21: on 512 nodes, per-user keys cost 1.1–1.3× a central
+// bucket's Redis CPU that way). Never in strict mode (drift 0), whose takes ask for exactly n.
+func (l *Limiter) direct(e *local.Entry, limit Limit, now int64) bool {
+	if l.opts.drift == 0 {
+		return false
+	}
+	if f := l.fleetSize.Load(); f <= limit.Burst {
+		return false
+	}
+	if at := e.GrantedAt(); at != 0 && now-at < int64(LeaseLife) {
+		return e.Thin()
+	}
+	return e.Direct(now, int64(LeaseLife)) < directToLease
+}
+
 // maxAttempts bounds how often one decision looks at the allowance again after another caller's
 // call for the same key was answered, or after a lease that covered it was spent by other callers.
 const maxAttempts = 3
@@ -435,6 +487,7 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 		var u central.Update
 		var seq uint64
 		flying := false
+		direct := false // a one-off take: nothing leased, nothing to apply to e
 		sent := l.mono()
 		if e != nil {
 			e.Touch()
@@ -452,19 +505,28 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 				st.localDenied.Add(1)
 				return d, nil
 			}
-			if attempt < maxAttempts {
-				if !e.Fly(n) {
-					continue // another caller's call for this key was answered: look again
+			if attempt == 0 && l.direct(e, limit, sent) {
+				direct = true
+				u = central.Update{Key: key, Limit: lim, Want: n, N: n}
+			} else {
+				if attempt < maxAttempts {
+					if !e.Fly(n) {
+						continue // another caller's call for this key was answered: look again
+					}
+					flying = true
 				}
-				flying = true
+				c := e.Next(sent)
+				// A node whose decisions of the key went to Redis as one-off takes has no demand
+				// estimate of them (they are not its consumption): its first leasing take declares
+				// their rate, so that Redis sizes its share (direct).
+				c.Demand = max(c.Demand, e.DirectRate(sent, int64(LeaseLife)))
+				want := n
+				if l.opts.drift > 0 {
+					want = min(max(l.syncer.Want(e, c.Demand, n), n+e.Waiters()), limit.Burst)
+				}
+				u = ratesync.Update(e, c, want, n)
+				seq = c.Seq
 			}
-			c := e.Next(sent)
-			want := n
-			if l.opts.drift > 0 {
-				want = min(max(l.syncer.Want(e, c.Demand, n), n+e.Waiters()), limit.Burst)
-			}
-			u = ratesync.Update(e, c, want, n)
-			seq = c.Seq
 		} else {
 			// No room locally: a one-off take (incarnation 0), counted by Redis at once.
 			u = central.Update{Key: key, Limit: lim, Want: n, N: n}
@@ -486,7 +548,7 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 			break
 		}
 		allowed := res.Status == central.StatusCovered
-		if e != nil {
+		if e != nil && !direct {
 			l.syncer.Apply(e, seq, u, res, sent)
 			if flying {
 				e.Land()
@@ -498,6 +560,10 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 			switch e.TryTake(n) {
 			case local.Taken:
 				allowed = true
+				// On a fleet larger than the burst, an answer that left nothing beyond n (no lease, no
+				// credit) sends this node's next decisions of the key to Redis as one-off takes, and
+				// tells the syncer not to ask for a lease Redis would not give (direct).
+				e.SetThin(l.fleetSize.Load() > limit.Burst && e.Mark() <= e.Total())
 			case local.Gone:
 				// The entry was evicted meanwhile. A covered n was charged to its lease and counted
 				// by Redis for this very request: admit it.
@@ -513,7 +579,7 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 			}
 		}
 		rem := max(res.Tokens/1_000_000, 0)
-		if e != nil {
+		if e != nil && !direct {
 			rem = e.Remaining() // the bucket and this node's unused lease
 		}
 		if allowed {
@@ -682,6 +748,9 @@ func (l *Limiter) Close(ctx context.Context) error {
 	l.cancel()
 	l.wg.Wait()
 	err := l.syncer.Release(ctx)
+	if err == nil {
+		_ = l.central.Leave(ctx) // the others' fleet count drops now, not after the heartbeat's TTL
+	}
 	// A burst of slow calls can leave the breaker open at shutdown while Redis is healthy, and an
 	// open breaker sends nothing: wait out one cooldown (bounded by ctx) and try once more before
 	// giving up on the pending consumption.

@@ -131,6 +131,7 @@ type options struct {
 	instance       string
 	evictionCheck  time.Duration // not an option; tests shorten it
 	banRefresh     time.Duration // not an option; tests shorten it
+	fleetBeat      time.Duration // not an option; tests shorten it
 	maxBans        int           // not an option; tests shrink it
 	mono           func() int64  // not an option; tests drive the monotonic clock (nil: time since New)
 	scriptNow      func() int64  // not an option; the fleet simulator's script time in µs (nil: Redis TIME)
@@ -154,6 +155,7 @@ func defaultOptions() options {
 		leaseAdvance:   LeaseAdvance,
 		evictionCheck:  evictionCheck,
 		banRefresh:     banRefresh,
+		fleetBeat:      fleetBeat,
 		maxBans:        maxBans,
 	}
 }

@@ -27,6 +27,7 @@ var limiterACL = []any{
 	"+evalsha", "+eval", "+script|load", "+subscribe", "+ping", "+hello",
 	"+time", "+hmget", "+hgetall", "+hset", "+hdel", "+pexpire", "+pttl", "+publish", // run by the scripts
 	"+hget", "+hlen", "+hscan", "+zadd", "+zrangebyscore", "+zremrangebyscore", // the ban script's change log and paged reads
+	"+zcard", "+zrem", // the fleet registry (fleet.lua)
 }
 
 // exerciseLimiter runs a limiter over rdb end to end: decisions (central, then local), a flush, and
@@ -34,8 +35,8 @@ var limiterACL = []any{
 func exerciseLimiter(t *testing.T, rdb, rdb2 redis.UniversalClient) {
 	t.Helper()
 	ctx := context.Background()
-	lim := newLimiter(t, rdb, hybrid.WithCheckTimeout(time.Second))
-	other := newLimiter(t, rdb2, hybrid.WithCheckTimeout(time.Second))
+	lim := newLimiter(t, rdb, hybrid.WithCheckTimeout(time.Second), hybrid.WithFleetBeat(50*time.Millisecond))
+	other := newLimiter(t, rdb2, hybrid.WithCheckTimeout(time.Second), hybrid.WithFleetBeat(50*time.Millisecond))
 	limit := hybrid.Limit{Rate: 100, Burst: 1000}
 	d, err := lim.Allow(ctx, "acl:k", limit)
 	require.NoError(t, err)
@@ -65,6 +66,8 @@ func exerciseLimiter(t *testing.T, rdb, rdb2 redis.UniversalClient) {
 		d, err := other.Allow(ctx, "acl:bad", limit)
 		return err == nil && d.Allowed
 	}, 5*time.Second, 5*time.Millisecond, "the unban reaches the other limiter")
+	require.Eventually(t, func() bool { return lim.FleetSize() == 2 && other.FleetSize() == 2 },
+		10*time.Second, 10*time.Millisecond, "the fleet registry counts both limiters")
 	st := lim.Stats()
 	assert.Zero(t, st.RedisErrors, "%+v", st)
 	assert.Zero(t, st.FallbackAllowed+st.FallbackDenied, "%+v", st)

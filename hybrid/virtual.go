@@ -21,6 +21,8 @@ func init() {
 		})
 	}
 	virtual.Step = func(ctx context.Context, lim any) error {
-		return lim.(*Limiter).syncer.Tick(ctx)
+		l := lim.(*Limiter)
+		l.stepFleet(ctx)
+		return l.syncer.Tick(ctx)
 	}
 }

@@ -27,6 +27,7 @@ type Entry struct {
 	dirty   atomic.Bool  // on the shard's dirty list
 	evicted atomic.Bool  // removed from the store; see tryEvict
 	used    atomic.Bool  // CLOCK reference bit
+	thin    atomic.Bool  // the last synchronous answer left nothing beyond its request (see Thin)
 
 	nsPerToken  int64        // refill time of one token, in ns (capped)
 	charged     atomic.Int64 // tokens Redis has charged to this incarnation (last answer applied)
@@ -51,6 +52,8 @@ type Entry struct {
 	ackCum     int64        // total sent by the last call Redis applied
 	sentDenied int64        // denied tokens at the last call
 	sentAt     int64        // time of the last call (caller's clock); before the first call, minus the time the syncer first saw the entry
+	directAt   int64        // start of the window Direct counts in (caller's clock); 0 before the first
+	directN    int64        // one-off takes counted in that window
 	next       *Entry       // dirty-list link; written only by the goroutine that set dirty
 }
 
@@ -326,6 +329,40 @@ func (e *Entry) Seen(now int64) {
 	}
 	e.mu.Unlock()
 }
+
+// Direct counts a decision this node sent to Redis as a one-off take (nothing leased; Redis counted
+// it at once, so it is not part of the entry's consumption), at time now (caller's monotonic
+// clock, ns), and returns how many it has counted in the current window of the given length, this
+// one included. The first take after a window ended starts a new one.
+func (e *Entry) Direct(now, window int64) int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.directAt == 0 || now-e.directAt > window {
+		e.directAt, e.directN = now, 0
+	}
+	e.directN++
+	return e.directN
+}
+
+// DirectRate returns the rate of the one-off takes Direct counted in its current window, per
+// second over the time since the window began (at least a second), at time now; 0 when the window
+// has ended or none was counted.
+func (e *Entry) DirectRate(now, window int64) float64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.directAt == 0 || now-e.directAt > window {
+		return 0
+	}
+	return float64(e.directN) / max(float64(now-e.directAt)/1e9, 1)
+}
+
+// SetThin records whether the last synchronous call's answer left this node anything beyond the
+// request it was made for (a lease, or credit): the caller's decision of its next call (hybrid's
+// direct rule).
+func (e *Entry) SetThin(v bool) { e.thin.Store(v) }
+
+// Thin reports what SetThin recorded last.
+func (e *Entry) Thin() bool { return e.thin.Load() }
 
 // Active reports whether the entry admitted or denied anything since its last call.
 func (e *Entry) Active() bool {

@@ -334,3 +334,22 @@ func TestHotPathAllocatesNothing(t *testing.T) {
 	})
 	assert.Equal(t, 0.0, allocs)
 }
+
+// TestDirectCountsWithinAWindow (issue 21): Direct counts one-off takes within a window and starts
+// a new window once the last one ended.
+func TestDirectCountsWithinAWindow(t *testing.T) {
+	s, err := New(Config{MaxKeys: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := s.Insert("k", s.Hash("k", LimitID(1, 2)), 1, 2, 0)
+	const w = int64(8e9)
+	for i, c := range []struct{ at, want int64 }{{1, 1}, {2e9, 2}, {8e9, 3}, {8e9 + 2, 1}, {9e9, 2}} {
+		if got := e.Direct(c.at, w); got != c.want {
+			t.Errorf("take %d at %d: Direct = %d, want %d", i, c.at, got, c.want)
+		}
+	}
+	if e.Total() != 0 || e.Pending() {
+		t.Errorf("one-off takes are not the entry's consumption: total %d", e.Total())
+	}
+}

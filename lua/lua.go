@@ -85,3 +85,17 @@ var concurrency string
 // Concurrency returns the source of the in-flight lease script of package concurrency (acquire,
 // release, extend, count); concurrency.lua documents its KEYS, ARGV and reply.
 func Concurrency() string { return concurrency }
+
+//go:embed fleet.lua
+var fleet string
+
+// Fleet returns the source of the fleet registry script (live nodes per key prefix, by heartbeat);
+// fleet.lua documents its KEYS, ARGV and reply.
+func Fleet() string { return fleet }
+
+//go:embed take.lua
+var take string
+
+// Take returns the source of the one-off take script (n taken and counted at once from a bucket of
+// reconcile.lua's layout, nothing leased); take.lua documents its KEYS, ARGV and reply.
+func Take() string { return take }

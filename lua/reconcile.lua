@@ -13,7 +13,8 @@
 --       c   tokens admitted in total, as the nodes report them (accounting; never decreases)
 --       w   the demand on the key, tokens/s: the sum of the demands the active nodes declared
 --       nt  next time (µs) the node records are scanned: w recomputed, departed nodes pruned
---       x   time (ms) the key's TTL was last set; it is set again once half of it has passed
+--       x   time (ms, Redis TIME even under a time override: Redis expires keys on its own clock)
+--           the key's TTL was last set; it is set again once half of it has passed
 --   n:<node>  this node's record: inc, chg, used, demand (tokens/s), seen (ms); packed with
 --             struct.pack('<ddddd') where Redis's Lua has struct, else the text
 --             "inc:chg:used:demand:seen".
@@ -52,7 +53,11 @@
 -- ARGV[6] lease advance ms (while the key's demand is under its rate, renewals may draw
 -- on what that demand takes of the coming refill over this long: the bucket may be lent down to
 -- -rate·advance at most; 0 = only tokens in the bucket),
--- ARGV[7] time override in µs ("0" = use Redis TIME; tests only)
+-- ARGV[7] the fleet's size (the live limiters of the fleet registry, fleet.lua; "0" = unknown): a
+-- node whose demand-weighted share of a key rounds below a token gets one token anyway only while
+-- the fleet could not hold more than the lendable amount that way (fleet ≤ burst + advance), so
+-- that such floors never add up to more than one lendable amount, whatever the fleet's size,
+-- ARGV[8] time override in µs ("0" = use Redis TIME; the fleet simulator and tests)
 -- then one argument per key, in KEYS order: 10 little-endian float64s (80 bytes, as
 --   struct.pack('<dddddddddd') writes them): inc, cum, acked, used, uacked, demand (this node's
 --   demand, tokens/s), want (unused lease wanted after the call), n (tokens the caller must have now,
@@ -86,7 +91,8 @@ local scan_ms = tonum(ARGV[3])
 local window_ms = tonum(ARGV[4])
 local horizon_ms = tonum(ARGV[5])
 local advance_ms = tonum(ARGV[6])
-local now = tonum(ARGV[7])
+local fleet_n = tonum(ARGV[7])
+local now = tonum(ARGV[8])
 if node == nil or node == '' or sfind(node, ':', 1, true) then
   return redis.error_reply('ERR hybridrate: bad node id')
 end
@@ -105,16 +111,24 @@ end
 if advance_ms == nil or advance_ms ~= advance_ms or advance_ms < 0 or advance_ms > 1e9 then
   return redis.error_reply('ERR hybridrate: bad lease advance')
 end
+if fleet_n == nil or fleet_n ~= fleet_n or fleet_n < 0 or fleet_n > 1e9 then
+  return redis.error_reply('ERR hybridrate: bad fleet size')
+end
 if now == nil or now ~= now or now < 0 or now > 1e17 then
   return redis.error_reply('ERR hybridrate: bad time override')
 end
+local ttl_ms -- Redis's own clock in ms: it expires keys, so a key's TTL is kept on it (the x field)
 if now == 0 then
   local t = rcall('TIME')
   now = tonum(t[1]) * 1000000 + tonum(t[2])
+else
+  local t = rcall('TIME')
+  ttl_ms = floor((tonum(t[1]) * 1000000 + tonum(t[2])) / 1000)
 end
 local now_ms = floor(now / 1000)
+if ttl_ms == nil then ttl_ms = now_ms end
 local field = 'n:' .. node
-local NG = 7
+local NG = 8
 if #ARGV ~= NG + #KEYS then
   return redis.error_reply('ERR hybridrate: want ' .. (NG + #KEYS) .. ' arguments, got ' .. #ARGV)
 end
@@ -230,20 +244,22 @@ local function process(i, key)
   local ttl = mmin(mmax(ceil(2000 * (burst + adv_max) / rate) + 1000, window_ms), 1e12)
 
   if inc == 0 then
-    -- A take by a node without local state for the key (its key cap is full of keys with consumption
-    -- not yet counted): n is taken and counted now, nothing is leased, no record is kept.
-    local status, retry = 0, 0
-    if tokens >= n * 1000000 then
-      tokens = tokens - n * 1000000
-      consumed = consumed + n
-      status = 1
-    else
-      retry = clamp(ceil((n * 1000000 - tokens) / rate))
+    -- A one-off take: by a node without local state for the key (its key cap is full of keys with
+    -- consumption not yet counted), or by a node that sees the key too rarely for a token of it on
+    -- a fleet larger than the burst (issue 21). n is taken and counted now, nothing is leased, no
+    -- record is kept: it costs Redis what a central bucket's decision does. A denial writes
+    -- nothing (the refill is recomputed from the stored time next call, with the same result).
+    if tokens < n * 1000000 then
+      return 0, 0, floor(tokens), floor(w * 1000), clamp(ceil((n * 1000000 - tokens) / rate)),
+        clamp(ceil((burst_u - tokens) / rate))
     end
-    tokens = floor(tokens)
-    rcall('HSET', key, 'b', bucket(tokens, ts, consumed, w, next_scan, now_ms))
-    rcall('PEXPIRE', key, ttl)
-    return status, 0, tokens, floor(w * 1000), retry, clamp(ceil((burst_u - tokens) / rate))
+    tokens = floor(tokens - n * 1000000)
+    consumed = consumed + n
+    local refresh = ttl_set < 0 or ttl_ms - ttl_set > ttl / 2 or ttl_ms < ttl_set
+    if refresh then ttl_set = ttl_ms end
+    rcall('HSET', key, 'b', bucket(tokens, ts, consumed, w, next_scan, ttl_set))
+    if refresh then rcall('PEXPIRE', key, ttl) end
+    return 1, 0, tokens, floor(w * 1000), 0, clamp(ceil((burst_u - tokens) / rate))
   end
 
   -- This node's record (rec_*: inc, chg, used, d, seen).
@@ -297,7 +313,12 @@ local function process(i, key)
   -- scenario, false denials went from 0.64% to 0.25% of the exact bucket's tokens.
   local adv = 0
   local lend = 0
-  if n == 0 or known then
+  -- Neither is lent on a fleet larger than what can be lent (issue 21). There, the nodes that see
+  -- the key rarely send one-off takes (take.lua), which declare no demand, so w undercounts the
+  -- key's demand and cannot tell that it is over its rate (on the fleet simulator, keys at 4× their
+  -- limit on 512 nodes were lent the advance and admitted 1.10× their allowance); and nodes whose
+  -- share is under a token hold no lease, so there is little inventory for the lend to make up for.
+  if (n == 0 or known) and fleet_n <= burst + adv_max then
     if wv < rate * 1.25 then
       adv = mmin(adv_max, floor(wv * advance_ms / 1000))
     elseif demand > 0 then
@@ -315,7 +336,12 @@ local function process(i, key)
     local reserve = 0
     if demand > 0 and wv > 0 then
       if wv * horizon_ms / 1000 > cap and wv < rate then reserve = floor(burst / 2) end
-      share = mmax(floor(cap * demand / wv + 0.5), 1)
+      share = floor(cap * demand / wv + 0.5)
+      -- A share under a token rounds up to one only on a fleet too small for such floors to add up
+      -- to more than what can be lent (issue 21): on a large fleet, a node that sees the key too
+      -- rarely for a token of it gets no lease (its requests ask Redis: a synchronous call still
+      -- takes its n), rather than a token that waits at it unused while the others run dry.
+      if share < 1 and fleet_n <= cap then share = 1 end
     end
     local g = mmin(target, mmax(share, n)) - have
     local avail = floor(tokens / 1000000) + adv + lend
@@ -384,8 +410,8 @@ local function process(i, key)
   tokens = floor(tokens)
   -- Keep the key for ttl (above), refreshed once half of it has
   -- passed (every write command costs a few µs of Redis CPU).
-  local refresh = ttl_set < 0 or now_ms - ttl_set > ttl / 2 or now_ms < ttl_set
-  if refresh then ttl_set = now_ms end
+  local refresh = ttl_set < 0 or ttl_ms - ttl_set > ttl / 2 or ttl_ms < ttl_set
+  if refresh then ttl_set = ttl_ms end
   rcall('HSET', key,
     'b', bucket(tokens, ts, consumed, w, next_scan, ttl_set),
     field, record(rec_inc, rec_chg, rec_used, rec_d, rec_seen))

@@ -719,3 +719,57 @@ func TestBusyRenewalGoesNearItsUrgentMark(t *testing.T) {
 	require.Greater(t, fast, now+int64(900*time.Millisecond), "a second of demand above the point")
 	require.InDelta(t, fast-2*slow, s.renewBy(now, u, d), 1e3, "earlier by twice the slow round, to a microsecond")
 }
+
+// TestCreditAddsUpToOneLendableAmount (issue 21): the overdraft credit of each of A nodes is at most
+// budget/A, so A nodes' credits never add up to more than the budget, however many they are.
+func TestCreditAddsUpToOneLendableAmount(t *testing.T) {
+	for _, c := range []struct {
+		drift                  float64
+		tokens, budget, active int64
+		want                   int64
+	}{
+		{0.1, 100e6, 110, 1, 10},  // drift·G/A
+		{0.1, 5e6, 110, 8, 1},     // the floor of one token
+		{0.1, 100e6, 110, 64, 1},  // budget/A = 1
+		{0.1, 100e6, 110, 512, 0}, // budget/A under a token: none
+		{0.1, 100e6, 60, 4096, 0}, // a large fleet
+		{0.1, 0.5e6, 110, 1, 0},   // an empty bucket
+		{0, 100e6, 110, 1, 0},     // strict mode
+	} {
+		if got := Credit(c.drift, c.tokens, c.budget, c.active); got != c.want {
+			t.Errorf("Credit(%v, %d, %d, %d) = %d, want %d", c.drift, c.tokens, c.budget, c.active, got, c.want)
+		}
+		if got := Credit(c.drift, c.tokens, c.budget, c.active); got*c.active > c.budget {
+			t.Errorf("Credit(%v, %d, %d, %d) = %d: %d nodes would hold more than the budget", c.drift, c.tokens, c.budget, c.active, got, c.active)
+		}
+	}
+}
+
+// TestThinKeyAsksForNoLease (issue 21): a key whose last synchronous answer left this node nothing
+// beyond its request (hybrid marks it thin on a fleet larger than the key's burst) is not sent for
+// a renewal Redis would not grant; the same key, not thin, is.
+func TestThinKeyAsksForNoLease(t *testing.T) {
+	f := newFake()
+	c := newClock()
+	st, s := setup(t, f, c.now)
+	// A synchronous take of one token, counted by Redis, that left nothing beyond it.
+	e := entry(t, st, "k", 0)
+	cl := e.Next(c.now())
+	e.Grant(local.Answer{Seq: cl.Seq, Charged: 1, SentUsed: 1, At: c.now(), LeaseUntil: c.now() + int64(2*time.Second)})
+	require.Equal(t, local.Taken, e.TryTake(1))
+	require.False(t, e.Pending())
+	require.False(t, e.Unreported())
+	e.SetThin(true)
+	seeNew(t, s)
+	for range 30 {
+		c.add(20 * time.Millisecond)
+		require.NoError(t, s.flush(context.Background(), due))
+	}
+	assert.Zero(t, f.n(), "a thin key with nothing to report costs no call")
+	e.SetThin(false)
+	for range 30 {
+		c.add(20 * time.Millisecond)
+		require.NoError(t, s.flush(context.Background(), due))
+	}
+	assert.Positive(t, f.n(), "the same key, not thin, asks for a lease")
+}

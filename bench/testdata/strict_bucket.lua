@@ -4,6 +4,7 @@
 -- ARGV[1]  rate, tokens per second (a finite number in (0, 1e9])
 -- ARGV[2]  burst, the bucket capacity in tokens (an integer in [1, 1e9])
 -- ARGV[3]  n, tokens to take (an integer in [1, burst])
+-- ARGV[4]  optional: the time in µs instead of Redis TIME (the fleet simulator's virtual time)
 -- Reply: {allowed (1 or 0), remaining tokens (floor), retry-after in µs (0 when allowed)}
 --
 -- Integers only: micro-tokens and microseconds stay below 2^53, so no float reaches a reply or a
@@ -23,8 +24,14 @@ if n == nil or n < 1 or n > burst or n ~= math.floor(n) then
   return redis.error_reply('ERR strict_bucket: bad n')
 end
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = tonumber(ARGV[4])
+if ARGV[4] ~= nil and (now == nil or now ~= now or now < 1 or now > 1e17) then
+  return redis.error_reply('ERR strict_bucket: bad time')
+end
+if now == nil then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
 local cap = burst * 1000000
 local h = redis.call('HMGET', KEYS[1], 't', 'u')
 local tokens = tonumber(h[1])

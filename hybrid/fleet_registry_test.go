@@ -1,0 +1,70 @@
+package hybrid_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridrate/hybridrate/central"
+	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/internal/redistest"
+)
+
+// TestFleetRegistryCountsLiveLimiters (issue 21): limiters sharing a prefix count each other through
+// the fleet registry; one that closes leaves it at once; the count sizes the cold-start credit so
+// that the fleet's credits on a key add up to one burst at most.
+func TestFleetRegistryCountsLiveLimiters(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	const n = 3
+	var lims []*hybrid.Limiter
+	for range n {
+		lims = append(lims, newLimiter(t, srv.Client(t), hybrid.WithFleetBeat(20*time.Millisecond),
+			hybrid.WithCheckTimeout(time.Second)))
+	}
+	require.Eventually(t, func() bool {
+		for _, l := range lims {
+			if l.FleetSize() != n {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 5*time.Millisecond, "every limiter counts %d", n)
+
+	// Burst 4 over 3 nodes: each may grant itself 4/3 → 1 token for a key it has never seen (two on
+	// a fleet of one). The first request is local, the second asks Redis.
+	limit := hybrid.Limit{Rate: 1, Burst: 4}
+	for i, l := range lims {
+		key := fmt.Sprintf("cold:%d", i)
+		d, err := l.Allow(ctx, key, limit)
+		require.NoError(t, err)
+		assert.True(t, d.Allowed)
+		assert.Equal(t, hybrid.SourceLocal, d.Source, "node %d: the first request is the cold-start credit's", i)
+		d, err = l.Allow(ctx, key, limit)
+		require.NoError(t, err)
+		assert.Equal(t, hybrid.SourceCentral, d.Source, "node %d: the second asks Redis: the credit was one token", i)
+	}
+
+	// Burst 2 over 3 nodes: under a token each: the first request of a new key asks Redis.
+	d, err := lims[0].Allow(ctx, "cold:small", hybrid.Limit{Rate: 1, Burst: 2})
+	require.NoError(t, err)
+	assert.True(t, d.Allowed)
+	assert.Equal(t, hybrid.SourceCentral, d.Source, "no cold-start credit when the fleet outnumbers the burst")
+	// That node sees the key for the first time: its decision was a one-off take, counted by Redis
+	// at once, with no lease and no node record.
+	fields, err := srv.Client(t).HKeys(ctx, central.BucketKey(hybrid.DefaultKeyPrefix, "cold:small", central.Limit{Rate: 1, Burst: 2})).Result()
+	require.NoError(t, err)
+	assert.Equal(t, []string{"b"}, fields, "a one-off take writes the bucket only")
+	require.NoError(t, lims[0].Flush(ctx))
+	assert.Zero(t, lims[0].Stats().Pending, "nothing is left to report")
+
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	require.NoError(t, lims[n-1].Close(cctx))
+	require.Eventually(t, func() bool { return lims[0].FleetSize() == n-1 && lims[1].FleetSize() == n-1 },
+		10*time.Second, 5*time.Millisecond, "a closed limiter leaves the registry")
+}

@@ -1,0 +1,84 @@
+#!lua
+-- take.lua (key layout v4): a one-off take from a global token bucket of reconcile.lua's layout: n
+-- tokens are taken and counted at once, or denied; nothing is leased and no node record is read or
+-- written. It is for a node that sees a key too rarely to use a lease before it expires, on a fleet
+-- larger than the key's burst (hybrid's direct rule, issue 21): such a decision costs Redis what a
+-- central bucket's does. (reconcile.lua's inc 0 does the same, with all of that script's set-up.)
+-- The bucket field and its TTL must stay exactly as reconcile.lua reads and writes them
+-- (central's TestTakeMatchesReconcile checks the two against each other).
+--
+-- KEYS[1]  the bucket key
+-- ARGV[1]  n, tokens to take (an integer from 1 to burst)
+-- ARGV[2]  rate, tokens/s; ARGV[3] burst (as reconcile.lua bounds them)
+-- ARGV[4]  lease advance ms; ARGV[5] active window ms (the bucket's TTL, as reconcile.lua sets it)
+-- ARGV[6]  time override in µs ("0" = Redis TIME; the fleet simulator and tests)
+-- Reply: 6 integers, as reconcile.lua's per key: status (1 taken, 0 denied), 0, tokens in
+-- micro-tokens after the call, the key's demand in milli-tokens/s, retry µs (denied: until n could
+-- be taken), time to a full bucket µs.
+local floor, ceil, mmin, mmax = math.floor, math.ceil, math.min, math.max
+local tonum = tonumber
+local n, rate, burst = tonum(ARGV[1]), tonum(ARGV[2]), tonum(ARGV[3])
+local advance_ms, window_ms, now = tonum(ARGV[4]), tonum(ARGV[5]), tonum(ARGV[6])
+if not (rate ~= nil and rate >= 1e-9 and rate <= 1e9) then return redis.error_reply('ERR hybridrate: bad rate') end
+if not (burst ~= nil and burst >= 1 and burst <= 1e9 and burst % 1 == 0) then
+  return redis.error_reply('ERR hybridrate: bad burst')
+end
+if not (n ~= nil and n >= 1 and n <= burst and n % 1 == 0) then return redis.error_reply('ERR hybridrate: bad n') end
+if not (advance_ms ~= nil and advance_ms >= 0 and advance_ms <= 1e9) then
+  return redis.error_reply('ERR hybridrate: bad lease advance')
+end
+if not (window_ms ~= nil and window_ms >= 1 and window_ms <= 1e10) then
+  return redis.error_reply('ERR hybridrate: bad active window')
+end
+if not (now ~= nil and now >= 0 and now <= 1e17) then return redis.error_reply('ERR hybridrate: bad time override') end
+local t = redis.call('TIME')
+local real = tonum(t[1]) * 1000000 + tonum(t[2])
+if now == 0 then now = real end
+-- The key's TTL is kept on Redis's own clock, which expires keys (as reconcile.lua's x field).
+local ttl_ms = floor(real / 1000)
+local st = rawget(_G, 'struct')
+
+local burst_u = burst * 1000000
+local tokens, ts, consumed, w, next_scan, ttl_set
+local b = redis.call('HGET', KEYS[1], 'b')
+if b then
+  if st ~= nil then
+    if #b == 48 then tokens, ts, consumed, w, next_scan, ttl_set = st.unpack('<dddddd', b) end
+  else
+    local t1, t2, t3, t4, t5, t6 = string.match(b, '^(%-?%d+):(%x+):(%d+):(%x+):(%x+):(%x+)$')
+    if t1 ~= nil then
+      tokens, ts, consumed, w, next_scan, ttl_set = tonum(t1), tonum(t2, 16), tonum(t3), tonum(t4, 16) / 1000,
+        tonum(t5, 16), tonum(t6, 16)
+    end
+  end
+end
+if tokens == nil then
+  -- A new bucket (or an unreadable one): full, as reconcile.lua makes it; the next reconcile of the
+  -- key scans its node records at once (there are none) and sets its own scan period.
+  tokens, ts, consumed, w, next_scan, ttl_set = burst_u, now, 0, 0, now, -1
+end
+if now > ts then
+  if tokens < burst_u then
+    tokens = mmin(tokens + (now - ts) * rate, burst_u)
+  end
+  ts = now
+end
+local reset = function(t) return mmin(mmax(ceil((burst_u - t) / rate), 0), 1e15) end
+if tokens < n * 1000000 then
+  -- A denial writes nothing: the refill is recomputed from the stored time next call.
+  return {0, 0, floor(tokens), floor(w * 1000), mmin(ceil((n * 1000000 - tokens) / rate), 1e15), reset(tokens)}
+end
+tokens = floor(tokens - n * 1000000)
+consumed = consumed + n
+local adv_max = floor(rate * advance_ms / 1000)
+local ttl = mmin(mmax(ceil(2000 * (burst + adv_max) / rate) + 1000, window_ms), 1e12)
+local refresh = ttl_set < 0 or ttl_ms - ttl_set > ttl / 2 or ttl_ms < ttl_set
+if refresh then ttl_set = ttl_ms end
+if st ~= nil then
+  b = st.pack('<dddddd', tokens, ts, consumed, w, next_scan, ttl_set)
+else
+  b = string.format('%d:%x:%d:%x:%x:%x', tokens, ts, consumed, w * 1000 + 0.5, next_scan, ttl_set)
+end
+redis.call('HSET', KEYS[1], 'b', b)
+if refresh then redis.call('PEXPIRE', KEYS[1], ttl) end
+return {1, 0, tokens, floor(w * 1000), 0, reset(tokens)}
