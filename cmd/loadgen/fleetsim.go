@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -59,6 +60,12 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		csvPath   = fs.String("csv", "", "write the results as CSV to `file`")
 		svgDir    = fs.String("svg", "", "write one SVG chart per figure against N into `dir`")
 	)
+	for _, a := range args {
+		if a == "-h" || a == "-help" || a == "--help" || a == "--h" {
+			args = []string{"-h"} // also after --fleet, whose value "-h" would otherwise be
+			break
+		}
+	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintf(stdout, fleetUsage, strings.Join(fleetsim.ScenarioNames(), ", "))
@@ -133,6 +140,10 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 		return cpu.Sys + cpu.User, st["evalsha"].calls + st["eval"].calls, nil
 	}
+	// The simulator holds thousands of limiters in one process: a GC pause of that process would
+	// hold every simulated node's Redis call at once (and turn checks near the check timeout into
+	// failure-policy decisions), which N processes do not share. Collect less often.
+	debug.SetGCPercent(400)
 	idle, err := fleetsim.MeasureIdle(ctx, probe, time.Second)
 	if err != nil {
 		fmt.Fprintf(stderr, "loadgen: %v\n", err)
