@@ -77,7 +77,8 @@ type Result struct {
 	// failed or timed out at the check timeout, or the breaker open).
 	Fallback float64 `json:"fallback_share"`
 	// Redis calls (script calls, as Redis counts them) and CPU (µs, net of the idle server) per
-	// 1,000 decisions in the window; KeyCalls counts the keys those calls carried.
+	// 1,000 decisions in the window; KeyCalls is the keys the limiters sent (reconciles and
+	// synchronous takes) per 1,000 decisions over the whole run, from their own counters.
 	Calls    float64 `json:"redis_calls_per_1k"`
 	KeyCalls float64 `json:"key_calls_per_1k"`
 	CPU      float64 `json:"redis_cpu_us_per_1k"`
@@ -97,13 +98,19 @@ type Result struct {
 	FalseDenied float64 `json:"false_denied"`
 
 	// Latency a caller sees (real time of AllowN, ns), hybrid and central, in the window.
-	P50, P99, P999        int64 `json:"-"`
-	CP50, CP99, CP999     int64 `json:"-"`
-	P50us, P99us, P999us  float64
-	CP99us                float64
-	Wall                  time.Duration `json:"-"` // real time the hybrid run took
-	WallSeconds           float64       `json:"wall_s"`
-	RedisPerDecisionShare float64       `json:"redis_path_share"` // 1 − Local
+	P50, P99, P999    int64 `json:"-"`
+	CP50, CP99, CP999 int64 `json:"-"`
+	// The same in µs, for the outputs (the central bucket's p99 only).
+	P50us  float64 `json:"p50_us"`
+	P99us  float64 `json:"p99_us"`
+	P999us float64 `json:"p999_us"`
+	CP99us float64 `json:"central_p99_us"`
+	// Wall is the real time the hybrid run took (WallSeconds in the outputs).
+	Wall        time.Duration `json:"-"`
+	WallSeconds float64       `json:"wall_s"`
+	// RedisPerDecisionShare is 1 − Local: the share of decisions with a Redis call on the caller's
+	// path, or decided by the failure policy.
+	RedisPerDecisionShare float64 `json:"redis_path_share"`
 }
 
 // MeasureIdle returns the server's CPU per real second while nothing talks to it (its cron).
