@@ -349,8 +349,12 @@ func (c *Client) Take(ctx context.Context, u Update) (State, error) {
 		if c.cfg.ScriptNow != nil {
 			now = max(c.cfg.ScriptNow(), 1)
 		}
+		fleet := int64(0)
+		if c.cfg.Fleet != nil {
+			fleet = max(c.cfg.Fleet(), 0)
+		}
 		script = takeScript
-		args = []any{u.N, u.Limit.Rate, u.Limit.Burst, c.cfg.Advance.Milliseconds(), c.cfg.ActiveWindow.Milliseconds(), now}
+		args = []any{u.N, u.Limit.Rate, u.Limit.Burst, c.cfg.Advance.Milliseconds(), c.cfg.ActiveWindow.Milliseconds(), now, fleet}
 	} else {
 		args = appendArgs(append(make([]any, 0, len(c.keyArgs)+argsPerKey), c.keyArgs...), u)
 		c.scriptTime(args)

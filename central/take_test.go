@@ -15,7 +15,8 @@ import (
 // TestTakeMatchesReconcile (issue 21): one-off takes (take.lua) and reconcile.lua share one bucket:
 // a one-off take is counted, refills as reconcile.lua's state does, leaves no node record, denies
 // exactly when the bucket cannot cover n (writing nothing), and sets the same TTL; a node's
-// reconcile then sees the bucket the takes left.
+// reconcile then sees the bucket the takes left, and a one-off take draws on the advance on the
+// same terms as a renewal (the key's declared demand under its rate).
 func TestTakeMatchesReconcile(t *testing.T) {
 	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, real bool) {
 		ctx := context.Background()
@@ -57,8 +58,15 @@ func TestTakeMatchesReconcile(t *testing.T) {
 		n := &node{c: c, key: "k", lim: lim, inc: 1}
 		st = n.call(t, 0, 2, 2)
 		assert.Equal(t, StatusCovered, st.Status)
+		// The node declared 1 token/s, under the key's rate: like its renewals, a one-off take may
+		// draw on the coming refill of the advance (1 s × 1 token/s), once, then it is denied.
 		st, err = c.Take(ctx, Update{Key: "k", Limit: lim, Want: 1, N: 1})
 		require.NoError(t, err)
-		assert.Equal(t, StatusDenied, st.Status, "the reconcile took what refilled")
+		assert.Equal(t, StatusCovered, st.Status, "the advance lent under the rate")
+		assert.EqualValues(t, -1_000_000, st.Tokens)
+		st, err = c.Take(ctx, Update{Key: "k", Limit: lim, Want: 1, N: 1})
+		require.NoError(t, err)
+		assert.Equal(t, StatusDenied, st.Status, "the reconcile and the advance took what there was")
+		assert.Equal(t, 500*time.Millisecond, st.RetryAfter, "from -1 to 0 at 2/s: then the advance covers a token again")
 	})
 }

@@ -12,13 +12,14 @@
 -- ARGV[2]  rate, tokens/s; ARGV[3] burst (as reconcile.lua bounds them)
 -- ARGV[4]  lease advance ms; ARGV[5] active window ms (the bucket's TTL, as reconcile.lua sets it)
 -- ARGV[6]  time override in µs ("0" = Redis TIME; the fleet simulator and tests)
+-- ARGV[7]  the fleet's size (reconcile.lua's ARGV[7]; "0" = unknown)
 -- Reply: 6 integers, as reconcile.lua's per key: status (1 taken, 0 denied), 0, tokens in
 -- micro-tokens after the call, the key's demand in milli-tokens/s, retry µs (denied: until n could
 -- be taken), time to a full bucket µs.
 local floor, ceil, mmin, mmax = math.floor, math.ceil, math.min, math.max
 local tonum = tonumber
 local n, rate, burst = tonum(ARGV[1]), tonum(ARGV[2]), tonum(ARGV[3])
-local advance_ms, window_ms, now = tonum(ARGV[4]), tonum(ARGV[5]), tonum(ARGV[6])
+local advance_ms, window_ms, now, fleet_n = tonum(ARGV[4]), tonum(ARGV[5]), tonum(ARGV[6]), tonum(ARGV[7])
 if not (rate ~= nil and rate >= 1e-9 and rate <= 1e9) then return redis.error_reply('ERR hybridrate: bad rate') end
 if not (burst ~= nil and burst >= 1 and burst <= 1e9 and burst % 1 == 0) then
   return redis.error_reply('ERR hybridrate: bad burst')
@@ -31,6 +32,7 @@ if not (window_ms ~= nil and window_ms >= 1 and window_ms <= 1e10) then
   return redis.error_reply('ERR hybridrate: bad active window')
 end
 if not (now ~= nil and now >= 0 and now <= 1e17) then return redis.error_reply('ERR hybridrate: bad time override') end
+if not (fleet_n ~= nil and fleet_n >= 0 and fleet_n <= 1e9) then return redis.error_reply('ERR hybridrate: bad fleet size') end
 local t = redis.call('TIME')
 local real = tonum(t[1]) * 1000000 + tonum(t[2])
 if now == 0 then now = real end
@@ -64,13 +66,20 @@ if now > ts then
   ts = now
 end
 local reset = function(t) return mmin(mmax(ceil((burst_u - t) / rate), 0), 1e15) end
-if tokens < n * 1000000 then
+-- While the key's declared demand is under its rate, reconcile.lua lends nodes the refill of the
+-- coming advance (the bucket may go down to -rate·advance); a one-off take may draw on the same
+-- advance, on the same condition (fleet_n: see reconcile.lua), so that it is not denied while
+-- the key is under its rate because leases hold the bucket below zero.
+local adv_max = floor(rate * advance_ms / 1000)
+local adv = 0
+if fleet_n <= burst + adv_max and w < rate * 1.25 then adv = mmin(adv_max, floor(w * advance_ms / 1000)) end
+if tokens + adv * 1000000 < n * 1000000 then
   -- A denial writes nothing: the refill is recomputed from the stored time next call.
-  return {0, 0, floor(tokens), floor(w * 1000), mmin(ceil((n * 1000000 - tokens) / rate), 1e15), reset(tokens)}
+  return {0, 0, floor(tokens), floor(w * 1000), mmin(ceil((n * 1000000 - adv * 1000000 - tokens) / rate), 1e15),
+    reset(tokens)}
 end
 tokens = floor(tokens - n * 1000000)
 consumed = consumed + n
-local adv_max = floor(rate * advance_ms / 1000)
 local ttl = mmin(mmax(ceil(2000 * (burst + adv_max) / rate) + 1000, window_ms), 1e12)
 local refresh = ttl_set < 0 or ttl_ms - ttl_set > ttl / 2 or ttl_ms < ttl_set
 if refresh then ttl_set = ttl_ms end
