@@ -36,7 +36,7 @@ deps: ## check the package graph of DESIGN.md: imports flow downward only (inter
 	function short(p) { sub(mod "/", "", p); return p } \
 	BEGIN { allow["local"]=""; allow["denycache"]=""; allow["lua"]=""; allow["central"]="lua"; \
 	        allow["strict"]="lua"; allow["internal/redisx"]="lua"; allow["internal/limits"]=""; \
-	        allow["sync"]="local central"; allow["hybrid"]="local sync denycache central"; \
+	        allow["sync"]="local central"; allow["relay"]="central"; allow["hybrid"]="local sync denycache central"; \
 	        allow["policy"]="hybrid strict"; allow["middleware"]="policy concurrency"; \
 	        allow["concurrency"]="lua"; \
 	        allow["observe"]="policy hybrid"; allow["sidecar"]="policy hybrid"; \

@@ -184,9 +184,15 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	}
 	self = l
 	l.bans.init()
+	var port interface {
+		Reconcile(ctx context.Context, updates []central.Update, out []central.State, errs []error) error
+	} = cc
+	if o.upstream != nil {
+		port = upstreamPort{o.upstream, o.nodeID, o.flushTimeout}
+	}
 	l.syncer, err = ratesync.New(ratesync.Config{
 		Store:     store,
-		Central:   cc,
+		Central:   port,
 		Interval:  o.syncInterval,
 		MaxBatch:  flushBatch,
 		Drift:     o.drift,
@@ -535,7 +541,14 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 		sctx, span := l.tracer.Start(ctx, "hybridrate.take", trace.WithSpanKind(trace.SpanKindClient),
 			trace.WithAttributes(attribute.Int64("hybridrate.n", n)))
 		var res central.State
-		res, err = l.central.Take(sctx, u)
+		if l.opts.upstream != nil {
+			// Bounded by the check timeout, as central.Client bounds a take.
+			uctx, cancel := context.WithTimeout(sctx, l.opts.syncTimeout)
+			res, err = l.opts.upstream.Take(uctx, l.nodeID, u)
+			cancel()
+		} else {
+			res, err = l.central.Take(sctx, u)
+		}
 		if err != nil {
 			span.RecordError(err)
 			span.SetStatus(codes.Error, "take failed")

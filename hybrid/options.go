@@ -1,6 +1,7 @@
 package hybrid
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/internal/limits"
 )
 
@@ -129,6 +131,7 @@ type options struct {
 	coldStart      bool
 	leaseAdvance   time.Duration
 	instance       string
+	upstream       Upstream
 	evictionCheck  time.Duration // not an option; tests shorten it
 	banRefresh     time.Duration // not an option; tests shorten it
 	fleetBeat      time.Duration // not an option; tests shorten it
@@ -321,6 +324,30 @@ func WithClock(now func() time.Time) Option {
 	})
 }
 
+// Upstream serves a limiter's leases instead of Redis: a relay (package relay) that holds leases in
+// Redis for the limiters of its host or zone, so that Redis sees the relays rather than every
+// process (docs/design.md, "Any fleet size"). node is the calling limiter's node id. Reconcile and
+// Take have the terms of central.Client's methods of the same names: Take's error is handled as a
+// failed Redis call (the failure policy decides), Reconcile's as a failed background round.
+type Upstream interface {
+	Reconcile(ctx context.Context, node string, updates []central.Update, out []central.State, errs []error) error
+	Take(ctx context.Context, node string, u central.Update) (central.State, error)
+}
+
+// WithUpstream sends the limiter's lease traffic (its background reconciles and its synchronous
+// takes) to u instead of Redis. Everything else still talks to Redis through the client given to
+// New: the ban list, peeks and resets, and the fleet registry (the limiter counts in the fleet as
+// before, so its overdraft and cold-start credits are its share of the whole fleet's budget).
+func WithUpstream(u Upstream) Option {
+	return optionFunc(func(o *options) error {
+		if u == nil {
+			return badOption("nil upstream")
+		}
+		o.upstream = u
+		return nil
+	})
+}
+
 // WithLogger sets where background errors are logged. The default discards them (they are also
 // counted in metrics).
 func WithLogger(l *slog.Logger) Option {
@@ -422,3 +449,17 @@ func (l Limit) Validate() error {
 // FailurePolicy returns the limiter's default failure policy (WithFailurePolicy): the one limits with
 // OnFailure DefaultFailure use. It is never DefaultFailure.
 func (l *Limiter) FailurePolicy() FailurePolicy { return l.opts.policy }
+
+// upstreamPort is the syncer's view of an Upstream: its calls carry the limiter's node id.
+// A call is bounded by the flush timeout, as central.Client bounds its own.
+type upstreamPort struct {
+	u       Upstream
+	node    string
+	timeout time.Duration
+}
+
+func (p upstreamPort) Reconcile(ctx context.Context, updates []central.Update, out []central.State, errs []error) error {
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	return p.u.Reconcile(ctx, p.node, updates, out, errs)
+}

@@ -26,6 +26,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"os"
 	"math/rand/v2"
 	"sort"
 	"sync"
@@ -35,11 +36,13 @@ import (
 	"github.com/HdrHistogram/hdrhistogram-go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/cmd/loadgen/internal/peers"
 	"github.com/hybridrate/hybridrate/cmd/loadgen/internal/report"
 	"github.com/hybridrate/hybridrate/cmd/loadgen/internal/workload"
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/virtual"
+	"github.com/hybridrate/hybridrate/relay"
 )
 
 // Probe reads the Redis server's counters: its CPU time in seconds (user + system, INFO cpu) and
@@ -55,6 +58,11 @@ type Config struct {
 	Duration  time.Duration // virtual time per scenario and node count
 	Warmup    time.Duration // virtual time before the cost, latency and local-share window opens
 	Seed      uint64
+	// Relay, if positive, puts a relay (package relay) in front of every Relay nodes: the nodes'
+	// leases come from their relay, and Redis sees the relays (ceil(N/Relay) of them). The relays
+	// run in the simulator's process on the same virtual clock, stepped after their nodes in every
+	// tick; a node's call to its relay costs no network round trip here (see Result.Relays).
+	Relay int
 	// IdleCPU is the server's own CPU per real second when idle (its cron), subtracted from every
 	// window's Redis CPU; measure it with MeasureIdle.
 	IdleCPU float64
@@ -70,6 +78,10 @@ type Config struct {
 type Result struct {
 	Scenario string `json:"scenario"`
 	Nodes    int    `json:"nodes"`
+	// Relays is how many relays the nodes' leases came through (0: none, every node talks to
+	// Redis). With relays, a decision that is not local is a call to the node's relay, in process:
+	// on a real host add a loopback round trip to its latency.
+	Relays int `json:"relays"`
 
 	Decisions int64   `json:"decisions"`   // in the window (after warm-up)
 	Local     float64 `json:"local_share"` // of the window's decisions, made with no Redis call on the caller's path
@@ -397,8 +409,32 @@ func runHybrid(ctx context.Context, cfg Config, s Scenario, n int, arr []arrival
 			}
 		}
 	}()
+	var relays []*relay.Relay
+	if cfg.Relay > 0 {
+		nr := (n + cfg.Relay - 1) / cfg.Relay
+		r.Relays = nr
+		for i := range nr {
+			cc := relay.ClientConfig(cfg.Client, prefix, fmt.Sprintf("relay%d", i))
+			cc.ScriptNow = func() int64 { return clk.now().UnixMicro() }
+			cc.Fleet = func() int64 { return int64(nr) }
+			c, err := central.New(cc)
+			if err != nil {
+				return r, err
+			}
+			rl, err := relay.New(relay.Config{Client: c, Interval: hybrid.DefaultSyncInterval,
+				Fleet: func() int64 { return int64(n) }, Now: func() int64 { return clk.ns.Load() + 1 }})
+			if err != nil {
+				return r, err
+			}
+			relays = append(relays, rl)
+		}
+	}
 	for i := range lims {
-		l, err := hybrid.New(cfg.Client, opt, hybrid.WithKeyPrefix(prefix))
+		opts := []hybrid.Option{opt, hybrid.WithKeyPrefix(prefix)}
+		if relays != nil {
+			opts = append(opts, hybrid.WithUpstream(relays[i/cfg.Relay]))
+		}
+		l, err := hybrid.New(cfg.Client, opts...)
 		if err != nil {
 			return r, err
 		}
@@ -424,6 +460,19 @@ func runHybrid(ctx context.Context, cfg Config, s Scenario, n int, arr []arrival
 				defer wg.Done()
 				for i := g; i < n; i += stepWorkers {
 					if err := virtual.Step(ctx, lims[i]); err != nil && errs[g] == nil {
+						errs[g] = err
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		// The relays' rounds, after their nodes' (whose renewals they answered from their pools).
+		for g := range min(stepWorkers, len(relays)) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := g; i < len(relays); i += stepWorkers {
+					if err := relays[i].Tick(ctx); err != nil && errs[g] == nil {
 						errs[g] = err
 					}
 				}
@@ -510,9 +559,35 @@ func runHybrid(ctx context.Context, cfg Config, s Scenario, n int, arr []arrival
 		return r, fmt.Errorf("the run is not longer than its warm-up")
 	}
 	var keyCalls int64
-	for _, l := range lims {
-		st := l.Stats()
-		keyCalls += st.FlushedKeys + st.Central + st.CentralDenied
+	if relays == nil {
+		for _, l := range lims {
+			st := l.Stats()
+			keyCalls += st.FlushedKeys + st.Central + st.CentralDenied
+		}
+	}
+	for _, rl := range relays {
+		keyCalls += rl.Stats().Upstream.Load()
+	}
+	if os.Getenv("FLEETSIM_DEBUG") != "" {
+		var ld, cd, cen, loc int64
+		for _, l := range lims {
+			st := l.Stats()
+			ld += st.LocalDenied
+			cd += st.CentralDenied
+			cen += st.Central
+			loc += st.Local
+		}
+		var rs relay.Stats
+		for _, rl := range relays {
+			st := rl.Stats()
+			rs.Calls.Add(st.Calls.Load())
+			rs.Takes.Add(st.Takes.Load())
+			rs.SyncCalls.Add(st.SyncCalls.Load())
+			rs.Burned.Add(st.Burned.Load())
+			rs.Upstream.Add(st.Upstream.Load())
+		}
+		fmt.Fprintf(os.Stderr, "debug: local %d localDenied %d central %d centralDenied %d | relay calls %d takes %d sync %d burned %d upstream %d\n",
+			loc, ld, cen, cd, rs.Calls.Load(), rs.Takes.Load(), rs.SyncCalls.Load(), rs.Burned.Load(), rs.Upstream.Load())
 	}
 	cpu, calls, err := w.end(ctx, cfg.Probe, cfg.IdleCPU)
 	if err != nil {

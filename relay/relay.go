@@ -1,0 +1,640 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridrate/hybridrate/central"
+	"github.com/hybridrate/hybridrate/internal/redisx"
+)
+
+// Defaults of [Config], as package hybrid's for its nodes.
+const (
+	DefaultInterval     = 20 * time.Millisecond
+	DefaultHorizon      = 4 * time.Second
+	DefaultLeaseLife    = 8 * time.Second
+	DefaultActiveWindow = 16 * time.Second
+	DefaultAdvance      = time.Second
+	DefaultMaxKeys      = 1 << 20
+)
+
+// ErrFull is returned for a key the relay cannot take on: it holds MaxKeys keys, none of them idle.
+// A child's failure policy decides such a call, as it decides one Redis cannot answer.
+var ErrFull = errors.New("relay: key cap reached")
+
+// Config configures a [Relay]. Client is required; a zero duration or count means its default.
+type Config struct {
+	// Client is the relay's connection to Redis; its NodeID is the relay's node id on every bucket.
+	// Its Advance must equal Config.Advance, and its Fleet, if set, should count the relays of the
+	// prefix (not their children), as reconcile.lua's fleet size.
+	Client *central.Client
+	// Interval is how often Run calls Tick (DefaultInterval).
+	Interval time.Duration
+	// Horizon is how long the pool of a key should last at its children's demand (DefaultHorizon).
+	Horizon time.Duration
+	// LeaseLife is how long tokens Redis leased to the relay may wait in its pool; what is left then
+	// is written off, as a node writes off an expired lease (DefaultLeaseLife).
+	LeaseLife time.Duration
+	// ActiveWindow is how long after a child's last call its declared demand counts, and how long a
+	// key with no calls is kept (DefaultActiveWindow).
+	ActiveWindow time.Duration
+	// Advance is central's lease advance (DefaultAdvance): children's shares are of Burst plus what a
+	// key under its rate may be lent of the coming refill, as reconcile.lua's.
+	Advance time.Duration
+	// Fleet, if not nil, returns the number of limiters behind all relays of the prefix (0 when
+	// unknown): a child whose share of a key rounds below a token gets one only while Fleet() is at
+	// most the key's Burst plus its advance (reconcile.lua's floor rule). nil: never.
+	Fleet func() int64
+	// MaxKeys bounds the keys held (DefaultMaxKeys).
+	MaxKeys int
+	// Now returns the time on a monotonic clock in nanoseconds; nil means the real clock.
+	Now func() int64
+}
+
+// Stats counts what a relay did. All fields only grow.
+type Stats struct {
+	Calls      atomic.Int64 // child calls answered (keys of reconciles, and takes)
+	Takes      atomic.Int64 // child calls that needed tokens now (N > 0)
+	Upstream   atomic.Int64 // keys sent to Redis (rounds and synchronous refills)
+	Rounds     atomic.Int64 // background rounds that sent something
+	SyncCalls  atomic.Int64 // synchronous refills: a child needed tokens the pool did not have
+	Errors     atomic.Int64 // failed Redis calls
+	Burned     atomic.Int64 // pool tokens written off at the end of their lease life
+	Evicted    atomic.Int64 // keys dropped after ActiveWindow without calls
+	FullDenied atomic.Int64 // calls refused with ErrFull
+}
+
+// Relay serves leases to hybrid limiters (its children) from pools it holds in Redis's buckets.
+// Create it with [New]; it is safe for concurrent use. Its methods with a node argument are what
+// hybrid.WithUpstream needs.
+type Relay struct {
+	cfg   Config
+	stats Stats
+	start time.Time
+	inc   atomic.Uint64 // incarnations of the relay's entries
+
+	mu   sync.RWMutex
+	keys map[ident]*entry
+
+	round sync.Mutex // serialises Tick
+	batch []*entry
+	ups   []central.Update
+	outs  []central.State
+	errs  []error
+}
+
+type ident struct {
+	key   string
+	rate  float64
+	burst int64
+}
+
+// entry is one key's state at the relay: its own node record in Redis (upstream) and its children's.
+type entry struct {
+	mu  sync.Mutex
+	key string
+	lim central.Limit
+	inc uint64
+
+	// (retryAt: Redis answered the relay's round with less than it wanted and said when to ask
+	// again, which it does for a key over its rate; a child short of tokens before then is denied
+	// without a call, as a node's would be until its lease's retry.)
+	//
+	// Upstream, as a node's syncer keeps them (central.Update): chg is what Redis charged the
+	// relay's incarnation; cum what the relay consumed (handed on to children, their overdrafts,
+	// one-off takes, write-offs); used what children admitted. The pool is chg − cum.
+	chg, cum, used int64
+	acked, uacked  int64   // the last answer applied: Charged, and the Used it counted
+	sentCum        int64   // Cum of the last update answered
+	sentAt         int64   // when the last update was answered (0: never)
+	declared       float64 // the demand the last update declared
+	tokens         int64   // what Redis could lend at the last answer, micro-tokens
+	global         float64 // the key's demand over the fleet at the last answer, tokens/s
+	resetAfter     time.Duration
+	retryAt        int64 // Redis said the pool's lease is short: the next round's refill waits until then
+	denyUntil      int64 // Redis denied a synchronous refill: calls short of tokens are denied until then
+	poolUntil      int64 // the pool's tokens are written off after this
+	flight         chan struct{}
+
+	takes     float64 // tokens asked by one-off takes since takesFrom
+	takesFrom int64
+	takeRate  float64 // their rate over the last measured second, tokens/s
+	last      int64   // the last child call
+
+	children map[string]*child
+}
+
+// child is a child's record on a key, as reconcile.lua keeps a node's.
+type child struct {
+	inc    uint64
+	chg    int64 // charged to the child's incarnation in total
+	cum    int64 // its consumption at its last call
+	used   int64
+	demand float64
+	seen   int64
+}
+
+// New validates cfg and returns a relay. It starts nothing: call Run, or Tick on your own schedule.
+func New(cfg Config) (*Relay, error) {
+	if cfg.Client == nil {
+		return nil, errors.New("relay: Client is required")
+	}
+	for _, d := range []*time.Duration{&cfg.Interval, &cfg.Horizon, &cfg.LeaseLife, &cfg.ActiveWindow} {
+		if *d < 0 {
+			return nil, errors.New("relay: durations must not be negative")
+		}
+	}
+	if cfg.Advance < 0 || cfg.Advance > time.Hour {
+		return nil, errors.New("relay: Advance must be from 0 to an hour")
+	}
+	if cfg.MaxKeys < 0 {
+		return nil, errors.New("relay: MaxKeys must not be negative")
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&cfg.Interval, DefaultInterval)
+	def(&cfg.Horizon, DefaultHorizon)
+	def(&cfg.LeaseLife, DefaultLeaseLife)
+	def(&cfg.ActiveWindow, DefaultActiveWindow)
+	if cfg.MaxKeys == 0 {
+		cfg.MaxKeys = DefaultMaxKeys
+	}
+	r := &Relay{cfg: cfg, start: time.Now(), keys: make(map[ident]*entry)}
+	if r.cfg.Now == nil {
+		r.cfg.Now = func() int64 { return int64(time.Since(r.start)) + 1 }
+	}
+	return r, nil
+}
+
+// Stats returns the relay's counters.
+func (r *Relay) Stats() *Stats { return &r.stats }
+
+// Keys returns how many keys the relay holds.
+func (r *Relay) Keys() int {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return len(r.keys)
+}
+
+// Run calls Tick every Interval until ctx ends, then reports what is left (one last Tick with a
+// fresh context bounded by a second).
+func (r *Relay) Run(ctx context.Context) {
+	t := time.NewTicker(r.cfg.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			fctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_ = r.Tick(fctx)
+			cancel()
+			return
+		case <-t.C:
+			_ = r.Tick(ctx)
+		}
+	}
+}
+
+// lookup returns the key's entry, creating it (nil, ErrFull at the cap).
+func (r *Relay) lookup(u central.Update, now int64) (*entry, error) {
+	id := ident{u.Key, u.Limit.Rate, u.Limit.Burst}
+	r.mu.RLock()
+	e := r.keys[id]
+	r.mu.RUnlock()
+	if e != nil {
+		return e, nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e = r.keys[id]; e != nil {
+		return e, nil
+	}
+	if len(r.keys) >= r.cfg.MaxKeys {
+		r.stats.FullDenied.Add(1)
+		return nil, ErrFull
+	}
+	e = &entry{key: u.Key, lim: u.Limit, inc: r.inc.Add(1), takesFrom: now, children: make(map[string]*child)}
+	r.keys[id] = e
+	return e, nil
+}
+
+// Reconcile answers a child's background round (hybrid.Upstream): each update is applied to the
+// key's pool at the relay, in memory. A lease the pool cannot cover now is granted in part, with a
+// RetryAfter; the relay's next round asks Redis for more. An update that needs tokens now (N > 0)
+// is answered as Take answers it.
+func (r *Relay) Reconcile(ctx context.Context, node string, updates []central.Update, out []central.State, errs []error) error {
+	if len(out) < len(updates) || len(errs) < len(updates) {
+		return fmt.Errorf("relay: %d updates, room for %d answers", len(updates), min(len(out), len(errs)))
+	}
+	for i, u := range updates {
+		if u.N > 0 {
+			out[i], errs[i] = r.Take(ctx, node, u)
+			continue
+		}
+		errs[i] = nil
+		e, err := r.lookup(u, r.cfg.Now())
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		e.mu.Lock()
+		out[i], _ = r.serve(e, node, u, r.cfg.Now())
+		e.mu.Unlock()
+		r.stats.Calls.Add(1)
+	}
+	return nil
+}
+
+// Take answers a child's call that needs u.N tokens now (hybrid.Upstream): from the key's pool, or,
+// when the pool is short and Redis has not said to wait, after one synchronous call to Redis for the
+// key. An error is Redis's (the child's failure policy decides) or ErrFull.
+func (r *Relay) Take(ctx context.Context, node string, u central.Update) (central.State, error) {
+	r.stats.Calls.Add(1)
+	r.stats.Takes.Add(1)
+	now := r.cfg.Now()
+	e, err := r.lookup(u, now)
+	if err != nil {
+		return central.State{}, err
+	}
+	for attempt := 0; ; attempt++ {
+		e.mu.Lock()
+		now = r.cfg.Now()
+		st, short := r.serve(e, node, u, now)
+		if !short || attempt == 2 || now < e.denyUntil || now < e.retryAt {
+			e.mu.Unlock()
+			return st, nil
+		}
+		if f := e.flight; f != nil {
+			// Another call is asking Redis for this key: wait for its answer, then look again.
+			e.mu.Unlock()
+			select {
+			case <-f:
+			case <-ctx.Done():
+				return central.State{}, ctx.Err()
+			}
+			continue
+		}
+		// The refill needs what the pool lacks now (N: Redis may cover it from the half burst it
+		// keeps in reserve, as for a node's synchronous call, and counts it at once; the child's
+		// admission is then reported in Used, which Redis counts cumulatively, so not twice).
+		up := r.update(e, now, 0)
+		up.N = min(max(u.N-max(e.chg-e.cum, 0), 1), e.lim.Burst)
+		f := make(chan struct{})
+		e.flight = f
+		e.mu.Unlock()
+		r.stats.SyncCalls.Add(1)
+		r.stats.Upstream.Add(1)
+		var outs [1]central.State
+		var errs [1]error
+		err := r.cfg.Client.Reconcile(ctx, []central.Update{up}, outs[:], errs[:])
+		if err == nil {
+			err = errs[0]
+		}
+		e.mu.Lock()
+		e.flight = nil
+		close(f)
+		if err != nil {
+			e.mu.Unlock()
+			r.stats.Errors.Add(1)
+			return central.State{}, err
+		}
+		r.apply(e, up, outs[0], r.cfg.Now())
+		e.mu.Unlock()
+	}
+}
+
+// serve applies a child's update to the entry (locked) and answers it; short reports a call that
+// needed tokens now (N > 0) and could not be covered from the pool.
+func (r *Relay) serve(e *entry, node string, u central.Update, now int64) (central.State, bool) {
+	e.last = now
+	lim := u.Limit
+	burstU := lim.Burst * 1_000_000
+	pool := e.chg - e.cum
+	view := func(status central.Status, charged int64, retry time.Duration) central.State {
+		return central.State{Status: status, Charged: charged, Tokens: min(e.tokens+max(e.chg-e.cum, 0)*1_000_000, burstU),
+			Demand: e.global, RetryAfter: retry, ResetAfter: e.resetAfter}
+	}
+	if u.Inc == 0 {
+		// A one-off take: n from the pool, counted at once; nothing is lent.
+		e.takes += float64(u.N)
+		if pool >= u.N {
+			e.cum += u.N
+			e.used += u.N
+			return view(central.StatusCovered, 0, 0), false
+		}
+		return view(central.StatusDenied, 0, r.wait(e, lim, u.N-max(pool, 0), now)), true
+	}
+	c := e.children[node]
+	if c != nil && c.inc > u.Inc {
+		return view(central.StatusStale, u.Acked, 0), false
+	}
+	if c == nil || c.inc < u.Inc {
+		c = &child{inc: u.Inc, chg: u.Acked, used: u.UAcked}
+		e.children[node] = c
+	}
+	c.demand, c.seen, c.cum = u.Demand, now, u.Cum
+	if u.Used > c.used {
+		e.used += u.Used - c.used
+		e.takes += float64(u.Used - c.used)
+		c.used = u.Used
+	}
+	if u.Cum > c.chg {
+		// Consumption beyond the child's charge (its overdraft credit, a failure policy's
+		// admissions): the relay's, as debt on its pool.
+		e.cum += u.Cum - c.chg
+		c.chg = u.Cum
+	}
+	status := central.StatusDone
+	var retry time.Duration
+	have := c.chg - u.Cum
+	target := max(u.Want, u.N)
+	if target > have {
+		mine := r.demand(e, now)
+		w := max(e.global-e.declared+mine, mine, u.Demand)
+		capacity := lim.Burst + r.advance(lim, w)
+		share := target
+		if u.Demand > 0 && w > 0 {
+			share = int64(math.Floor(float64(capacity)*u.Demand/w + 0.5))
+			if share < 1 && r.cfg.Fleet != nil {
+				if f := r.cfg.Fleet(); f > 0 && f <= capacity {
+					share = 1
+				}
+			}
+		}
+		g := min(target, max(share, u.N)) - have
+		g = max(min(g, e.chg-e.cum), 0)
+		if u.N > 0 && have+g < u.N {
+			e.takes += float64(u.N)
+			return view(central.StatusDenied, c.chg, r.wait(e, lim, u.N-have-max(e.chg-e.cum, 0), now)), true
+		}
+		if short := min(target, max(share, u.N)) - have - g; short > 0 {
+			frac := 1.0
+			if u.Demand > 0 && w > 0 {
+				frac = u.Demand / w
+			}
+			need := min(short, max(1, (share+1)/2))
+			retry = time.Duration(float64(need) * 0.25 * float64(time.Second) / (lim.Rate * frac))
+			if e.retryAt > now {
+				retry = max(retry, time.Duration(e.retryAt-now))
+			}
+		}
+		e.cum += g
+		c.chg += g
+	}
+	if u.N > 0 {
+		status = central.StatusCovered
+		uu := max(c.used, u.Used+u.N)
+		e.used += uu - c.used
+		e.takes += float64(uu - c.used)
+		c.used = uu
+	}
+	return view(status, c.chg, retry), false
+}
+
+// wait is how long a call short of n tokens should wait: until Redis said the key has tokens again,
+// or until the refill covers n.
+func (r *Relay) wait(e *entry, lim central.Limit, n int64, now int64) time.Duration {
+	d := time.Duration(float64(max(n, 1)) / lim.Rate * float64(time.Second))
+	if e.denyUntil > now {
+		d = max(d, time.Duration(e.denyUntil-now))
+	}
+	return max(d, time.Microsecond)
+}
+
+// advance is what a key under its rate may be lent of the coming refill, reconcile.lua's adv.
+func (r *Relay) advance(lim central.Limit, w float64) int64 {
+	if w >= lim.Rate*1.25 {
+		return 0
+	}
+	return min(int64(lim.Rate*r.cfg.Advance.Seconds()), int64(w*r.cfg.Advance.Seconds()))
+}
+
+// demand is the relay's demand on the key (locked), tokens/s: what its children asked of it, measured
+// over windows of at least a second (tokens their one-off and synchronous takes asked for, admitted
+// or not, and admissions their rounds reported), smoothed across windows. It is measured rather than
+// the sum of the demands the children declare: a child that sees a key rarely declares an estimate
+// that runs high for a while, and a few dozen of them made the key look over its rate to Redis.
+func (r *Relay) demand(e *entry, now int64) float64 {
+	if el := now - e.takesFrom; el >= int64(time.Second) {
+		m := e.takes / (float64(el) / 1e9)
+		if e.takeRate == 0 {
+			e.takeRate = m
+		} else {
+			e.takeRate = 0.3*e.takeRate + 0.7*m
+		}
+		e.takes, e.takesFrom = 0, now
+	}
+	if e.takeRate == 0 {
+		// The first window: what was asked so far, per second (an underestimate until the second
+		// ends: a pool sized on a few early requests, extrapolated, took a fresh key's whole burst).
+		return e.takes
+	}
+	return e.takeRate
+}
+
+// held is what the entry's active children hold unused, as far as the relay knows (their charge
+// beyond their consumption at their last call).
+func (r *Relay) held(e *entry, now int64) int64 {
+	var h int64
+	from := now - int64(r.cfg.LeaseLife)
+	for _, c := range e.children {
+		if c.seen >= from {
+			h += max(c.chg-c.cum, 0)
+		}
+	}
+	return h
+}
+
+// update is the relay's own update for the entry (locked), wanting at least need in the pool.
+func (r *Relay) update(e *entry, now int64, need int64) central.Update {
+	d := r.demand(e, now)
+	want := int64(0)
+	if d > 0 {
+		// The pool plus what the children hold should last Horizon at their demand.
+		want = max(int64(math.Ceil(min(d*r.cfg.Horizon.Seconds(), 1e9)))-r.held(e, now), 0)
+	}
+	want = min(max(want, need), e.lim.Burst)
+	// reconcile.lua requires Used ≤ Cum. A child's record seeded from what an earlier relay (or an
+	// evicted entry) charged it can report admissions this entry never handed on: they are charged.
+	e.cum = max(e.cum, e.used)
+	return central.Update{Key: e.key, Limit: e.lim, Inc: e.inc, Cum: e.cum, Acked: e.acked, Used: e.used,
+		UAcked: e.uacked, Demand: d, Want: want}
+}
+
+// apply applies Redis's answer to the relay's update (locked).
+func (r *Relay) apply(e *entry, up central.Update, st central.State, now int64) {
+	if st.Status == central.StatusStale {
+		// Another relay process took this node id over; start a new incarnation.
+		e.inc = r.inc.Add(1)
+		e.acked, e.uacked = e.chg, e.used
+		return
+	}
+	if st.Charged > e.chg {
+		e.poolUntil = now + int64(r.cfg.LeaseLife)
+		e.chg = st.Charged
+	}
+	e.acked = st.Charged
+	e.uacked = max(e.uacked, up.Used)
+	if up.N > 0 {
+		if st.Status == central.StatusCovered {
+			// Redis counted N as admitted: the child's take that needed them reports them.
+			e.uacked = max(e.uacked, up.Used+up.N)
+		} else if st.RetryAfter > 0 {
+
+			e.denyUntil = now + int64(st.RetryAfter)
+		}
+		if st.Status != central.StatusCovered {
+			return // a denied call changes nothing else (reconcile.lua takes nothing)
+		}
+	}
+	e.sentCum, e.sentAt, e.declared = up.Cum, now, up.Demand
+	e.tokens, e.global, e.resetAfter = st.Tokens, st.Demand, st.ResetAfter
+	e.retryAt = 0
+	if st.RetryAfter > 0 && e.chg-e.cum < max(up.Want, 1) {
+		e.retryAt = now + int64(st.RetryAfter)
+	}
+}
+
+// reportEvery is how often a key's consumption and demand reach Redis when nothing else sends it:
+// the other nodes' shares follow the demand Redis knows.
+const reportEvery = time.Second
+
+// lowWaterIntervals: a key whose pool would last fewer intervals than this at its demand is
+// refilled in the next round.
+const lowWaterIntervals = 5
+
+// due reports whether the entry (locked) goes in this round, after writing off an expired pool.
+func (r *Relay) due(e *entry, now int64) bool {
+	if e.flight != nil {
+		return false
+	}
+	if pool := e.chg - e.cum; pool > 0 && e.poolUntil != 0 && now > e.poolUntil {
+		e.cum += pool
+		r.stats.Burned.Add(pool)
+	}
+	if e.cum > e.chg {
+		return true // debt
+	}
+	stale := e.sentAt == 0 || now-e.sentAt >= int64(reportEvery)
+	if (e.cum > e.sentCum || e.used > e.uacked) && stale {
+		return true
+	}
+	if now < e.retryAt {
+		return false
+	}
+	d := r.demand(e, now)
+	// A key whose demand is under a token per lowWaterIntervals is refilled by its children's
+	// synchronous calls (the first one short of tokens), not by rounds that could find nothing to
+	// do between requests.
+	if low := int64(math.Round(d * lowWaterIntervals * r.cfg.Interval.Seconds())); low > 0 {
+		if pool := e.chg - e.cum; pool < low && r.update(e, now, 0).Want > pool {
+			return true
+		}
+	}
+	return stale && math.Abs(d-e.declared) > 0.5*max(e.declared, 1)
+}
+
+// Tick runs one background round: keys whose pool runs low, whose consumption or demand Redis should
+// know, are reconciled in one pipelined call; expired pools are written off; keys without calls for
+// ActiveWindow (everything reported) are dropped. It returns the Redis call's error, if any (the keys
+// stay due).
+func (r *Relay) Tick(ctx context.Context) error {
+	r.round.Lock()
+	defer r.round.Unlock()
+	now := r.cfg.Now()
+	r.batch = r.batch[:0]
+	r.mu.RLock()
+	for _, e := range r.keys {
+		r.batch = append(r.batch, e)
+	}
+	r.mu.RUnlock()
+	r.ups = r.ups[:0]
+	sent := r.batch[:0]
+	var drop []*entry
+	for _, e := range r.batch {
+		e.mu.Lock()
+		switch {
+		case r.due(e, now):
+			r.ups = append(r.ups, r.update(e, now, 0))
+			e.flight = make(chan struct{})
+			sent = append(sent, e)
+		case now-e.last > int64(r.cfg.ActiveWindow) && e.cum == e.sentCum && e.used <= e.uacked && e.chg-e.cum <= 0:
+			drop = append(drop, e)
+		}
+		e.mu.Unlock()
+	}
+	if len(drop) > 0 {
+		r.mu.Lock()
+		for _, e := range drop {
+			e.mu.Lock()
+			if now-e.last > int64(r.cfg.ActiveWindow) && e.flight == nil {
+				delete(r.keys, ident{e.key, e.lim.Rate, e.lim.Burst})
+				r.stats.Evicted.Add(1)
+			}
+			e.mu.Unlock()
+		}
+		r.mu.Unlock()
+	}
+	if len(sent) == 0 {
+		return nil
+	}
+	r.stats.Rounds.Add(1)
+	r.stats.Upstream.Add(int64(len(sent)))
+	if cap(r.outs) < len(sent) {
+		r.outs, r.errs = make([]central.State, len(sent)), make([]error, len(sent))
+	}
+	outs, errs := r.outs[:len(sent)], r.errs[:len(sent)]
+	clear(errs)
+	err := r.cfg.Client.Reconcile(ctx, r.ups, outs, errs)
+	now = r.cfg.Now()
+	for i, e := range sent {
+		e.mu.Lock()
+		if err == nil && errs[i] == nil {
+			r.apply(e, r.ups[i], outs[i], now)
+		}
+		close(e.flight)
+		e.flight = nil
+		e.mu.Unlock()
+	}
+	if err != nil {
+		r.stats.Errors.Add(1)
+		return fmt.Errorf("relay: %w", err)
+	}
+	for _, e := range errs {
+		if e != nil {
+			r.stats.Errors.Add(1)
+			return fmt.Errorf("relay: %w", e)
+		}
+	}
+	return nil
+}
+
+// ClientConfig returns the configuration of a relay's Redis client with package hybrid's defaults
+// for its nodes (timeouts, batch size, record pruning, active window, horizon, advance, breaker):
+// adjust it, then pass it to central.New. node is the relay's node id (1 to 64 bytes of
+// [A-Za-z0-9_-]), unique among the relays and limiters of the prefix.
+func ClientConfig(rdb redis.UniversalClient, prefix, node string) central.Config {
+	return central.Config{
+		Client:       rdb,
+		Prefix:       prefix,
+		NodeID:       node,
+		SyncTimeout:  50 * time.Millisecond,
+		FlushTimeout: 500 * time.Millisecond,
+		MaxBatch:     256,
+		PruneAge:     10 * time.Minute,
+		Recount:      time.Minute,
+		ActiveWindow: DefaultActiveWindow,
+		Horizon:      DefaultHorizon,
+		Advance:      DefaultAdvance,
+		Breaker:      redisx.BreakerConfig{Threshold: 5, Cooldown: 500 * time.Millisecond, MinSpan: 50 * time.Millisecond},
+	}
+}
