@@ -26,7 +26,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"os"
 	"math/rand/v2"
 	"sort"
 	"sync"
@@ -567,27 +566,6 @@ func runHybrid(ctx context.Context, cfg Config, s Scenario, n int, arr []arrival
 	}
 	for _, rl := range relays {
 		keyCalls += rl.Stats().Upstream.Load()
-	}
-	if os.Getenv("FLEETSIM_DEBUG") != "" {
-		var ld, cd, cen, loc int64
-		for _, l := range lims {
-			st := l.Stats()
-			ld += st.LocalDenied
-			cd += st.CentralDenied
-			cen += st.Central
-			loc += st.Local
-		}
-		var rs relay.Stats
-		for _, rl := range relays {
-			st := rl.Stats()
-			rs.Calls.Add(st.Calls.Load())
-			rs.Takes.Add(st.Takes.Load())
-			rs.SyncCalls.Add(st.SyncCalls.Load())
-			rs.Burned.Add(st.Burned.Load())
-			rs.Upstream.Add(st.Upstream.Load())
-		}
-		fmt.Fprintf(os.Stderr, "debug: local %d localDenied %d central %d centralDenied %d | relay calls %d takes %d sync %d burned %d upstream %d\n",
-			loc, ld, cen, cd, rs.Calls.Load(), rs.Takes.Load(), rs.SyncCalls.Load(), rs.Burned.Load(), rs.Upstream.Load())
 	}
 	cpu, calls, err := w.end(ctx, cfg.Probe, cfg.IdleCPU)
 	if err != nil {
