@@ -23,6 +23,7 @@ const (
 	DefaultActiveWindow = 16 * time.Second
 	DefaultAdvance      = time.Second
 	DefaultMaxKeys      = 1 << 20
+	DefaultFleetBeat    = 5 * time.Second
 )
 
 // ErrFull is returned for a key the relay cannot take on: it holds MaxKeys keys, none of them idle.
@@ -31,10 +32,11 @@ var ErrFull = errors.New("relay: key cap reached")
 
 // Config configures a [Relay]. Client is required; a zero duration or count means its default.
 type Config struct {
-	// Client is the relay's connection to Redis; its NodeID is the relay's node id on every bucket.
-	// Its Advance must equal Config.Advance, and its Fleet, if set, should count the relays of the
-	// prefix (not their children), as reconcile.lua's fleet size.
-	Client *central.Client
+	// Central configures the relay's Redis client (ClientConfig gives package hybrid's defaults); its
+	// NodeID is the relay's node id on every bucket, and its Advance must equal Config.Advance. Its
+	// Fleet, if nil, is set to the relay's FleetSize: reconcile.lua's fleet size is the number of
+	// limiters that may hold a share of a key, here the relays' children.
+	Central central.Config
 	// Interval is how often Run calls Tick (DefaultInterval).
 	Interval time.Duration
 	// Horizon is how long the pool of a key should last at its children's demand (DefaultHorizon).
@@ -50,8 +52,13 @@ type Config struct {
 	Advance time.Duration
 	// Fleet, if not nil, returns the number of limiters behind all relays of the prefix (0 when
 	// unknown): a child whose share of a key rounds below a token gets one only while Fleet() is at
-	// most the key's Burst plus its advance (reconcile.lua's floor rule). nil: never.
+	// most the key's Burst plus its advance (reconcile.lua's floor rule). nil means FleetSize: the
+	// fleet registry's count, which the children join (they heartbeat to Redis as any limiter does)
+	// and Run reads every FleetBeat.
 	Fleet func() int64
+	// FleetBeat is how often Run registers the relay in the fleet registry and reads its count
+	// (DefaultFleetBeat).
+	FleetBeat time.Duration
 	// MaxKeys bounds the keys held (DefaultMaxKeys).
 	MaxKeys int
 	// Now returns the time on a monotonic clock in nanoseconds; nil means the real clock.
@@ -75,8 +82,10 @@ type Stats struct {
 // Create it with [New]; it is safe for concurrent use. Its methods with a node argument are what
 // hybrid.WithUpstream needs.
 type Relay struct {
-	cfg   Config
-	stats Stats
+	cfg    Config
+	client *central.Client
+	stats  Stats
+	fleet  atomic.Int64
 	start time.Time
 	inc   atomic.Uint64 // incarnations of the relay's entries
 
@@ -143,10 +152,7 @@ type child struct {
 
 // New validates cfg and returns a relay. It starts nothing: call Run, or Tick on your own schedule.
 func New(cfg Config) (*Relay, error) {
-	if cfg.Client == nil {
-		return nil, errors.New("relay: Client is required")
-	}
-	for _, d := range []*time.Duration{&cfg.Interval, &cfg.Horizon, &cfg.LeaseLife, &cfg.ActiveWindow} {
+	for _, d := range []*time.Duration{&cfg.Interval, &cfg.Horizon, &cfg.LeaseLife, &cfg.ActiveWindow, &cfg.FleetBeat} {
 		if *d < 0 {
 			return nil, errors.New("relay: durations must not be negative")
 		}
@@ -166,10 +172,22 @@ func New(cfg Config) (*Relay, error) {
 	def(&cfg.Horizon, DefaultHorizon)
 	def(&cfg.LeaseLife, DefaultLeaseLife)
 	def(&cfg.ActiveWindow, DefaultActiveWindow)
+	def(&cfg.FleetBeat, DefaultFleetBeat)
 	if cfg.MaxKeys == 0 {
 		cfg.MaxKeys = DefaultMaxKeys
 	}
 	r := &Relay{cfg: cfg, start: time.Now(), keys: make(map[ident]*entry)}
+	if r.cfg.Fleet == nil {
+		r.cfg.Fleet = r.FleetSize
+	}
+	if r.cfg.Central.Fleet == nil {
+		r.cfg.Central.Fleet = r.cfg.Fleet
+	}
+	c, err := central.New(r.cfg.Central)
+	if err != nil {
+		return nil, fmt.Errorf("relay: %w", err)
+	}
+	r.client = c
 	if r.cfg.Now == nil {
 		r.cfg.Now = func() int64 { return int64(time.Since(r.start)) + 1 }
 	}
@@ -186,20 +204,45 @@ func (r *Relay) Keys() int {
 	return len(r.keys)
 }
 
-// Run calls Tick every Interval until ctx ends, then reports what is left (one last Tick with a
-// fresh context bounded by a second).
+// FleetSize returns the fleet registry's count (the limiters and relays of the prefix) at Run's last
+// heartbeat, 0 before the first.
+func (r *Relay) FleetSize() int64 { return r.fleet.Load() }
+
+// Client returns the relay's Redis client (its statistics, its breaker).
+func (r *Relay) Client() *central.Client { return r.client }
+
+// Beat registers the relay in the fleet registry for three FleetBeats and records the registry's
+// count (FleetSize). Run calls it every FleetBeat.
+func (r *Relay) Beat(ctx context.Context) error {
+	n, err := r.client.Heartbeat(ctx, 3*r.cfg.FleetBeat)
+	if err != nil {
+		return fmt.Errorf("relay: %w", err)
+	}
+	r.fleet.Store(n)
+	return nil
+}
+
+// Run calls Tick every Interval and Beat every FleetBeat until ctx ends, then reports what is left
+// (one last Tick with a fresh context bounded by a second) and leaves the fleet registry.
 func (r *Relay) Run(ctx context.Context) {
 	t := time.NewTicker(r.cfg.Interval)
 	defer t.Stop()
+	_ = r.Beat(ctx)
+	next := time.Now().Add(r.cfg.FleetBeat)
 	for {
 		select {
 		case <-ctx.Done():
 			fctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			_ = r.Tick(fctx)
+			_ = r.client.Leave(fctx)
 			cancel()
 			return
 		case <-t.C:
 			_ = r.Tick(ctx)
+			if time.Now().After(next) {
+				_ = r.Beat(ctx)
+				next = time.Now().Add(r.cfg.FleetBeat)
+			}
 		}
 	}
 }
@@ -295,7 +338,7 @@ func (r *Relay) Take(ctx context.Context, node string, u central.Update) (centra
 		r.stats.Upstream.Add(1)
 		var outs [1]central.State
 		var errs [1]error
-		err := r.cfg.Client.Reconcile(ctx, []central.Update{up}, outs[:], errs[:])
+		err := r.client.Reconcile(ctx, []central.Update{up}, outs[:], errs[:])
 		if err == nil {
 			err = errs[0]
 		}
@@ -341,10 +384,14 @@ func (r *Relay) serve(e *entry, node string, u central.Update, now int64) (centr
 		c = &child{inc: u.Inc, chg: u.Acked, used: u.UAcked}
 		e.children[node] = c
 	}
+	if c.seen > 0 {
+		// The child's demand (it counts its local denials, which the relay does not see) over
+		// the time since its last call, at most a second of it.
+		e.takes += u.Demand * float64(min(now-c.seen, int64(time.Second))) / 1e9
+	}
 	c.demand, c.seen, c.cum = u.Demand, now, u.Cum
 	if u.Used > c.used {
 		e.used += u.Used - c.used
-		e.takes += float64(u.Used - c.used)
 		c.used = u.Used
 	}
 	if u.Cum > c.chg {
@@ -373,7 +420,6 @@ func (r *Relay) serve(e *entry, node string, u central.Update, now int64) (centr
 		g := min(target, max(share, u.N)) - have
 		g = max(min(g, e.chg-e.cum), 0)
 		if u.N > 0 && have+g < u.N {
-			e.takes += float64(u.N)
 			return view(central.StatusDenied, c.chg, r.wait(e, lim, u.N-have-max(e.chg-e.cum, 0), now)), true
 		}
 		if short := min(target, max(share, u.N)) - have - g; short > 0 {
@@ -394,7 +440,6 @@ func (r *Relay) serve(e *entry, node string, u central.Update, now int64) (centr
 		status = central.StatusCovered
 		uu := max(c.used, u.Used+u.N)
 		e.used += uu - c.used
-		e.takes += float64(uu - c.used)
 		c.used = uu
 	}
 	return view(status, c.chg, retry), false
@@ -419,8 +464,10 @@ func (r *Relay) advance(lim central.Limit, w float64) int64 {
 }
 
 // demand is the relay's demand on the key (locked), tokens/s: what its children asked of it, measured
-// over windows of at least a second (tokens their one-off and synchronous takes asked for, admitted
-// or not, and admissions their rounds reported), smoothed across windows. It is measured rather than
+// over windows of at least a second (tokens their one-off takes asked for, admitted or not, and the
+// demand each leasing child declares, over the time between its calls), smoothed across windows.
+// Denied requests count: a key over its rate must look so to Redis, which lends the coming refill
+// only to keys under 1.25× their rate. It is measured rather than
 // the sum of the demands the children declare: a child that sees a key rarely declares an estimate
 // that runs high for a while, and a few dozen of them made the key look over its rate to Redis.
 func (r *Relay) demand(e *entry, now int64) float64 {
@@ -434,9 +481,10 @@ func (r *Relay) demand(e *entry, now int64) float64 {
 		e.takes, e.takesFrom = 0, now
 	}
 	if e.takeRate == 0 {
-		// The first window: what was asked so far, per second (an underestimate until the second
-		// ends: a pool sized on a few early requests, extrapolated, took a fresh key's whole burst).
-		return e.takes
+		// The first window: what was asked so far, over at least a quarter of a second (update
+		// keeps the pool of this window to twice what was asked: a pool sized on a few early
+		// requests, extrapolated over the horizon, took a fresh key's whole burst).
+		return e.takes / max(float64(now-e.takesFrom)/1e9, 0.25)
 	}
 	return e.takeRate
 }
@@ -458,9 +506,12 @@ func (r *Relay) held(e *entry, now int64) int64 {
 func (r *Relay) update(e *entry, now int64, need int64) central.Update {
 	d := r.demand(e, now)
 	want := int64(0)
-	if d > 0 {
+	if d > 0 && now-e.last < int64(idleAfter) {
 		// The pool plus what the children hold should last Horizon at their demand.
 		want = max(int64(math.Ceil(min(d*r.cfg.Horizon.Seconds(), 1e9)))-r.held(e, now), 0)
+		if e.takeRate == 0 {
+			want = min(want, int64(math.Ceil(2*e.takes)))
+		}
 	}
 	want = min(max(want, need), e.lim.Burst)
 	// reconcile.lua requires Used ≤ Cum. A child's record seeded from what an earlier relay (or an
@@ -503,6 +554,10 @@ func (r *Relay) apply(e *entry, up central.Update, st central.State, now int64) 
 		e.retryAt = now + int64(st.RetryAfter)
 	}
 }
+
+// idleAfter is how long a key must see no calls to count as idle: an idle key's round reports
+// what it must without asking for a pool.
+const idleAfter = time.Second
 
 // reportEvery is how often a key's consumption and demand reach Redis when nothing else sends it:
 // the other nodes' shares follow the demand Redis knows.
@@ -594,7 +649,7 @@ func (r *Relay) Tick(ctx context.Context) error {
 	}
 	outs, errs := r.outs[:len(sent)], r.errs[:len(sent)]
 	clear(errs)
-	err := r.cfg.Client.Reconcile(ctx, r.ups, outs, errs)
+	err := r.client.Reconcile(ctx, r.ups, outs, errs)
 	now = r.cfg.Now()
 	for i, e := range sent {
 		e.mu.Lock()
@@ -620,7 +675,7 @@ func (r *Relay) Tick(ctx context.Context) error {
 
 // ClientConfig returns the configuration of a relay's Redis client with package hybrid's defaults
 // for its nodes (timeouts, batch size, record pruning, active window, horizon, advance, breaker):
-// adjust it, then pass it to central.New. node is the relay's node id (1 to 64 bytes of
+// adjust it, then set it as Config.Central. node is the relay's node id (1 to 64 bytes of
 // [A-Za-z0-9_-]), unique among the relays and limiters of the prefix.
 func ClientConfig(rdb redis.UniversalClient, prefix, node string) central.Config {
 	return central.Config{

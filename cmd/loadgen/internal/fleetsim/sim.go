@@ -35,7 +35,6 @@ import (
 	"github.com/HdrHistogram/hdrhistogram-go"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/cmd/loadgen/internal/peers"
 	"github.com/hybridrate/hybridrate/cmd/loadgen/internal/report"
 	"github.com/hybridrate/hybridrate/cmd/loadgen/internal/workload"
@@ -415,12 +414,9 @@ func runHybrid(ctx context.Context, cfg Config, s Scenario, n int, arr []arrival
 		for i := range nr {
 			cc := relay.ClientConfig(cfg.Client, prefix, fmt.Sprintf("relay%d", i))
 			cc.ScriptNow = func() int64 { return clk.now().UnixMicro() }
-			cc.Fleet = func() int64 { return int64(nr) }
-			c, err := central.New(cc)
-			if err != nil {
-				return r, err
-			}
-			rl, err := relay.New(relay.Config{Client: c, Interval: hybrid.DefaultSyncInterval,
+			// The fleet's size, as the registry would count it (the nodes join it; the relays'
+			// own heartbeats are not simulated).
+			rl, err := relay.New(relay.Config{Central: cc, Interval: hybrid.DefaultSyncInterval,
 				Fleet: func() int64 { return int64(n) }, Now: func() int64 { return clk.ns.Load() + 1 }})
 			if err != nil {
 				return r, err
