@@ -86,8 +86,8 @@ type Relay struct {
 	client *central.Client
 	stats  Stats
 	fleet  atomic.Int64
-	start time.Time
-	inc   atomic.Uint64 // incarnations of the relay's entries
+	start  time.Time
+	inc    atomic.Uint64 // incarnations of the relay's entries
 
 	mu   sync.RWMutex
 	keys map[ident]*entry

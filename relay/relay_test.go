@@ -102,10 +102,14 @@ func TestRelayHoldsTheLimitAcrossItsChildren(t *testing.T) {
 	exact := float64(limit.Burst) + limit.Rate*el
 	got := float64(admitted.Load())
 	t.Logf("admitted %v, denied %d, exact bucket %.0f over %.2fs", got, denied.Load(), exact, el)
-	// The bound of docs/accuracy.md for a key over its rate is a burst beyond the exact bucket at
-	// most; at four times the rate the fleet must also admit most of what the bucket allows.
-	if got > exact+float64(limit.Burst) {
-		t.Errorf("admitted %v > exact %.0f + burst", got, exact)
+	// docs/accuracy.md's bound for eight nodes is far larger (leases, overdraft and cold-start
+	// credits: about 330 tokens here); what a relay must not do is hold its children's inventory a
+	// second time, so this checks one lendable amount (Burst + Rate·LeaseAdvance) beyond the exact
+	// bucket. Measured: 21–23 tokens over. At four times the rate the fleet must also admit most of
+	// what the bucket allows.
+	lendable := float64(limit.Burst) + limit.Rate*hybrid.LeaseAdvance.Seconds()
+	if got > exact+lendable {
+		t.Errorf("admitted %v > exact %.0f + one lendable amount %.0f", got, exact, lendable)
 	}
 	if got < 0.8*limit.Rate*el {
 		t.Errorf("admitted %v < 80%% of the refill (%.0f): the relays starve their children", got, limit.Rate*el)
