@@ -284,6 +284,10 @@ func (r *Relay) Reconcile(ctx context.Context, node string, updates []central.Up
 			continue
 		}
 		errs[i] = nil
+		if err := valid(node, u); err != nil {
+			errs[i] = err
+			continue
+		}
 		e, err := r.lookup(u, r.cfg.Now())
 		if err != nil {
 			errs[i] = err
@@ -301,6 +305,9 @@ func (r *Relay) Reconcile(ctx context.Context, node string, updates []central.Up
 // when the pool is short and Redis has not said to wait, after one synchronous call to Redis for the
 // key. An error is Redis's (the child's failure policy decides) or ErrFull.
 func (r *Relay) Take(ctx context.Context, node string, u central.Update) (central.State, error) {
+	if err := valid(node, u); err != nil {
+		return central.State{}, err
+	}
 	r.stats.Calls.Add(1)
 	r.stats.Takes.Add(1)
 	now := r.cfg.Now()

@@ -1,0 +1,134 @@
+package relay_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hybridrate/hybridrate/central"
+	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/relay"
+)
+
+// TestRemoteChildren: limiters reach their relay over HTTP (Handler, Dial); the key's limit holds
+// as in process, and a bad update is refused for its key only.
+func TestRemoteChildren(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	const prefix = "rr1"
+	r := newRelay(t, rdb, prefix, "relay-http", nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	hs := httptest.NewServer(r.Handler())
+	defer hs.Close()
+	remote := relay.Dial(hs.URL, hs.Client())
+	var kids []*hybrid.Limiter
+	for i := range 4 {
+		// A check timeout that covers an HTTP round trip on a loaded test machine.
+		l, err := hybrid.New(rdb, hybrid.WithKeyPrefix(prefix), hybrid.WithUpstream(remote),
+			hybrid.WithNodeID(fmt.Sprintf("http-child-%d", i)), hybrid.WithCheckTimeout(100*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		kids = append(kids, l)
+	}
+	defer func() {
+		for _, l := range kids {
+			_ = l.Close(context.Background())
+		}
+	}()
+	limit := hybrid.Limit{Rate: 40, Burst: 20}
+	var admitted, fallback atomic.Int64
+	start := time.Now()
+	const run = 1500 * time.Millisecond
+	var wg sync.WaitGroup
+	for _, l := range kids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// 40 requests/s per child: four times the rate in all.
+			for tick := time.NewTicker(25 * time.Millisecond); time.Since(start) < run; <-tick.C {
+				d, err := l.Allow(ctx, "k", limit)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if d.Allowed {
+					admitted.Add(1)
+				}
+				if d.Source == hybrid.SourceFallback {
+					fallback.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start).Seconds()
+	exact := float64(limit.Burst) + limit.Rate*el
+	lendable := float64(limit.Burst) + limit.Rate*hybrid.LeaseAdvance.Seconds()
+	got := float64(admitted.Load())
+	t.Logf("admitted %v (fallback decisions %d), exact bucket %.0f over %.2fs", got, fallback.Load(), exact, el)
+	if fallback.Load() > 0 {
+		t.Errorf("%d decisions went to the failure policy: the relay over HTTP did not answer", fallback.Load())
+	}
+	if got > exact+lendable || got < 0.8*limit.Rate*el {
+		t.Errorf("admitted %v, want from %.0f to %.0f", got, 0.8*limit.Rate*el, exact+lendable)
+	}
+	// A bad update (NaN rate) is refused for its key; the good one beside it is answered.
+	var out [2]central.State
+	var errs [2]error
+	err := remote.Reconcile(context.Background(), "n1", []central.Update{
+		{Key: "bad", Limit: central.Limit{Rate: math.NaN(), Burst: 5}, Inc: 1, Want: 1},
+		{Key: "good", Limit: central.Limit{Rate: 5, Burst: 5}, Inc: 1, Demand: 1, Want: 1},
+	}, out[:], errs[:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var re *relay.RemoteError
+	if !errors.As(errs[0], &re) || errs[1] != nil || out[1].Status != central.StatusDone {
+		t.Errorf("bad and good key: %v / %v %+v, want a RemoteError and an answer", errs[0], errs[1], out[1])
+	}
+}
+
+// TestHandlerRefusesMalformed: the endpoint's answers to what is not a request.
+func TestHandlerRefusesMalformed(t *testing.T) {
+	srv := redistest.Start(t)
+	r := newRelay(t, srv.Client(t), "rr2", "relay", nil)
+	hs := httptest.NewServer(r.Handler())
+	defer hs.Close()
+	for _, c := range []struct {
+		method string
+		body   []byte
+		want   int
+	}{
+		{http.MethodGet, nil, http.StatusMethodNotAllowed},
+		{http.MethodPost, []byte("hello"), http.StatusBadRequest},
+		{http.MethodPost, []byte{1, 1, 'a', 5, 0}, http.StatusBadRequest}, // 5 updates announced, none sent
+		{http.MethodPost, bytes.Repeat([]byte{1}, 5<<20), http.StatusRequestEntityTooLarge},
+	} {
+		req, _ := http.NewRequest(c.method, hs.URL+relay.Path, bytes.NewReader(c.body))
+		resp, err := hs.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Errorf("%s %d bytes: HTTP %d, want %d", c.method, len(c.body), resp.StatusCode, c.want)
+		}
+	}
+	// A relay that is not there: the error says so (a child's failure policy decides).
+	if _, err := relay.Dial("http://127.0.0.1:1", nil).Take(context.Background(), "n", central.Update{Key: "k", Limit: lim, N: 1}); !errors.Is(err, relay.ErrRemote) {
+		t.Errorf("no relay: %v, want ErrRemote", err)
+	}
+}
