@@ -66,3 +66,79 @@ func TestFleetAtScale(t *testing.T) {
 		}
 	}
 }
+
+// TestFleetWithRelays is the relay tier's check (issue 21): 4,096 nodes behind 8 relays (package
+// relay) on a real Redis, on the 4× overload and per-user scenarios. No key admits more than the
+// bound allows, the over-limit keys still get what the exact bucket admits (the relays do not
+// starve their nodes), the per-user keys are not denied while under their limit, and Redis sees
+// the relays only: its buckets hold no node's record.
+func TestFleetWithRelays(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the fleet simulator at 4,096 nodes takes a while; not in -short")
+	}
+	srv := redistest.Start(t)
+	rdb := srv.Client(t, func(o *redis.Options) { o.PoolSize = 64 })
+	var sc []Scenario
+	for _, name := range []string{"overload", "medium"} {
+		s, err := Pick(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc = append(sc, s...)
+	}
+	const d = 1500 * time.Millisecond
+	res, err := Run(context.Background(), Config{
+		Client: rdb, Probe: func(ctx context.Context) (float64, int64, error) { return 0, 0, nil },
+		Fleet: []int{4096}, Relay: 512, Scenarios: sc, Duration: d, Warmup: 500 * time.Millisecond, Seed: 7,
+		// Before the next run flushes everything: the buckets' node records are the relays' only.
+		Flush: func(ctx context.Context) error {
+			var cursor uint64
+			for {
+				keys, next, err := rdb.Scan(ctx, cursor, "fs*", 500).Result()
+				if err != nil {
+					return err
+				}
+				for _, k := range keys {
+					if rdb.Type(ctx, k).Val() != "hash" {
+						continue
+					}
+					for _, f := range rdb.HKeys(ctx, k).Val() {
+						if len(f) > 2 && f[:2] == "n:" && (len(f) < 7 || f[2:7] != "relay") {
+							t.Errorf("bucket %q holds a node's record %q: Redis should see relays only", k, f)
+							return rdb.FlushAll(ctx).Err()
+						}
+					}
+				}
+				if cursor = next; cursor == 0 {
+					break
+				}
+			}
+			return rdb.FlushAll(ctx).Err()
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != 2 {
+		t.Fatalf("%d results, want 2", len(res))
+	}
+	for i, r := range res {
+		s := sc[i]
+		allowance := float64(s.Burst) + s.Rate*d.Seconds()
+		limit := (allowance + bound(s.Rate, s.Burst)) / allowance
+		t.Logf("%s, %d nodes, %d relays: worst key %.3f of Burst + Rate·T (bound %.2f), admitted ÷ exact %.3f, local %.1f%%, false denials %.2f%%",
+			r.Scenario, r.Nodes, r.Relays, r.WorstKey, limit, r.PerExact, 100*r.Local, 100*r.FalseDenied)
+		if r.Relays != 8 {
+			t.Errorf("%s: %d relays, want 8", r.Scenario, r.Relays)
+		}
+		if r.WorstKey > limit {
+			t.Errorf("%s: the worst key admitted %.3f × Burst + Rate·T, beyond the bound's %.3f", r.Scenario, r.WorstKey, limit)
+		}
+		if r.PerExact < 0.9 {
+			t.Errorf("%s: admitted %.3f of what the exact bucket admitted, want at least 0.9", r.Scenario, r.PerExact)
+		}
+		if s.Name == "medium" && r.FalseDenied > 0.02 {
+			t.Errorf("medium: %.2f%% of the requests of keys under their limit denied, want at most 2%%", 100*r.FalseDenied)
+		}
+	}
+}
