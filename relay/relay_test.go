@@ -29,7 +29,7 @@ type fakeClock struct{ ns atomic.Int64 }
 
 func (c *fakeClock) now() int64          { return c.ns.Load() + 1 }
 func (c *fakeClock) add(d time.Duration) { c.ns.Add(int64(d)) }
-func newRelay(t *testing.T, rdb redis.UniversalClient, prefix, node string, mod func(*relay.Config)) *relay.Relay {
+func newRelay(t testing.TB, rdb redis.UniversalClient, prefix, node string, mod func(*relay.Config)) *relay.Relay {
 	t.Helper()
 	cfg := relay.Config{Central: relay.ClientConfig(rdb, prefix, node)}
 	if mod != nil {
