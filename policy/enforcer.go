@@ -86,6 +86,7 @@ type Stats struct {
 	Fallback     atomic.Int64 // strict calls answered by failure policies because Redis could not answer
 	Errors       atomic.Int64 // calls to Check that returned an error
 	Reloads      atomic.Int64 // successful SetPolicy calls
+	LongValues   atomic.Int64 // dimension values longer than MaxValueLen, counted under their SHA-256
 }
 
 // Enforcer applies a [Policy] to requests: hybrid rules through one hybrid.Limiter (each rule's
@@ -94,16 +95,17 @@ type Stats struct {
 // [Enforcer.Close] when done. It is safe for concurrent use; SetPolicy may be called at any time and
 // takes effect for the next Check.
 type Enforcer struct {
-	cfg    Config
-	now    func() time.Time
-	strict *strict.Limiter
-	cur    atomic.Pointer[compiled]
-	closed atomic.Bool
-	stats  Stats
-	memo   *memo      // denials until their retry-after; nil when Config.MaxMemo < 0
-	fb     *fallbacks // strict rules' local fallbacks (hybrid rules use the hybrid limiter's)
-	macs   sync.Pool  // of hash.Hash (HMAC-SHA-256 with cfg.HashKey)
-	dims   map[string]bool
+	cfg        Config
+	now        func() time.Time
+	strict     *strict.Limiter
+	cur        atomic.Pointer[compiled]
+	closed     atomic.Bool
+	stats      Stats
+	longLogged atomic.Bool // a long value has been logged (once per Enforcer)
+	memo       *memo       // denials until their retry-after; nil when Config.MaxMemo < 0
+	fb         *fallbacks  // strict rules' local fallbacks (hybrid rules use the hybrid limiter's)
+	macs       sync.Pool   // of hash.Hash (HMAC-SHA-256 with cfg.HashKey)
+	dims       map[string]bool
 
 	mu  sync.Mutex      // guards lim, gen, and the swap in SetPolicy
 	lim *hybrid.Limiter // the hybrid rules' limiter, created on first need

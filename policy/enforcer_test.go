@@ -361,7 +361,8 @@ func TestMissingKey(t *testing.T) {
 	assert.Equal(t, "reject", res.Rule)
 	assert.Empty(t, res.Decisions, "nothing was consulted")
 	res = e.check(t, req("GET", "/reject", "api_key", strings.Repeat("x", policy.MaxValueLen+1)))
-	assert.True(t, res.MissingKey, "a value longer than MaxValueLen is unusable")
+	assert.True(t, res.Allowed, "a value longer than MaxValueLen is not missing: it counts under its hash")
+	assert.False(t, res.MissingKey)
 
 	// Anonymous requests of one tenant share one bucket of 2.
 	var got []bool
@@ -379,7 +380,7 @@ func TestMissingKey(t *testing.T) {
 		assert.True(t, res.Allowed)
 		assert.Empty(t, res.Decisions)
 	}
-	assert.Equal(t, int64(2), e.enf.Stats().MissingKey.Load())
+	assert.Equal(t, int64(1), e.enf.Stats().MissingKey.Load())
 }
 
 func TestHashedSubjectsKeepRawValuesOutOfRedis(t *testing.T) {

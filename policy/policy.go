@@ -91,7 +91,8 @@ func (a Algorithm) windowed() bool {
 }
 
 // MissingKey says what a rule does with a request that lacks one of its dimensions (no API key
-// header, no authenticated user, an unusable client address, a value longer than MaxValueLen).
+// header, no authenticated user, an unusable client address: an absent or empty value). A value is
+// never missing for its length or its bytes: see MaxValueLen.
 type MissingKey string
 
 // The answers to a missing key. The empty MissingKey inherits the policy's, whose empty value means
@@ -132,8 +133,9 @@ const (
 	MaxRules = 256
 	// MaxDimensions is the largest number of dimensions of one rule.
 	MaxDimensions = 8
-	// MaxValueLen is the longest dimension value, in bytes, that a rule will count under; a longer
-	// value (say, a 10 kB API key header) is treated as missing.
+	// MaxValueLen is the longest dimension value, in bytes, that a rule counts under as it is
+	// (percent-escaped); a longer value (say, a 10 kB API key header) counts under its SHA-256, so
+	// it is limited like any other value and its own subject (Stats.LongValues counts them).
 	MaxValueLen = 256
 	// MaxIDLen is the longest rule id. Ids are 1 to MaxIDLen bytes of [A-Za-z0-9_-].
 	MaxIDLen = 48

@@ -11,6 +11,9 @@ const (
 	// anonymous is the value of a missing dimension under MissingShared; escaped values never
 	// contain '*', so no real value collides with it.
 	anonymous = "*"
+	// longPrefix starts the hashed form of a value longer than MaxValueLen; escaped values never
+	// contain '#'.
+	longPrefix = "#sha256:"
 	// maxSubject is the longest subject stored as is; longer ones are replaced by their SHA-256.
 	maxSubject = 512
 	// strictTag is the hash tag of every strict key when Policy.StrictTag is empty.
@@ -67,16 +70,34 @@ func (e *Enforcer) subject(r *crule, req *Request, buf *[192]byte) ([]byte, bool
 		}
 		b = append(b, dim...)
 		b = append(b, '=')
-		if !ok || v == "" || len(v) > MaxValueLen {
+		if !ok || v == "" {
 			if r.missing != MissingShared {
 				return nil, false
 			}
 			b = append(b, anonymous...)
 			continue
 		}
-		b = appendEscaped(b, v)
+		b = e.appendValue(b, v)
 	}
 	return e.finish(b, buf), true
+}
+
+// appendValue appends a dimension value to a subject: escaped (appendEscaped) when it is at most
+// MaxValueLen bytes, else as longPrefix and the first 16 bytes of its SHA-256 in hex. Escaped values
+// never contain '#', so a hashed value cannot collide with a short one, and every value, whatever
+// its length or bytes, counts under its rule. The first long value an Enforcer sees is logged; all
+// are counted in Stats.LongValues.
+func (e *Enforcer) appendValue(b []byte, v string) []byte {
+	if len(v) <= MaxValueLen {
+		return appendEscaped(b, v)
+	}
+	e.stats.LongValues.Add(1)
+	if e.longLogged.CompareAndSwap(false, true) {
+		e.cfg.Logger.Warn("policy: a dimension value longer than MaxValueLen is counted under its SHA-256 "+
+			"(logged once; see Stats.LongValues)", "bytes", len(v), "max", MaxValueLen)
+	}
+	sum := sha256.Sum256([]byte(v))
+	return hex.AppendEncode(append(b, longPrefix...), sum[:16])
 }
 
 // tag returns the hash tag of the request's strict keys.
@@ -88,11 +109,11 @@ func (e *Enforcer) tag(c *compiled, req *Request) string {
 	if req.Dims != nil {
 		v, ok = req.Dims.Dimension(c.tagDim)
 	}
-	if !ok || v == "" || len(v) > MaxValueLen {
+	if !ok || v == "" {
 		return anonymous
 	}
 	var buf [192]byte
-	return string(e.finish(appendEscaped(buf[:0], v), &buf))
+	return string(e.finish(e.appendValue(buf[:0], v), &buf))
 }
 
 // macState is a pooled HMAC with a buffer for its input, so that callers' buffers do not escape.
