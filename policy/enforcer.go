@@ -254,6 +254,12 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (Result, error) {
 // check is the request path: plan → memo → hybrid → strict → shadow. Each step after the plan runs
 // only while no counter has denied; a denial goes to denied, which applies the policy's shadow mode.
 func (e *Enforcer) check(ctx context.Context, c *compiled, req *Request) (Result, error) {
+	if c.domain != "" && req.Domain != "" && req.Domain != c.domain {
+		if c.unknown == DomainAllow {
+			return Result{Allowed: true}, nil
+		}
+		return Result{}, fmt.Errorf("%w: %q (the policy serves %q)", ErrUnknownDomain, req.Domain, c.domain)
+	}
 	var buf [8]planned
 	pl, counters, err := e.makePlan(c, req, buf[:0])
 	if err != nil {
@@ -268,6 +274,17 @@ func (e *Enforcer) check(ctx context.Context, c *compiled, req *Request) (Result
 	}
 	enforced := counters[:pl.nEnforced]
 	e.checkMemo(c, enforced, &res)
+	if req.CheckOnly {
+		if res.Allowed {
+			if err := e.peekHybrid(ctx, enforced, &res); err != nil {
+				return Result{}, err
+			}
+		}
+		if !res.Allowed && c.shadowAll {
+			res.Allowed, res.ShadowDenied = true, true
+		}
+		return res, nil
+	}
 	if res.Allowed {
 		if err := e.checkHybrid(ctx, c, enforced, &res); err != nil {
 			return Result{}, err

@@ -1,11 +1,13 @@
 package policy_test
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/hybridrate/hybridrate/policy"
 )
@@ -55,5 +57,57 @@ func TestNoValueTakesARequestOutOfItsRule(t *testing.T) {
 			}
 			assert.Equal(t, []bool{true, true, false}, got)
 		}
+	})
+}
+
+// TestDomainsNamespaceCounters is issue 23's third defect: a key denied in domain "api" was also
+// denied in "totally-other-service", and counted there.
+func TestDomainsNamespaceCounters(t *testing.T) {
+	t.Parallel()
+	rules := []policy.Rule{
+		{ID: "per-key", Dimensions: []string{"api_key"}, Limit: 2, Period: time.Hour},
+		{ID: "strict-key", Algorithm: policy.GCRA, Dimensions: []string{"api_key"}, Limit: 3, Period: time.Hour},
+	}
+	check := func(e *env, domain string) bool {
+		r := req("GET", "/", "api_key", "k1")
+		r.Domain = domain
+		return e.check(t, r).Allowed
+	}
+	t.Run("a policy for every domain", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t, policy.Config{}, &policy.Policy{Rules: rules})
+		assert.Equal(t, []bool{true, true, false}, []bool{check(e, "api"), check(e, "api"), check(e, "api")})
+		assert.Equal(t, []bool{true, true, false}, []bool{check(e, "totally-other-service"),
+			check(e, "totally-other-service"), check(e, "totally-other-service")}, "its own counters")
+		assert.Equal(t, []bool{true, true, false}, []bool{check(e, ""), check(e, ""), check(e, "")},
+			"no domain: its own counters too")
+		assert.Equal(t, int64(2), e.consumed(t, "per-key:api|api_key=k1"))
+	})
+	t.Run("a policy that names its domain", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t, policy.Config{}, &policy.Policy{Domain: "api", Rules: rules})
+		assert.Equal(t, []bool{true, true, false}, []bool{check(e, "api"), check(e, ""), check(e, "api")},
+			"an empty domain counts under the policy's")
+		_, err := e.enf.Check(context.Background(), &policy.Request{Domain: "totally-other-service",
+			Dims: policy.Values{"api_key": "k1"}})
+		assert.ErrorIs(t, err, policy.ErrUnknownDomain)
+		assert.ErrorContains(t, err, `"totally-other-service" (the policy serves "api")`)
+
+		require.NoError(t, e.enf.SetPolicy(&policy.Policy{Domain: "api", UnknownDomain: policy.DomainAllow, Rules: rules}))
+		for i := 0; i < 5; i++ {
+			res := e.check(t, &policy.Request{Domain: "other", Dims: policy.Values{"api_key": "k1"}})
+			assert.True(t, res.Allowed, "no limit for another domain")
+			assert.Empty(t, res.Decisions)
+		}
+		assert.False(t, check(e, "api"), "the policy's own domain is still limited")
+	})
+	t.Run("the file form", func(t *testing.T) {
+		t.Parallel()
+		p, err := policy.Parse([]byte("version: 1\ndomain: api\nunknown_domain: allow\nrules:\n  - {id: g, rate: 1, burst: 1}\n"), "d.yaml")
+		require.NoError(t, err)
+		assert.Equal(t, "api", p.Domain)
+		assert.Equal(t, policy.DomainAllow, p.UnknownDomain)
+		_, err = policy.Parse([]byte("version: 1\nunknown_domain: maybe\nrules:\n  - {id: g, rate: 1, burst: 1}\n"), "d.yaml")
+		assert.ErrorContains(t, err, `d.yaml:2:17: unknown_domain "maybe": want reject or allow`)
 	})
 }

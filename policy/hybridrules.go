@@ -61,6 +61,28 @@ func hybridDecision(p *planned, hd hybrid.Decision) Decision {
 	return d
 }
 
+// peekHybrid answers a check-only request's enforced hybrid counters with the limiter's estimate for
+// one unit, consuming and remembering nothing; the first that has no unit left denies.
+func (e *Enforcer) peekHybrid(ctx context.Context, enforced []planned, res *Result) error {
+	for i := range enforced {
+		p := &enforced[i]
+		if p.r.strict {
+			continue
+		}
+		hd, err := p.r.lim.Peek(ctx, p.key, p.u.hybrid)
+		if err != nil {
+			return fmt.Errorf("policy: rule %q: %w", p.r.id, err)
+		}
+		d := hybridDecision(p, hd)
+		res.Decisions = append(res.Decisions, d)
+		if !hd.Allowed {
+			res.Allowed, res.Rule, res.RetryAfter = false, p.r.id, d.RetryAfter
+			return nil
+		}
+	}
+	return nil
+}
+
 // checkHybrid consults the request's enforced hybrid counters, narrowest first, each taking the
 // request's cost when it admits; the first denial stops it and is remembered in the memo.
 func (e *Enforcer) checkHybrid(ctx context.Context, c *compiled, enforced []planned, res *Result) error {

@@ -22,8 +22,21 @@ const (
 
 // Request is what an [Enforcer] decides on. Package middleware builds one per HTTP request.
 type Request struct {
+	// Domain is the namespace of the request's counters (Envoy's rate-limit domain): requests of
+	// different domains never share a counter. Empty means the policy's Domain. See Policy.Domain for
+	// a domain the policy does not serve.
+	Domain string
 	// Method is the HTTP method (for per-method costs and Match.Methods), or empty.
 	Method string
+	// Cost, when at least 1, is the request's cost under every rule that sets no cost of its own
+	// (Cost.Fixed, PerMethod, Func or FuncName): what Envoy's hits_addend is to the sidecar. 0 means
+	// each rule's own cost (1 when it sets none).
+	Cost int64
+	// CheckOnly asks whether the request would be admitted without consuming anything (Envoy's
+	// hits_addend of 0): hybrid rules answer with hybrid.Limiter.Peek's estimate for one unit, strict
+	// rules only from the memo of their recent denials (a strict script cannot look without
+	// counting), shadow rules are not consulted, and nothing is remembered.
+	CheckOnly bool
 	// Tier is the request's tier name; empty or unknown means the policy's DefaultTier.
 	Tier string
 	// Dims gives the request's dimension values; nil means none (every dimension is missing).
@@ -49,11 +62,15 @@ func (v Values) Dimension(name string) (string, bool) {
 	return s, ok
 }
 
-// subject returns the request's subject under r, in buf when it fits: "dim=value,..." in the rule's
-// canonical dimension order, values percent-escaped, hashed with Config.HashKey when set. ok is false
+// subject returns the request's subject under r, in buf when it fits: "domain|" when the request's
+// domain is not empty, then "dim=value,..." in the rule's canonical dimension order, values percent-escaped, hashed with Config.HashKey when set. ok is false
 // when a dimension is missing and the rule does not count missing keys in a shared bucket.
-func (e *Enforcer) subject(r *crule, req *Request, buf *[192]byte) ([]byte, bool) {
+func (e *Enforcer) subject(r *crule, domain string, req *Request, buf *[192]byte) ([]byte, bool) {
 	b := buf[:0]
+	if domain != "" {
+		// The domain first, ended by '|', which escaped values never contain.
+		b = append(e.appendValue(b, domain), '|')
+	}
 	if len(r.dims) == 0 {
 		b = append(b, anonymous...)
 	}

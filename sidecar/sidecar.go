@@ -165,7 +165,9 @@ func (s *Server) decide(ctx context.Context, api string, req *rlsv3.RateLimitReq
 		if d == nil || len(d.Entries) == 0 || len(d.Entries) > MaxEntries {
 			return nil, fmt.Errorf("%w: descriptor %d: want 1 to %d entries", errBadRequest, i, MaxEntries)
 		}
-		hits := uint64(req.HitsAddend)
+		// Envoy's hits_addend: the request's, where 0 (unset) means 1; a descriptor's own, where 0
+		// means check only.
+		hits := max(uint64(req.HitsAddend), 1)
 		if d.HitsAddend != nil {
 			hits = d.HitsAddend.Value
 		}
@@ -173,10 +175,13 @@ func (s *Server) decide(ctx context.Context, api string, req *rlsv3.RateLimitReq
 			return nil, fmt.Errorf("%w: descriptor %d: hits_addend %d too large", errBadRequest, i, hits)
 		}
 		dims := &descriptor{s: s, d: d, domain: req.Domain, hits: int64(hits)}
-		pr := policy.Request{Dims: dims}
+		pr := policy.Request{Domain: req.Domain, Dims: dims, Cost: int64(hits), CheckOnly: hits == 0}
 		pr.Tier, _ = dims.Dimension("tier")
 		pr.Method, _ = dims.Dimension(policy.DimMethod)
 		res, err := s.cfg.Checker.Check(ctx, &pr)
+		if errors.Is(err, policy.ErrUnknownDomain) {
+			return nil, fmt.Errorf("%w: descriptor %d: %w", errBadRequest, i, err)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("sidecar: descriptor %d: %w", i, err)
 		}
@@ -308,7 +313,7 @@ func (d *descriptor) Dimension(name string) (string, bool) {
 // HitsCost is a policy.CostFunc that charges a sidecar request's hits_addend (the descriptor's, else
 // the request's; 1 when neither is set, and for requests that did not come through a Server).
 // Register it in policy.Config.CostFuncs under HitsCostName and name it in a rule: `cost: {func:
-// hits_addend}`.
+// hits_addend}`. Rules without a cost of their own charge the same by default (policy.Request.Cost).
 func HitsCost(r *policy.Request) int64 {
 	if d, ok := r.Dims.(*descriptor); ok && d.hits > 0 {
 		return d.hits
