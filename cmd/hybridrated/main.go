@@ -5,6 +5,10 @@
 //
 //	go run ./cmd/hybridrated                     # embedded Redis (miniredis) and the built-in policy
 //	hybridrated -redis 10.0.0.5:6379 -policy policy.yaml
+//	hybridrated -redis 10.0.0.5:6379 -demo       # the built-in policy on a real Redis, on purpose
+//
+// With -redis, -policy is required: the built-in example policy is enforced on a real Redis only
+// when -demo asks for it.
 //
 // Endpoints (the addresses are flags):
 //
@@ -74,7 +78,8 @@ type config struct {
 	redisAddr       string        // Redis address(es); empty: embedded miniredis
 	sentinelMaster  string        // Sentinel master name; the addresses are then Sentinels
 	redisPassword   string        // from the environment
-	policyPath      string        // policy file; empty: the built-in one
+	policyPath      string        // policy file; empty: the built-in one (with -demo, or on the embedded Redis)
+	demo            bool          // enforce the built-in example policy on -redis
 	instance        string        // the metrics' instance label; empty: the host name
 	reload          time.Duration // how often the policy file is read
 	shutdownTimeout time.Duration // bound on the graceful shutdown
@@ -98,7 +103,8 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.StringVar(&c.httpAddr, "http", env("http", "127.0.0.1:8080"), "HTTP listen address (/v1/check, /metrics, /healthz, /readyz, /dashboard/)")
 	fs.StringVar(&c.redisAddr, "redis", env("redis", ""), "Redis address host:port (several, comma-separated: a Cluster's nodes, or Sentinels with -sentinel-master); empty: an embedded in-memory Redis (miniredis), per process")
 	fs.StringVar(&c.sentinelMaster, "sentinel-master", env("sentinel-master", ""), "Sentinel master name: -redis lists Sentinels")
-	fs.StringVar(&c.policyPath, "policy", env("policy", ""), "policy file (YAML, or JSON by its .json name); empty: the built-in example policy")
+	fs.StringVar(&c.policyPath, "policy", env("policy", ""), "policy file (YAML, or JSON by its .json name); required with -redis unless -demo")
+	fs.BoolVar(&c.demo, "demo", env("demo", "") == "true", "enforce the built-in example policy (cmd/hybridrated/default.yaml); required to use it with -redis, the default without -redis")
 	fs.StringVar(&c.instance, "instance", env("instance", ""), "instance label of the metrics; empty: the host name")
 	var err error
 	durations := []struct {
@@ -133,6 +139,13 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 		return c, errors.New("-reload must be at least 1ms, -shutdown-timeout positive, -check-timeout not negative")
 	}
 	c.redisPassword = getenv("HYBRIDRATED_REDIS_PASSWORD")
+	switch {
+	case c.demo && c.policyPath != "":
+		return c, errors.New("-demo and -policy exclude each other: -demo enforces the built-in example policy")
+	case c.redisAddr != "" && c.policyPath == "" && !c.demo:
+		return c, errors.New("-redis needs -policy FILE: without one the sidecar would enforce the built-in example " +
+			"policy (10/s per api_key) on your traffic; pass -demo to do that on purpose")
+	}
 	if c.sentinelMaster != "" && c.redisAddr == "" {
 		return c, errors.New("-sentinel-master needs -redis with the Sentinels' addresses")
 	}

@@ -113,7 +113,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 		if err != nil {
 			return fmt.Errorf("built-in policy: %w", err)
 		}
-		log.Info("no -policy given: using the built-in example policy (cmd/hybridrated/default.yaml)")
+		log.Warn("enforcing the built-in example policy (cmd/hybridrated/default.yaml): not for production; pass -policy FILE")
 	} else {
 		reloader, err = policy.NewReloader(policy.ReloaderConfig{
 			Path: cfg.policyPath, Target: obs, Interval: cfg.reload,
