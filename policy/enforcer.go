@@ -87,6 +87,7 @@ type Stats struct {
 	Errors       atomic.Int64 // calls to Check that returned an error
 	Reloads      atomic.Int64 // successful SetPolicy calls
 	LongValues   atomic.Int64 // dimension values longer than MaxValueLen, counted under their SHA-256
+	Unrefunded   atomic.Int64 // units hybrid rules took for denied requests and could not give back
 }
 
 // Enforcer applies a [Policy] to requests: hybrid rules through one hybrid.Limiter (each rule's
@@ -292,7 +293,12 @@ func (e *Enforcer) check(ctx context.Context, c *compiled, req *Request) (Result
 	}
 	if res.Allowed && pl.nStrict > 0 {
 		if err := e.checkStrict(ctx, c, pl.tag, enforced, &res); err != nil {
+			e.refundHybrid(ctx, enforced) // no decision: the request is not admitted either
 			return Result{}, err
+		}
+		if !res.Allowed && !c.shadowAll {
+			// A strict rule denied after every hybrid rule admitted: give their charges back.
+			e.refundHybrid(ctx, enforced)
 		}
 	}
 	if !res.Allowed {

@@ -201,12 +201,14 @@ func TestHierarchyStrictDenialLeavesAtMostOneHybridCharge(t *testing.T) {
 	require.True(t, e.check(t, r).Allowed)
 	assert.Equal(t, int64(1), e.consumed(t, "per-key:api_key=k1"))
 
-	// The documented partial consumption: the hybrid rule consulted before the strict denial keeps
-	// its charge...
+	// The hybrid rule consulted before the strict denial took its charge in Redis and gave it back to
+	// this process's allowance for the key (TestDeniedRequestKeepsNoHybridCharge shows it is used
+	// again); Redis's count shows it until that allowance is used or expires...
 	res := e.check(t, r)
 	assert.False(t, res.Allowed)
 	assert.Equal(t, []string{"per-key:allow:central", "tenant:deny:strict"}, units(res))
 	assert.Equal(t, int64(2), e.consumed(t, "per-key:api_key=k1"))
+	assert.Zero(t, e.enf.Stats().Unrefunded.Load())
 	// ...once: retries within the retry-after are answered by the memo and charge nothing.
 	for i := 0; i < 5; i++ {
 		res = e.check(t, r)

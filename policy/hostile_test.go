@@ -111,3 +111,53 @@ func TestDomainsNamespaceCounters(t *testing.T) {
 		assert.ErrorContains(t, err, `d.yaml:2:17: unknown_domain "maybe": want reject or allow`)
 	})
 }
+
+// TestDeniedRequestKeepsNoHybridCharge is issue 23's fifth item: a request denied by a later rule
+// kept the charge of the hybrid rules that admitted it before; they now give it back.
+func TestDeniedRequestKeepsNoHybridCharge(t *testing.T) {
+	t.Parallel()
+	t.Run("denied by a broader hybrid rule", func(t *testing.T) {
+		t.Parallel()
+		p := &policy.Policy{Rules: []policy.Rule{
+			{ID: "per-tenant", Dimensions: []string{"tenant"}, Rate: 0.001, Burst: 1},
+			{ID: "per-key", Dimensions: []string{"api_key", "tenant"}, Rate: 0.001, Burst: 2}, // narrower: first
+		}}
+		e := newEnv(t, policy.Config{MaxMemo: -1}, p)
+		r := func(tenant string) bool {
+			return e.check(t, req("GET", "/", "api_key", "k1", "tenant", tenant)).Allowed
+		}
+		assert.True(t, r("t1"), "per-key 2→1, t1 1→0")
+		for i := 0; i < 5; i++ {
+			res := e.check(t, req("GET", "/", "api_key", "k1", "tenant", "t1"))
+			require.False(t, res.Allowed)
+			require.Equal(t, "per-tenant", res.Rule, "retry %d", i)
+		}
+		// per-key of (k1, t1) gave back each retry's charge: one token is left of its burst of 2.
+		r2 := e.check(t, req("GET", "/", "api_key", "k1", "tenant", "t1"))
+		require.NotEmpty(t, r2.Decisions)
+		assert.Equal(t, "per-key:allow:local", units(r2)[0], "without refunds the five retries would have spent it")
+		assert.Zero(t, e.enf.Stats().Unrefunded.Load())
+	})
+	t.Run("denied by a strict rule", func(t *testing.T) {
+		t.Parallel()
+		p := &policy.Policy{Rules: []policy.Rule{
+			{ID: "per-key", Dimensions: []string{"api_key"}, Rate: 0.001, Burst: 3},
+			{ID: "tenant", Algorithm: policy.GCRA, Dimensions: []string{"tenant"}, Limit: 1, Period: time.Hour},
+		}}
+		e := newEnv(t, policy.Config{MaxMemo: -1}, p)
+		assert.True(t, e.check(t, req("GET", "/", "api_key", "k1", "tenant", "a")).Allowed)
+		for i := 0; i < 5; i++ {
+			res := e.check(t, req("GET", "/", "api_key", "k1", "tenant", "a"))
+			require.False(t, res.Allowed)
+			require.Equal(t, "tenant", res.Rule)
+		}
+		// Five denied requests left per-key with 2 of its 3 tokens: two more tenants get in, the
+		// third is denied by per-key.
+		assert.True(t, e.check(t, req("GET", "/", "api_key", "k1", "tenant", "b")).Allowed)
+		assert.True(t, e.check(t, req("GET", "/", "api_key", "k1", "tenant", "c")).Allowed)
+		res := e.check(t, req("GET", "/", "api_key", "k1", "tenant", "d"))
+		assert.False(t, res.Allowed)
+		assert.Equal(t, "per-key", res.Rule)
+		assert.Zero(t, e.enf.Stats().Unrefunded.Load())
+	})
+}

@@ -102,8 +102,30 @@ func (e *Enforcer) checkHybrid(ctx context.Context, c *compiled, enforced []plan
 				e.remember(p, c.gen, d.RetryAfter)
 			}
 			res.Allowed, res.Rule, res.RetryAfter, res.Unavailable = false, p.r.id, d.RetryAfter, d.Unavailable
+			if !c.shadowAll {
+				e.refundHybrid(ctx, enforced[:i])
+			}
 			return nil
 		}
 	}
 	return nil
+}
+
+// refundHybrid gives back the cost each hybrid counter of admitted took, when a later counter denied
+// the request (hybrid.Limiter.Refund, what Reservation.Cancel does, without its allocation): no rule
+// keeps a charge for a request that was not admitted. Refund does no I/O; the tokens return to this
+// process's allowance for the key. What could not be given back (tokens taken by a one-off take when
+// the key cap was full, say) is counted in Stats.Unrefunded.
+func (e *Enforcer) refundHybrid(ctx context.Context, admitted []planned) {
+	ctx = context.WithoutCancel(ctx) // the charge must be given back even if the caller gave up
+	for i := range admitted {
+		p := &admitted[i]
+		if p.r.strict {
+			continue
+		}
+		got, err := p.r.lim.Refund(ctx, p.key, p.u.hybrid, p.n)
+		if err != nil || got < p.n {
+			e.stats.Unrefunded.Add(p.n - got)
+		}
+	}
 }
