@@ -1,7 +1,11 @@
 package sidecar_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -10,6 +14,10 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/hybridrate/hybridrate/hybrid"
@@ -109,4 +117,79 @@ rules:
 	}
 	full := &rlsv3.RateLimitRequest{Domain: "api", HitsAddend: 20, Descriptors: []*rlv3.RateLimitDescriptor{desc("api_key", "k2")}}
 	assert.Equal(t, ok, code(t, s, full), "k2 is still full: 20 fit")
+}
+
+// sidecarCodes returns hybridrate.sidecar.requests by "api/code".
+func sidecarCodes(t *testing.T, reader *sdkmetric.ManualReader) map[string]int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	got := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != "hybridrate.sidecar.requests" {
+				continue
+			}
+			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+				api, _ := dp.Attributes.Value("api")
+				code, _ := dp.Attributes.Value("code")
+				got[api.AsString()+"/"+code.AsString()] = dp.Value
+			}
+		}
+	}
+	return got
+}
+
+// TestBadRequestsGiveTheirReasonAndTheirOwnCode: 400 answers said only "bad_request", and the
+// metric's code="error" mixed bad requests with limiter failures (issue 23).
+func TestBadRequestsGiveTheirReasonAndTheirOwnCode(t *testing.T) {
+	t.Parallel()
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	srv := redistest.Start(t)
+	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
+	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, StrictTimeout: time.Second,
+		HybridOptions: []hybrid.Option{hybrid.WithCheckTimeout(time.Second)}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = enf.Close(context.Background()) })
+	p, err := policy.Parse([]byte("version: 1\ndomain: api\nmissing_key: skip\nrules:\n  - {id: per-key, dimensions: [api_key], rate: 1, burst: 5}\n"), "p.yaml")
+	require.NoError(t, err)
+	require.NoError(t, enf.SetPolicy(p))
+	s, err := sidecar.New(sidecar.Config{Checker: enf, MeterProvider: mp, Instance: "t"})
+	require.NoError(t, err)
+	failed, err := sidecar.New(sidecar.Config{Checker: failing{}, MeterProvider: mp, Instance: "t"})
+	require.NoError(t, err)
+
+	post := func(h http.Handler, body string) (int, map[string]string) {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("POST", "/v1/check", bytes.NewBufferString(body)))
+		var out map[string]string
+		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &out), rec.Body.String())
+		return rec.Code, out
+	}
+	for _, c := range []struct{ body, reason string }{
+		{`{"descriptors":[]}`, "no descriptors"},
+		{`{"domain":"api","descriptors":[{"entries":[]}]}`, "descriptor 0: want 1 to 16 entries"},
+		{`{"domain":"api","descriptors":[{"entries":[{"key":"api_key","value":"k"}],"hits_addend":6}]}`,
+			`rule "per-key": cost 6 above its limit 5`},
+		{`{"domain":"other","descriptors":[{"entries":[{"key":"api_key","value":"k"}]}]}`,
+			`unknown domain: "other" (the policy serves "api")`},
+		{`{"descriptors":`, "malformed RateLimitRequest JSON"},
+	} {
+		code, out := post(s.CheckHandler(), c.body)
+		assert.Equal(t, http.StatusBadRequest, code, c.body)
+		assert.Equal(t, "bad_request", out["error"], c.body)
+		assert.Contains(t, out["reason"], c.reason, c.body)
+	}
+	code, out := post(failed.CheckHandler(), `{"descriptors":[{"entries":[{"key":"api_key","value":"k"}]}]}`)
+	assert.Equal(t, http.StatusServiceUnavailable, code)
+	assert.Equal(t, "rate_limiter_unavailable", out["error"])
+
+	_, err = s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "other",
+		Descriptors: []*rlv3.RateLimitDescriptor{desc("api_key", "k")}})
+	assert.Equal(t, codes.InvalidArgument, status.Code(err))
+	assert.Contains(t, status.Convert(err).Message(), "unknown domain")
+
+	assert.Equal(t, map[string]int64{"http/bad_request": 5, "grpc/bad_request": 1, "http/error": 1}, sidecarCodes(t, reader))
 }
