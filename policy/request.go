@@ -62,9 +62,10 @@ func (v Values) Dimension(name string) (string, bool) {
 	return s, ok
 }
 
-// subject returns the request's subject under r, in buf when it fits: "domain|" when the request's
-// domain is not empty, then "dim=value,..." in the rule's canonical dimension order, values percent-escaped, hashed with Config.HashKey when set. ok is false
-// when a dimension is missing and the rule does not count missing keys in a shared bucket.
+// subject returns the request's subject under r, in buf when it fits: "domain|" when the domain is
+// not empty, then "dim=value,..." in the rule's canonical dimension order, values percent-escaped
+// (or hashed when long, see appendValue), the whole hashed with Config.HashKey when set. ok is
+// false when a dimension is missing and the rule does not count missing keys in a shared bucket.
 func (e *Enforcer) subject(r *crule, domain string, req *Request, buf *[192]byte) ([]byte, bool) {
 	b := buf[:0]
 	if domain != "" {
