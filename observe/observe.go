@@ -194,7 +194,9 @@ func New(c Checker, cfg Config) (*Observer, error) {
 		metric.WithDescription("Strict rules' Redis calls that failed or were not sent, by class: error (network, timeout, error reply), breaker_open (refused by the open circuit breaker)."))
 	sState, err3 := m.Int64ObservableGauge("hybridrate.strict.breaker.state",
 		metric.WithDescription("1 for the strict client's circuit breaker state (closed, open, half-open), 0 for the others."))
-	if err := errors.Join(append(errs[:], err1, err2, err3)...); err != nil {
+	longVals, err4 := m.Int64ObservableCounter("hybridrate.policy.long_values",
+		metric.WithDescription("Dimension values longer than policy.MaxValueLen, counted under their SHA-256."))
+	if err := errors.Join(append(errs[:], err1, err2, err3, err4)...); err != nil {
 		return nil, fmt.Errorf("observe: %w", err)
 	}
 	inst := metric.WithAttributes(o.inst)
@@ -221,6 +223,7 @@ func New(c Checker, cfg Config) (*Observer, error) {
 		if !ok {
 			return nil
 		}
+		ob.ObserveInt64(longVals, enf.Stats().LongValues.Load(), inst)
 		h := enf.StrictHealth()
 		ob.ObserveInt64(sCalls, h.Calls, inst)
 		ob.ObserveInt64(sErrs, h.Errors, classErr)
@@ -233,7 +236,7 @@ func New(c Checker, cfg Config) (*Observer, error) {
 			ob.ObserveInt64(sState, v, opt)
 		}
 		return nil
-	}, health, sCalls, sErrs, sState, o.counters[kindReq], o.counters[kindDec], o.counters[kindNear], o.counters[kindShadow])
+	}, health, sCalls, sErrs, sState, longVals, o.counters[kindReq], o.counters[kindDec], o.counters[kindNear], o.counters[kindShadow])
 	if err != nil {
 		return nil, fmt.Errorf("observe: %w", err)
 	}

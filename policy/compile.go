@@ -12,7 +12,9 @@ type compiled struct {
 	src         *Policy
 	gen         uint64
 	shadowAll   bool
-	tagDim      string // Policy.StrictTag
+	domain      string        // Policy.Domain
+	unknown     UnknownDomain // Policy.UnknownDomain
+	tagDim      string        // Policy.StrictTag
 	defaultTier string
 	tiers       map[string]bool
 	enforced    []*crule // hybrid ones first (most dimensions first, then file order), then strict ones
@@ -35,6 +37,7 @@ type crule struct {
 	byTier    map[string][]unit
 	missing   MissingKey
 	fixed     int64
+	ownCost   bool // the rule sets a cost: Request.Cost does not apply
 	perMethod map[string]int64
 	costFunc  CostFunc
 	failure   hybrid.FailurePolicy
@@ -45,7 +48,7 @@ type crule struct {
 // rules and none exists yet. The caller holds e.mu.
 func (e *Enforcer) compileLocked(p *Policy, norm *normalized) (*compiled, error) {
 	e.gen++
-	c := &compiled{src: p, gen: e.gen, shadowAll: p.Shadow, tagDim: p.StrictTag, defaultTier: p.DefaultTier,
+	c := &compiled{src: p, gen: e.gen, shadowAll: p.Shadow, domain: p.Domain, unknown: p.UnknownDomain, tagDim: p.StrictTag, defaultTier: p.DefaultTier,
 		tiers: make(map[string]bool, len(p.Tiers))}
 	for name := range p.Tiers {
 		c.tiers[name] = true
@@ -57,6 +60,7 @@ func (e *Enforcer) compileLocked(p *Policy, norm *normalized) (*compiled, error)
 			id: r.ID, algo: nr.algo, strict: nr.algo != Hybrid, shadow: r.Shadow, dims: nr.dims,
 			units: nr.units, byTier: nr.byTier, missing: nr.missing, fixed: max(r.Cost.Fixed, 1),
 			costFunc: nr.cost, failure: r.OnFailure,
+			ownCost: r.Cost.Fixed > 0 || len(r.Cost.PerMethod) > 0 || nr.cost != nil,
 		}
 		if cr.failure == hybrid.DefaultFailure {
 			cr.failure = hybrid.LocalFallback // a rule's default, whatever HybridOptions say

@@ -33,10 +33,10 @@
 //  3. all the strict rules in one atomic script: every one counts the request, or none does.
 //
 // So a denial by a strict rule consumes nothing from any strict rule, and a denial by a hybrid rule
-// consumes nothing from the strict rules or from the hybrid rules after it. What a denial can leave
-// consumed is the cost taken by the hybrid rules consulted before the denying rule, once per
-// counter and subject per denial (the memo answers the retries until the retry-after has passed).
-// The library has no way to give hybrid tokens back; docs/policies.md discusses the bound.
+// consumes nothing from the strict rules or from the hybrid rules after it. The hybrid rules consulted
+// before the denying rule give the cost they took back (hybrid.Limiter.Refund), so no rule keeps a
+// charge for a request that was not admitted; what cannot be given back is counted in
+// Stats.Unrefunded. docs/policies.md ("Hierarchy") has the details.
 //
 // # Shadow mode
 //

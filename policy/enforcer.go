@@ -86,6 +86,8 @@ type Stats struct {
 	Fallback     atomic.Int64 // strict calls answered by failure policies because Redis could not answer
 	Errors       atomic.Int64 // calls to Check that returned an error
 	Reloads      atomic.Int64 // successful SetPolicy calls
+	LongValues   atomic.Int64 // dimension values longer than MaxValueLen, counted under their SHA-256
+	Unrefunded   atomic.Int64 // units hybrid rules took for denied requests and could not give back
 }
 
 // Enforcer applies a [Policy] to requests: hybrid rules through one hybrid.Limiter (each rule's
@@ -94,16 +96,17 @@ type Stats struct {
 // [Enforcer.Close] when done. It is safe for concurrent use; SetPolicy may be called at any time and
 // takes effect for the next Check.
 type Enforcer struct {
-	cfg    Config
-	now    func() time.Time
-	strict *strict.Limiter
-	cur    atomic.Pointer[compiled]
-	closed atomic.Bool
-	stats  Stats
-	memo   *memo      // denials until their retry-after; nil when Config.MaxMemo < 0
-	fb     *fallbacks // strict rules' local fallbacks (hybrid rules use the hybrid limiter's)
-	macs   sync.Pool  // of hash.Hash (HMAC-SHA-256 with cfg.HashKey)
-	dims   map[string]bool
+	cfg        Config
+	now        func() time.Time
+	strict     *strict.Limiter
+	cur        atomic.Pointer[compiled]
+	closed     atomic.Bool
+	stats      Stats
+	longLogged atomic.Bool // a long value has been logged (once per Enforcer)
+	memo       *memo       // denials until their retry-after; nil when Config.MaxMemo < 0
+	fb         *fallbacks  // strict rules' local fallbacks (hybrid rules use the hybrid limiter's)
+	macs       sync.Pool   // of hash.Hash (HMAC-SHA-256 with cfg.HashKey)
+	dims       map[string]bool
 
 	mu  sync.Mutex      // guards lim, gen, and the swap in SetPolicy
 	lim *hybrid.Limiter // the hybrid rules' limiter, created on first need
@@ -252,6 +255,12 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (Result, error) {
 // check is the request path: plan → memo → hybrid → strict → shadow. Each step after the plan runs
 // only while no counter has denied; a denial goes to denied, which applies the policy's shadow mode.
 func (e *Enforcer) check(ctx context.Context, c *compiled, req *Request) (Result, error) {
+	if c.domain != "" && req.Domain != "" && req.Domain != c.domain {
+		if c.unknown == DomainAllow {
+			return Result{Allowed: true}, nil
+		}
+		return Result{}, fmt.Errorf("%w: %q (the policy serves %q)", ErrUnknownDomain, req.Domain, c.domain)
+	}
 	var buf [8]planned
 	pl, counters, err := e.makePlan(c, req, buf[:0])
 	if err != nil {
@@ -266,6 +275,17 @@ func (e *Enforcer) check(ctx context.Context, c *compiled, req *Request) (Result
 	}
 	enforced := counters[:pl.nEnforced]
 	e.checkMemo(c, enforced, &res)
+	if req.CheckOnly {
+		if res.Allowed {
+			if err := e.peekHybrid(ctx, enforced, &res); err != nil {
+				return Result{}, err
+			}
+		}
+		if !res.Allowed && c.shadowAll {
+			res.Allowed, res.ShadowDenied = true, true
+		}
+		return res, nil
+	}
 	if res.Allowed {
 		if err := e.checkHybrid(ctx, c, enforced, &res); err != nil {
 			return Result{}, err
@@ -273,7 +293,12 @@ func (e *Enforcer) check(ctx context.Context, c *compiled, req *Request) (Result
 	}
 	if res.Allowed && pl.nStrict > 0 {
 		if err := e.checkStrict(ctx, c, pl.tag, enforced, &res); err != nil {
+			e.refundHybrid(ctx, enforced) // no decision: the request is not admitted either
 			return Result{}, err
+		}
+		if !res.Allowed && !c.shadowAll {
+			// A strict rule denied after every hybrid rule admitted: give their charges back.
+			e.refundHybrid(ctx, enforced)
 		}
 	}
 	if !res.Allowed {

@@ -61,6 +61,28 @@ func hybridDecision(p *planned, hd hybrid.Decision) Decision {
 	return d
 }
 
+// peekHybrid answers a check-only request's enforced hybrid counters with the limiter's estimate for
+// one unit, consuming and remembering nothing; the first that has no unit left denies.
+func (e *Enforcer) peekHybrid(ctx context.Context, enforced []planned, res *Result) error {
+	for i := range enforced {
+		p := &enforced[i]
+		if p.r.strict {
+			continue
+		}
+		hd, err := p.r.lim.Peek(ctx, p.key, p.u.hybrid)
+		if err != nil {
+			return fmt.Errorf("policy: rule %q: %w", p.r.id, err)
+		}
+		d := hybridDecision(p, hd)
+		res.Decisions = append(res.Decisions, d)
+		if !hd.Allowed {
+			res.Allowed, res.Rule, res.RetryAfter = false, p.r.id, d.RetryAfter
+			return nil
+		}
+	}
+	return nil
+}
+
 // checkHybrid consults the request's enforced hybrid counters, narrowest first, each taking the
 // request's cost when it admits; the first denial stops it and is remembered in the memo.
 func (e *Enforcer) checkHybrid(ctx context.Context, c *compiled, enforced []planned, res *Result) error {
@@ -71,6 +93,7 @@ func (e *Enforcer) checkHybrid(ctx context.Context, c *compiled, enforced []plan
 		}
 		hd, err := p.r.lim.AllowN(ctx, p.key, p.u.hybrid, p.n)
 		if err != nil {
+			e.refundHybrid(ctx, enforced[:i]) // no decision: the request is not admitted either
 			return fmt.Errorf("policy: rule %q: %w", p.r.id, err)
 		}
 		d := hybridDecision(p, hd)
@@ -80,8 +103,30 @@ func (e *Enforcer) checkHybrid(ctx context.Context, c *compiled, enforced []plan
 				e.remember(p, c.gen, d.RetryAfter)
 			}
 			res.Allowed, res.Rule, res.RetryAfter, res.Unavailable = false, p.r.id, d.RetryAfter, d.Unavailable
+			if !c.shadowAll {
+				e.refundHybrid(ctx, enforced[:i])
+			}
 			return nil
 		}
 	}
 	return nil
+}
+
+// refundHybrid gives back the cost each hybrid counter of admitted took, when a later counter denied
+// the request (hybrid.Limiter.Refund, what Reservation.Cancel does, without its allocation): no rule
+// keeps a charge for a request that was not admitted. Refund does no I/O; the tokens return to this
+// process's allowance for the key. What could not be given back (tokens taken by a one-off take when
+// the key cap was full, say) is counted in Stats.Unrefunded.
+func (e *Enforcer) refundHybrid(ctx context.Context, admitted []planned) {
+	ctx = context.WithoutCancel(ctx) // the charge must be given back even if the caller gave up
+	for i := range admitted {
+		p := &admitted[i]
+		if p.r.strict {
+			continue
+		}
+		got, err := p.r.lim.Refund(ctx, p.key, p.u.hybrid, p.n)
+		if err != nil || got < p.n {
+			e.stats.Unrefunded.Add(p.n - got)
+		}
+	}
 }

@@ -32,6 +32,12 @@ func (p *Policy) normalize(env *checkEnv) (*normalized, error) {
 	if !p.MissingKey.valid() {
 		return nil, p.errorf("missing_key", "missing_key %q: want reject, shared or skip", p.MissingKey)
 	}
+	if !p.UnknownDomain.valid() {
+		return nil, p.errorf("unknown_domain", "unknown_domain %q: want reject or allow", p.UnknownDomain)
+	}
+	if len(p.Domain) > MaxValueLen {
+		return nil, p.errorf("domain", "domain of %d bytes: at most %d", len(p.Domain), MaxValueLen)
+	}
 	if len(p.Rules) > MaxRules {
 		return nil, p.errorf("rules", "%d rules: at most %d", len(p.Rules), MaxRules)
 	}

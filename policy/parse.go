@@ -375,6 +375,18 @@ func (d *decoder) policy(n *yaml.Node) (*Policy, error) {
 			}
 			return err
 		},
+		"domain": func(v *yaml.Node) (err error) {
+			p.Domain, err = d.str(v, "domain")
+			return err
+		},
+		"unknown_domain": func(v *yaml.Node) error {
+			s, err := d.str(v, "unknown_domain")
+			p.UnknownDomain = UnknownDomain(s)
+			if err == nil && !p.UnknownDomain.valid() {
+				err = d.errAt(v, "unknown_domain %q: want reject or allow", s)
+			}
+			return err
+		},
 		"shadow": func(v *yaml.Node) (err error) {
 			p.Shadow, err = d.boolean(v, "shadow")
 			return err

@@ -12,6 +12,7 @@ import (
 // heap (shadow events, Redis calls).
 type plan struct {
 	tier          string // the tier the request counts under
+	domain        string // the domain the request counts under
 	tag           string // the hash tag of the request's strict keys; set when a strict rule applies
 	nEnforced     int    // counters[:nEnforced] are enforced, the rest shadow
 	nStrict       int    // enforced strict counters
@@ -23,7 +24,10 @@ type plan struct {
 // lacks a dimension of the request and rejects such requests, the plan's missing names it and the
 // plan stops there; err is non-nil when the request's cost is invalid. Nothing is consumed either way.
 func (e *Enforcer) makePlan(c *compiled, req *Request, buf []planned) (plan, []planned, error) {
-	pl := plan{tier: c.defaultTier}
+	pl := plan{tier: c.defaultTier, domain: req.Domain}
+	if pl.domain == "" {
+		pl.domain = c.domain
+	}
 	if len(c.tiers) > 0 && c.tiers[req.Tier] {
 		pl.tier = req.Tier
 	}
@@ -63,7 +67,7 @@ func (e *Enforcer) planRule(c *compiled, r *crule, req *Request, pl *plan, count
 		return counters, nil
 	}
 	var sbuf [192]byte
-	subject, ok := e.subject(r, req, &sbuf)
+	subject, ok := e.subject(r, pl.domain, req, &sbuf)
 	if !ok {
 		if r.shadow || r.missing == MissingSkip {
 			return counters, nil // shadow rules never deny, not even for a missing key
@@ -147,6 +151,12 @@ func (r *crule) matches(method, route string, routeOK bool, tier string) bool {
 
 // cost returns the request's cost under r.
 func (r *crule) cost(req *Request) (int64, error) {
+	if req.CheckOnly {
+		return 1, nil
+	}
+	if req.Cost > 0 && !r.ownCost {
+		return req.Cost, nil
+	}
 	if r.costFunc != nil {
 		n := r.costFunc(req)
 		if n < 1 {

@@ -15,6 +15,10 @@ import (
 // concrete error is an [*Error], which names the file and line when the policy came from a file.
 var ErrInvalid = errors.New("policy: invalid policy")
 
+// ErrUnknownDomain is wrapped by the error [Enforcer.Check] returns for a request of a domain other
+// than the policy's Domain when its UnknownDomain is DomainReject: nothing was consulted or consumed.
+var ErrUnknownDomain = errors.New("policy: unknown domain")
+
 // ErrInvalidCost is wrapped by the error [Enforcer.Check] returns when a request's cost, computed by
 // a [CostFunc], is below 1 or above a rule's limit: no rule was consulted and nothing was consumed.
 var ErrInvalidCost = errors.New("policy: invalid request cost")
@@ -90,8 +94,25 @@ func (a Algorithm) windowed() bool {
 	return a == FixedWindow || a == SlidingWindow || a == SlidingLog
 }
 
+// UnknownDomain is the answer to a request of a domain the policy does not serve (see
+// Policy.Domain). The empty UnknownDomain means [DomainReject].
+type UnknownDomain string
+
+// The answers to a request of an unknown domain.
+const (
+	// DomainReject makes Check fail with [ErrUnknownDomain]: nothing is consulted or consumed (the
+	// sidecar answers 400, gRPC InvalidArgument, with the reason).
+	DomainReject UnknownDomain = "reject"
+	// DomainAllow admits the request with no limit and no Decisions, as envoyproxy/ratelimit
+	// answers a domain it has no configuration for.
+	DomainAllow UnknownDomain = "allow"
+)
+
+func (u UnknownDomain) valid() bool { return u == "" || u == DomainReject || u == DomainAllow }
+
 // MissingKey says what a rule does with a request that lacks one of its dimensions (no API key
-// header, no authenticated user, an unusable client address, a value longer than MaxValueLen).
+// header, no authenticated user, an unusable client address: an absent or empty value). A value is
+// never missing for its length or its bytes: see MaxValueLen.
 type MissingKey string
 
 // The answers to a missing key. The empty MissingKey inherits the policy's, whose empty value means
@@ -132,8 +153,9 @@ const (
 	MaxRules = 256
 	// MaxDimensions is the largest number of dimensions of one rule.
 	MaxDimensions = 8
-	// MaxValueLen is the longest dimension value, in bytes, that a rule will count under; a longer
-	// value (say, a 10 kB API key header) is treated as missing.
+	// MaxValueLen is the longest dimension value, in bytes, that a rule counts under as it is
+	// (percent-escaped); a longer value (say, a 10 kB API key header) counts under its SHA-256, so
+	// it is limited like any other value and its own subject (Stats.LongValues counts them).
 	MaxValueLen = 256
 	// MaxIDLen is the longest rule id. Ids are 1 to MaxIDLen bytes of [A-Za-z0-9_-].
 	MaxIDLen = 48
@@ -144,6 +166,15 @@ const (
 // [LoadFile], and hand it to [Enforcer.SetPolicy]. A Policy is a plain value: it is not modified
 // once set, and it may be reused.
 type Policy struct {
+	// Domain names the domain the policy serves (Envoy's rate-limit domain; [Request.Domain]). Every
+	// counter is kept per domain, so requests of different domains never share one. A request whose
+	// domain is empty counts under Domain. Requests of another, non-empty domain get the
+	// UnknownDomain answer. Empty (the default) serves every domain, each with its own counters. At
+	// most MaxValueLen bytes.
+	Domain string
+	// UnknownDomain says what Check answers a request of a domain other than Domain, when Domain is
+	// set: DomainReject (the default) fails with ErrUnknownDomain, DomainAllow admits with no limit.
+	UnknownDomain UnknownDomain
 	// Shadow puts every rule in shadow mode: rules are evaluated and count as if enforced, denials
 	// are reported (Config.OnShadowDeny, Stats.ShadowDenied) but every request is admitted.
 	Shadow bool

@@ -11,6 +11,9 @@ const (
 	// anonymous is the value of a missing dimension under MissingShared; escaped values never
 	// contain '*', so no real value collides with it.
 	anonymous = "*"
+	// longPrefix starts the hashed form of a value longer than MaxValueLen; escaped values never
+	// contain '#'.
+	longPrefix = "#sha256:"
 	// maxSubject is the longest subject stored as is; longer ones are replaced by their SHA-256.
 	maxSubject = 512
 	// strictTag is the hash tag of every strict key when Policy.StrictTag is empty.
@@ -19,8 +22,21 @@ const (
 
 // Request is what an [Enforcer] decides on. Package middleware builds one per HTTP request.
 type Request struct {
+	// Domain is the namespace of the request's counters (Envoy's rate-limit domain): requests of
+	// different domains never share a counter. Empty means the policy's Domain. See Policy.Domain for
+	// a domain the policy does not serve.
+	Domain string
 	// Method is the HTTP method (for per-method costs and Match.Methods), or empty.
 	Method string
+	// Cost, when at least 1, is the request's cost under every rule that sets no cost of its own
+	// (Cost.Fixed, PerMethod, Func or FuncName): what Envoy's hits_addend is to the sidecar. 0 means
+	// each rule's own cost (1 when it sets none).
+	Cost int64
+	// CheckOnly asks whether the request would be admitted without consuming anything (Envoy's
+	// hits_addend of 0): hybrid rules answer with hybrid.Limiter.Peek's estimate for one unit, strict
+	// rules only from the memo of their recent denials (a strict script cannot look without
+	// counting), shadow rules are not consulted, and nothing is remembered.
+	CheckOnly bool
 	// Tier is the request's tier name; empty or unknown means the policy's DefaultTier.
 	Tier string
 	// Dims gives the request's dimension values; nil means none (every dimension is missing).
@@ -46,11 +62,16 @@ func (v Values) Dimension(name string) (string, bool) {
 	return s, ok
 }
 
-// subject returns the request's subject under r, in buf when it fits: "dim=value,..." in the rule's
-// canonical dimension order, values percent-escaped, hashed with Config.HashKey when set. ok is false
-// when a dimension is missing and the rule does not count missing keys in a shared bucket.
-func (e *Enforcer) subject(r *crule, req *Request, buf *[192]byte) ([]byte, bool) {
+// subject returns the request's subject under r, in buf when it fits: "domain|" when the domain is
+// not empty, then "dim=value,..." in the rule's canonical dimension order, values percent-escaped
+// (or hashed when long, see appendValue), the whole hashed with Config.HashKey when set. ok is
+// false when a dimension is missing and the rule does not count missing keys in a shared bucket.
+func (e *Enforcer) subject(r *crule, domain string, req *Request, buf *[192]byte) ([]byte, bool) {
 	b := buf[:0]
+	if domain != "" {
+		// The domain first, ended by '|', which escaped values never contain.
+		b = append(e.appendValue(b, domain), '|')
+	}
 	if len(r.dims) == 0 {
 		b = append(b, anonymous...)
 	}
@@ -67,16 +88,34 @@ func (e *Enforcer) subject(r *crule, req *Request, buf *[192]byte) ([]byte, bool
 		}
 		b = append(b, dim...)
 		b = append(b, '=')
-		if !ok || v == "" || len(v) > MaxValueLen {
+		if !ok || v == "" {
 			if r.missing != MissingShared {
 				return nil, false
 			}
 			b = append(b, anonymous...)
 			continue
 		}
-		b = appendEscaped(b, v)
+		b = e.appendValue(b, v)
 	}
 	return e.finish(b, buf), true
+}
+
+// appendValue appends a dimension value to a subject: escaped (appendEscaped) when it is at most
+// MaxValueLen bytes, else as longPrefix and the first 16 bytes of its SHA-256 in hex. Escaped values
+// never contain '#', so a hashed value cannot collide with a short one, and every value, whatever
+// its length or bytes, counts under its rule. The first long value an Enforcer sees is logged; all
+// are counted in Stats.LongValues.
+func (e *Enforcer) appendValue(b []byte, v string) []byte {
+	if len(v) <= MaxValueLen {
+		return appendEscaped(b, v)
+	}
+	e.stats.LongValues.Add(1)
+	if e.longLogged.CompareAndSwap(false, true) {
+		e.cfg.Logger.Warn("policy: a dimension value longer than MaxValueLen is counted under its SHA-256 "+
+			"(logged once; see Stats.LongValues)", "bytes", len(v), "max", MaxValueLen)
+	}
+	sum := sha256.Sum256([]byte(v))
+	return hex.AppendEncode(append(b, longPrefix...), sum[:16])
 }
 
 // tag returns the hash tag of the request's strict keys.
@@ -88,11 +127,11 @@ func (e *Enforcer) tag(c *compiled, req *Request) string {
 	if req.Dims != nil {
 		v, ok = req.Dims.Dimension(c.tagDim)
 	}
-	if !ok || v == "" || len(v) > MaxValueLen {
+	if !ok || v == "" {
 		return anonymous
 	}
 	var buf [192]byte
-	return string(e.finish(appendEscaped(buf[:0], v), &buf))
+	return string(e.finish(e.appendValue(buf[:0], v), &buf))
 }
 
 // macState is a pooled HMAC with a buffer for its input, so that callers' buffers do not escape.

@@ -19,9 +19,11 @@
 // dimensions is left out of that rule rather than rejected. A rule without dimensions counts every
 // descriptor.
 //
-// The request's cost is hits_addend (the descriptor's, else the request's, else 1) for rules whose
-// cost names the function [HitsCost] registers under (`cost: {func: hits_addend}`); other rules
-// charge their own cost.
+// The request's cost is hits_addend (the descriptor's, else the request's, where 0 means 1), as
+// Envoy specifies, under every rule that sets no cost of its own (policy.Request.Cost); a
+// descriptor's hits_addend of 0 checks without charging (policy.Request.CheckOnly). The request's
+// domain namespaces the counters (policy.Request.Domain): a key has separate counters in each
+// domain.
 //
 // # Answers
 //

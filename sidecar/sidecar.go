@@ -2,12 +2,14 @@ package sidecar
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -97,7 +99,7 @@ func New(cfg Config) (*Server, error) {
 	m := cfg.MeterProvider.Meter(instrumentationName)
 	var err1, err2 error
 	s.reqs, err1 = m.Int64Counter("hybridrate.sidecar.requests",
-		metric.WithDescription("Rate-limit requests, by API (grpc, http) and overall code (OK, OVER_LIMIT, error)."))
+		metric.WithDescription("Rate-limit requests, by API (grpc, http) and overall code (OK, OVER_LIMIT; bad_request: a malformed request, an unknown domain or a cost above a rule's limit; error: no decision could be made)."))
 	s.lat, err2 = m.Float64Histogram("hybridrate.sidecar.duration", metric.WithUnit("s"),
 		metric.WithDescription("Time to answer a rate-limit request, all descriptors, by API."),
 		metric.WithExplicitBucketBoundaries(1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1))
@@ -105,7 +107,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("sidecar: %w", err)
 	}
 	for _, api := range []string{"grpc", "http"} {
-		for _, code := range []string{"OK", "OVER_LIMIT", "error", ""} {
+		for _, code := range []string{"OK", "OVER_LIMIT", "bad_request", "error", ""} {
 			kv := []attribute.KeyValue{s.inst, attribute.String("api", api)}
 			if code != "" {
 				kv = append(kv, attribute.String("code", code))
@@ -129,8 +131,6 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			code = codes.InvalidArgument
 		case errors.Is(err, context.Canceled):
 			code = codes.Canceled
-		case errors.Is(err, policy.ErrInvalidCost):
-			code = codes.Internal
 		}
 		return nil, status.Error(code, err.Error())
 	}
@@ -144,8 +144,11 @@ func (s *Server) decide(ctx context.Context, api string, req *rlsv3.RateLimitReq
 	start := time.Now()
 	defer func() {
 		code := "error"
-		if err == nil {
+		switch {
+		case err == nil:
 			code = resp.OverallCode.String()
+		case errors.Is(err, errBadRequest):
+			code = "bad_request"
 		}
 		s.reqs.Add(ctx, 1, s.opts[[2]string{api, code}])
 		s.lat.Record(ctx, time.Since(start).Seconds(), s.opts[[2]string{api, ""}])
@@ -165,7 +168,9 @@ func (s *Server) decide(ctx context.Context, api string, req *rlsv3.RateLimitReq
 		if d == nil || len(d.Entries) == 0 || len(d.Entries) > MaxEntries {
 			return nil, fmt.Errorf("%w: descriptor %d: want 1 to %d entries", errBadRequest, i, MaxEntries)
 		}
-		hits := uint64(req.HitsAddend)
+		// Envoy's hits_addend: the request's, where 0 (unset) means 1; a descriptor's own, where 0
+		// means check only.
+		hits := max(uint64(req.HitsAddend), 1)
 		if d.HitsAddend != nil {
 			hits = d.HitsAddend.Value
 		}
@@ -173,10 +178,14 @@ func (s *Server) decide(ctx context.Context, api string, req *rlsv3.RateLimitReq
 			return nil, fmt.Errorf("%w: descriptor %d: hits_addend %d too large", errBadRequest, i, hits)
 		}
 		dims := &descriptor{s: s, d: d, domain: req.Domain, hits: int64(hits)}
-		pr := policy.Request{Dims: dims}
+		pr := policy.Request{Domain: req.Domain, Dims: dims, Cost: int64(hits), CheckOnly: hits == 0}
 		pr.Tier, _ = dims.Dimension("tier")
 		pr.Method, _ = dims.Dimension(policy.DimMethod)
 		res, err := s.cfg.Checker.Check(ctx, &pr)
+		if errors.Is(err, policy.ErrUnknownDomain) || errors.Is(err, policy.ErrInvalidCost) {
+			// The caller's domain or hits_addend: a bad request, not a limiter failure.
+			return nil, fmt.Errorf("%w: descriptor %d: %w", errBadRequest, i, err)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("sidecar: descriptor %d: %w", i, err)
 		}
@@ -308,7 +317,7 @@ func (d *descriptor) Dimension(name string) (string, bool) {
 // HitsCost is a policy.CostFunc that charges a sidecar request's hits_addend (the descriptor's, else
 // the request's; 1 when neither is set, and for requests that did not come through a Server).
 // Register it in policy.Config.CostFuncs under HitsCostName and name it in a rule: `cost: {func:
-// hits_addend}`.
+// hits_addend}`. Rules without a cost of their own charge the same by default (policy.Request.Cost).
 func HitsCost(r *policy.Request) int64 {
 	if d, ok := r.Dims.(*descriptor); ok && d.hits > 0 {
 		return d.hits
@@ -320,7 +329,8 @@ func HitsCost(r *policy.Request) int64 {
 // JSON mapping, e.g. {"domain":"api","descriptors":[{"entries":[{"key":"api_key","value":"k1"}]}]})
 // and get the RateLimitResponse as JSON, with status 200 when OK and 429 when OVER_LIMIT, and the
 // response's headers (X-RateLimit-*, Retry-After) set on the HTTP response too. A malformed request
-// gets 400; a request no decision could be made on gets 503.
+// gets 400 with the reason in its JSON body ({"error":"bad_request","reason":"descriptor 0: want 1
+// to 16 entries"}); a request no decision could be made on gets 503.
 func (s *Server) CheckHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
@@ -335,13 +345,14 @@ func (s *Server) CheckHandler() http.Handler {
 		}
 		var req rlsv3.RateLimitRequest
 		if err := protojson.Unmarshal(body, &req); err != nil {
-			writeError(w, http.StatusBadRequest, "bad_request")
+			s.reqs.Add(r.Context(), 1, s.opts[[2]string{"http", "bad_request"}])
+			writeReason(w, http.StatusBadRequest, "bad_request", "malformed RateLimitRequest JSON: "+err.Error())
 			return
 		}
 		resp, err := s.decide(r.Context(), "http", &req)
 		switch {
 		case errors.Is(err, errBadRequest):
-			writeError(w, http.StatusBadRequest, "bad_request")
+			writeReason(w, http.StatusBadRequest, "bad_request", strings.TrimPrefix(err.Error(), errBadRequest.Error()+": "))
 			return
 		case err != nil:
 			writeError(w, http.StatusServiceUnavailable, "rate_limiter_unavailable")
@@ -370,4 +381,16 @@ func writeError(w http.ResponseWriter, code int, msg string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_, _ = fmt.Fprintf(w, `{"error":%q}`+"\n", msg)
+}
+
+// writeReason writes a JSON error with the reason the request was refused: {"error": msg, "reason":
+// reason}.
+func writeReason(w http.ResponseWriter, code int, msg, reason string) {
+	out, _ := json.Marshal(struct {
+		Error  string `json:"error"`
+		Reason string `json:"reason"`
+	}{msg, reason})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_, _ = w.Write(append(out, '\n'))
 }

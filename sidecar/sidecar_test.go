@@ -174,7 +174,7 @@ func TestHitsAddendAndTiersAndUnknownDescriptors(t *testing.T) {
 	d.HitsAddend = wrapperspb.UInt64(11)
 	resp, err := e.client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{HitsAddend: 1, Descriptors: []*rlv3.RateLimitDescriptor{d}})
 	require.Error(t, err, "11 is above the rule's limit: no decision")
-	assert.Equal(t, codes.Internal, status.Code(err))
+	assert.Equal(t, codes.InvalidArgument, status.Code(err), "the caller's hits_addend is a bad request")
 	assert.Nil(t, resp)
 
 	// The tier entry picks the plan's quota.
@@ -221,10 +221,13 @@ func TestCheckOverHTTPJSON(t *testing.T) {
 	assert.NotEmpty(t, resp.Header.Get("Retry-After"))
 	assert.Equal(t, "0", resp.Header.Get("X-RateLimit-Remaining"))
 
-	resp, _ = post(`{"descriptors": 7}`)
+	resp, out = post(`{"descriptors": 7}`)
 	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
-	resp, _ = post(`{"descriptors": []}`)
+	assert.Equal(t, "bad_request", out["error"])
+	assert.Contains(t, out["reason"], "malformed RateLimitRequest JSON")
+	resp, out = post(`{"descriptors": []}`)
 	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	assert.Equal(t, "no descriptors", out["reason"])
 	r, err := http.Get(e.http.URL)
 	require.NoError(t, err)
 	r.Body.Close()
@@ -248,8 +251,8 @@ func TestCheckOverHTTPJSON(t *testing.T) {
 			}
 		}
 	}
-	assert.Equal(t, map[string]int64{"http/OK": 3, "http/OVER_LIMIT": 1, "http/error": 1}, got,
-		"the malformed JSON never reached the server's decision")
+	assert.Equal(t, map[string]int64{"http/OK": 3, "http/OVER_LIMIT": 1, "http/bad_request": 2}, got,
+		"bad requests are not limiter failures")
 }
 
 type failing struct{}

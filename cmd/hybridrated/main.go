@@ -5,6 +5,10 @@
 //
 //	go run ./cmd/hybridrated                     # embedded Redis (miniredis) and the built-in policy
 //	hybridrated -redis 10.0.0.5:6379 -policy policy.yaml
+//	hybridrated -redis 10.0.0.5:6379 -demo       # the built-in policy on a real Redis, on purpose
+//
+// With -redis, -policy is required: the built-in example policy is enforced on a real Redis only
+// when -demo asks for it.
 //
 // Endpoints (the addresses are flags):
 //
@@ -12,13 +16,20 @@
 //	HTTP  127.0.0.1:8080  POST /v1/check (JSON), GET /metrics (Prometheus), /healthz, /readyz,
 //	                      /dashboard/ (live denials)
 //
-// Every flag can also be set in the environment: -redis as HYBRIDRATED_REDIS, and so on. Several
-// -redis addresses are a Redis Cluster (or Sentinels, with -sentinel-master). Secrets come from the
+// Every flag can also be set in the environment: -redis as HYBRIDRATED_REDIS, -redis-tls as
+// HYBRIDRATED_REDIS_TLS=true, and so on. Several -redis addresses are a Redis Cluster (or Sentinels,
+// with -sentinel-master). -redis-user names a Redis ACL user; -redis-tls (and -redis-tls-ca,
+// -redis-tls-cert, -redis-tls-key, -redis-tls-server-name) connect over TLS. Secrets come from the
 // environment only: the Redis password from HYBRIDRATED_REDIS_PASSWORD, and the HMAC key that hashes
-// keys before they reach Redis from HYBRIDRATED_HASH_KEY. A changed
-// policy file takes effect within -reload; an invalid one is logged with its line and the previous
-// policy stays. On SIGINT or SIGTERM the sidecar turns unready, lets in-flight calls finish, flushes
-// the consumption not yet applied to Redis and exits.
+// keys before they reach Redis from HYBRIDRATED_HASH_KEY. Logs go to stderr at -log-level (debug,
+// info, warn, error), as text or, with -log-format json, JSON.
+//
+// A changed policy file takes effect within -reload, or at once on SIGHUP; an invalid one is logged
+// with its line and the previous policy stays. Reloads are counted (hybridrate.policy.reloads, by
+// result) and /readyz's body reports the last one. On SIGINT or SIGTERM the sidecar turns unready
+// (/readyz 503, gRPC health NOT_SERVING) and keeps serving for -shutdown-grace (5s), so load
+// balancers stop sending, then lets in-flight calls finish, flushes the consumption not yet applied
+// to Redis and exits.
 //
 // Exit status: 0 after a clean shutdown, 1 when it cannot start or stop cleanly, 2 for a bad
 // command line.
@@ -26,6 +37,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -46,7 +59,9 @@ func main() {
 		<-ctx.Done()
 		stop() // a second signal kills the process the usual way
 	}()
-	redis.SetLogger(quietLogger{}) // go-redis would print every failed dial; errors reach the metrics
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP) // reload the policy file; never the default (exit)
+	redis.SetLogger(quietLogger{})     // go-redis would print every failed dial; errors reach the metrics
 	cfg, err := parseConfig(os.Args[1:], os.Getenv, os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
@@ -55,7 +70,8 @@ func main() {
 		fmt.Fprintf(os.Stderr, "hybridrated: %v\n", err)
 		os.Exit(2)
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	cfg.hup = hup
+	log := newLogger(cfg, os.Stderr)
 	if err := run(ctx, cfg, log, nil); err != nil {
 		log.Error("hybridrated stopped", "err", err)
 		os.Exit(1)
@@ -69,18 +85,68 @@ func (quietLogger) Printf(context.Context, string, ...any) {}
 
 // config is the command line.
 type config struct {
-	grpcAddr        string        // gRPC listen address
-	httpAddr        string        // HTTP listen address
-	redisAddr       string        // Redis address(es); empty: embedded miniredis
-	sentinelMaster  string        // Sentinel master name; the addresses are then Sentinels
-	redisPassword   string        // from the environment
-	policyPath      string        // policy file; empty: the built-in one
-	instance        string        // the metrics' instance label; empty: the host name
-	reload          time.Duration // how often the policy file is read
-	shutdownTimeout time.Duration // bound on the graceful shutdown
-	checkTimeout    time.Duration // the hybrid limiters' synchronous Redis check bound; 0: default
-	syncTimeout     time.Duration // the deprecated name of checkTimeout (-sync-timeout)
-	hashKey         []byte        // HMAC key for keys in Redis, from the environment
+	grpcAddr        string           // gRPC listen address
+	httpAddr        string           // HTTP listen address
+	redisAddr       string           // Redis address(es); empty: embedded miniredis
+	sentinelMaster  string           // Sentinel master name; the addresses are then Sentinels
+	redisPassword   string           // from the environment
+	policyPath      string           // policy file; empty: the built-in one (with -demo, or on the embedded Redis)
+	demo            bool             // enforce the built-in example policy on -redis
+	instance        string           // the metrics' instance label; empty: the host name
+	reload          time.Duration    // how often the policy file is read
+	shutdownTimeout time.Duration    // bound on the graceful shutdown
+	checkTimeout    time.Duration    // the hybrid limiters' synchronous Redis check bound; 0: default
+	syncTimeout     time.Duration    // the deprecated name of checkTimeout (-sync-timeout)
+	hashKey         []byte           // HMAC key for keys in Redis, from the environment
+	shutdownGrace   time.Duration    // how long to keep serving, unready, after SIGTERM
+	logLevel        slog.Level       // -log-level
+	logJSON         bool             // -log-format json
+	redisUser       string           // Redis ACL user name
+	redisTLS        bool             // connect to Redis over TLS
+	redisTLSCA      string           // PEM file of the CAs that sign Redis's certificate; empty: the system's
+	redisTLSCert    string           // PEM client certificate, for Redis's tls-auth-clients
+	redisTLSKey     string           // its key
+	redisTLSServer  string           // the server name to verify; empty: the host of the address
+	hup             <-chan os.Signal // SIGHUP: reload the policy file now; nil in tests that do not send it
+}
+
+// newLogger returns the logger -log-level and -log-format ask for, writing to w.
+func newLogger(c config, w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: c.logLevel}
+	if c.logJSON {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// tlsConfig returns the TLS configuration of the Redis connections, or nil without -redis-tls (a
+// CA, a client certificate or a server name implies it).
+func (c config) tlsConfig() (*tls.Config, error) {
+	if !c.redisTLS && c.redisTLSCA == "" && c.redisTLSCert == "" && c.redisTLSServer == "" {
+		return nil, nil
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.redisTLSServer}
+	if c.redisTLSCA != "" {
+		pem, err := os.ReadFile(c.redisTLSCA)
+		if err != nil {
+			return nil, fmt.Errorf("-redis-tls-ca: %w", err)
+		}
+		tc.RootCAs = x509.NewCertPool()
+		if !tc.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("-redis-tls-ca %s: no PEM certificate in it", c.redisTLSCA)
+		}
+	}
+	if (c.redisTLSCert == "") != (c.redisTLSKey == "") {
+		return nil, errors.New("-redis-tls-cert and -redis-tls-key go together")
+	}
+	if c.redisTLSCert != "" {
+		cert, err := tls.LoadX509KeyPair(c.redisTLSCert, c.redisTLSKey)
+		if err != nil {
+			return nil, fmt.Errorf("-redis-tls-cert: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
 }
 
 // parseConfig reads flags, with defaults from the environment (HYBRIDRATED_<FLAG>).
@@ -98,7 +164,16 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.StringVar(&c.httpAddr, "http", env("http", "127.0.0.1:8080"), "HTTP listen address (/v1/check, /metrics, /healthz, /readyz, /dashboard/)")
 	fs.StringVar(&c.redisAddr, "redis", env("redis", ""), "Redis address host:port (several, comma-separated: a Cluster's nodes, or Sentinels with -sentinel-master); empty: an embedded in-memory Redis (miniredis), per process")
 	fs.StringVar(&c.sentinelMaster, "sentinel-master", env("sentinel-master", ""), "Sentinel master name: -redis lists Sentinels")
-	fs.StringVar(&c.policyPath, "policy", env("policy", ""), "policy file (YAML, or JSON by its .json name); empty: the built-in example policy")
+	fs.StringVar(&c.policyPath, "policy", env("policy", ""), "policy file (YAML, or JSON by its .json name); required with -redis unless -demo")
+	fs.BoolVar(&c.demo, "demo", env("demo", "") == "true", "enforce the built-in example policy (cmd/hybridrated/default.yaml); required to use it with -redis, the default without -redis")
+	fs.StringVar(&c.redisUser, "redis-user", env("redis-user", ""), "Redis ACL user name (the password comes from HYBRIDRATED_REDIS_PASSWORD)")
+	fs.BoolVar(&c.redisTLS, "redis-tls", env("redis-tls", "") == "true", "connect to Redis over TLS (implied by the other -redis-tls flags)")
+	fs.StringVar(&c.redisTLSCA, "redis-tls-ca", env("redis-tls-ca", ""), "PEM file of the CA certificates that sign Redis's; empty: the system's")
+	fs.StringVar(&c.redisTLSCert, "redis-tls-cert", env("redis-tls-cert", ""), "PEM client certificate for Redis (tls-auth-clients), with -redis-tls-key")
+	fs.StringVar(&c.redisTLSKey, "redis-tls-key", env("redis-tls-key", ""), "PEM key of -redis-tls-cert")
+	fs.StringVar(&c.redisTLSServer, "redis-tls-server-name", env("redis-tls-server-name", ""), "server name to verify in Redis's certificate; empty: the address's host")
+	logLevel := fs.String("log-level", env("log-level", "info"), "log level: debug, info, warn or error")
+	logFormat := fs.String("log-format", env("log-format", "text"), "log format: text or json")
 	fs.StringVar(&c.instance, "instance", env("instance", ""), "instance label of the metrics; empty: the host name")
 	var err error
 	durations := []struct {
@@ -107,6 +182,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	}{
 		{"reload", "1s", "how often the policy file is read for changes", &c.reload},
 		{"shutdown-timeout", "10s", "bound on the graceful shutdown (drain and flush)", &c.shutdownTimeout},
+		{"shutdown-grace", "5s", "after SIGTERM, how long to keep serving while /readyz reports not ready (so load balancers stop sending), before draining", &c.shutdownGrace},
 		{"check-timeout", "0s", "bound on a synchronous Redis check of a hybrid rule; 0: the library default (1s on the embedded Redis)", &c.checkTimeout},
 		{"sync-timeout", "0s", "deprecated: -check-timeout", &c.syncTimeout},
 	}
@@ -129,10 +205,38 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	if c.checkTimeout == 0 {
 		c.checkTimeout = c.syncTimeout
 	}
-	if c.reload < time.Millisecond || c.shutdownTimeout <= 0 || c.checkTimeout < 0 {
-		return c, errors.New("-reload must be at least 1ms, -shutdown-timeout positive, -check-timeout not negative")
+	if c.reload < time.Millisecond || c.shutdownTimeout <= 0 || c.checkTimeout < 0 || c.shutdownGrace < 0 {
+		return c, errors.New("-reload must be at least 1ms, -shutdown-timeout positive, -check-timeout and -shutdown-grace not negative")
+	}
+	if err := c.logLevel.UnmarshalText([]byte(*logLevel)); err != nil {
+		return c, fmt.Errorf("-log-level %q: want debug, info, warn or error", *logLevel)
+	}
+	switch *logFormat {
+	case "text":
+	case "json":
+		c.logJSON = true
+	default:
+		return c, fmt.Errorf("-log-format %q: want text or json", *logFormat)
+	}
+	for _, b := range []struct {
+		name string
+		v    *bool
+	}{{"demo", &c.demo}, {"redis-tls", &c.redisTLS}} {
+		if s := env(b.name, ""); s != "" && s != "true" && s != "false" {
+			return c, fmt.Errorf("HYBRIDRATED_%s %q: want true or false", strings.ToUpper(strings.ReplaceAll(b.name, "-", "_")), s)
+		}
+	}
+	if _, err := c.tlsConfig(); err != nil {
+		return c, err
 	}
 	c.redisPassword = getenv("HYBRIDRATED_REDIS_PASSWORD")
+	switch {
+	case c.demo && c.policyPath != "":
+		return c, errors.New("-demo and -policy exclude each other: -demo enforces the built-in example policy")
+	case c.redisAddr != "" && c.policyPath == "" && !c.demo:
+		return c, errors.New("-redis needs -policy FILE: without one the sidecar would enforce the built-in example " +
+			"policy (10/s per api_key) on your traffic; pass -demo to do that on purpose")
+	}
 	if c.sentinelMaster != "" && c.redisAddr == "" {
 		return c, errors.New("-sentinel-master needs -redis with the Sentinels' addresses")
 	}

@@ -338,7 +338,7 @@ rules:
 }
 
 func TestParseConfig(t *testing.T) {
-	env := map[string]string{"HYBRIDRATED_REDIS": "10.0.0.5:6379", "HYBRIDRATED_RELOAD": "5s", "HYBRIDRATED_HASH_KEY": "s3cret"}
+	env := map[string]string{"HYBRIDRATED_REDIS": "10.0.0.5:6379", "HYBRIDRATED_POLICY": "p.yaml", "HYBRIDRATED_RELOAD": "5s", "HYBRIDRATED_HASH_KEY": "s3cret"}
 	c, err := parseConfig([]string{"-grpc", ":9000"}, func(k string) string { return env[k] }, io.Discard)
 	require.NoError(t, err)
 	assert.Equal(t, ":9000", c.grpcAddr)
@@ -362,6 +362,30 @@ func TestParseConfig(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 40*time.Millisecond, c.checkTimeout, "the deprecated name still works")
 	_, err = parseConfig([]string{"-check-timeout", "-1s"}, none, io.Discard)
+	assert.Error(t, err)
+}
+
+// TestRedisWithoutPolicyNeedsDemo: -redis without -policy enforced the built-in example policy with
+// one INFO line (issue 23); it is now an error unless -demo asks for it.
+func TestRedisWithoutPolicyNeedsDemo(t *testing.T) {
+	none := func(string) string { return "" }
+	_, err := parseConfig([]string{"-redis", "10.0.0.5:6379"}, none, io.Discard)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "-redis needs -policy FILE")
+	assert.Contains(t, err.Error(), "-demo")
+	c, err := parseConfig([]string{"-redis", "10.0.0.5:6379", "-demo"}, none, io.Discard)
+	require.NoError(t, err)
+	assert.True(t, c.demo)
+	c, err = parseConfig(nil, func(k string) string {
+		return map[string]string{"HYBRIDRATED_REDIS": "10.0.0.5:6379", "HYBRIDRATED_DEMO": "true"}[k]
+	}, io.Discard)
+	require.NoError(t, err)
+	assert.True(t, c.demo)
+	_, err = parseConfig([]string{"-redis", "10.0.0.5:6379", "-policy", "p.yaml"}, none, io.Discard)
+	assert.NoError(t, err)
+	_, err = parseConfig(nil, none, io.Discard)
+	assert.NoError(t, err, "the embedded Redis keeps the built-in policy: nothing real is limited")
+	_, err = parseConfig([]string{"-demo", "-policy", "p.yaml"}, none, io.Discard)
 	assert.Error(t, err)
 }
 

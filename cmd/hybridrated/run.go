@@ -5,10 +5,12 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -16,7 +18,9 @@ import (
 	promclient "github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
@@ -61,7 +65,10 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 		hybridOpts = append(hybridOpts, hybrid.WithCheckTimeout(cfg.checkTimeout))
 		strictTimeout = max(strictTimeout, cfg.checkTimeout)
 	}
-	rdb := newRedisClient(redisAddr, cfg)
+	rdb, err := newRedisClient(redisAddr, cfg)
+	if err != nil {
+		return err
+	}
 	defer rdb.Close()
 
 	// Metrics: OpenTelemetry, exported in Prometheus's format from a registry of our own.
@@ -103,9 +110,16 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 	}
 	defer obs.Close()
 
-	// The policy: a file watched for changes, or the built-in one.
+	// The policy: a file watched for changes (and reloaded on SIGHUP), or the built-in one.
 	var reloader *policy.Reloader
+	rl := &reloads{source: cfg.policyPath}
+	reloadReg, err := rl.register(mp, instance)
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	defer func() { _ = reloadReg.Unregister() }()
 	if cfg.policyPath == "" {
+		rl.source = "built-in example policy"
 		p, err := policy.Parse(defaultPolicy, "default.yaml")
 		if err == nil {
 			err = obs.SetPolicy(p)
@@ -113,16 +127,24 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 		if err != nil {
 			return fmt.Errorf("built-in policy: %w", err)
 		}
-		log.Info("no -policy given: using the built-in example policy (cmd/hybridrated/default.yaml)")
+		rl.succeeded(len(p.Rules), time.Now())
+		log.Warn("enforcing the built-in example policy (cmd/hybridrated/default.yaml): not for production; pass -policy FILE")
 	} else {
 		reloader, err = policy.NewReloader(policy.ReloaderConfig{
 			Path: cfg.policyPath, Target: obs, Interval: cfg.reload,
-			OnReload: func(p *policy.Policy) { log.Info("policy reloaded", "file", cfg.policyPath, "rules", len(p.Rules)) },
-			OnError:  func(err error) { log.Error("policy rejected; the previous one stays in force", "err", err) },
+			OnReload: func(p *policy.Policy) {
+				rl.succeeded(len(p.Rules), time.Now())
+				log.Info("policy reloaded", "file", cfg.policyPath, "rules", len(p.Rules))
+			},
+			OnError: func(err error) {
+				rl.failedWith(err, time.Now())
+				log.Error("policy rejected; the previous one stays in force", "err", err)
+			},
 		})
 		if err != nil {
 			return err
 		}
+		rl.succeeded(len(enf.Policy().Rules), time.Now())
 	}
 
 	srv, err := sidecar.New(sidecar.Config{Checker: obs, MeterProvider: mp, Instance: instance})
@@ -141,11 +163,19 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if draining.Load() || enf.Policy() == nil {
-			http.Error(w, "not ready", http.StatusServiceUnavailable)
-			return
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		switch {
+		case draining.Load():
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, "not ready: shutting down\n")
+		case enf.Policy() == nil:
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, "not ready: no policy\n")
+		default:
+			_, _ = io.WriteString(w, "ready\n")
 		}
-		_, _ = w.Write([]byte("ready\n"))
+		_, _ = io.WriteString(w, rl.report())
 	})
 	mux.Handle("/dashboard/", http.StripPrefix("/dashboard", dashboard.Handler(obs)))
 	mux.Handle("GET /{$}", http.RedirectHandler("/dashboard/", http.StatusFound))
@@ -164,12 +194,34 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 	errc := make(chan error, 2)
 	go func() { errc <- gs.Serve(glis) }()
 	go func() { errc <- hsrv.Serve(hlis) }()
-	rctx, stopReload := context.WithCancel(ctx)
+	rctx, stopReload := context.WithCancel(context.WithoutCancel(ctx)) // reloads go on during the grace period
 	reloadDone := make(chan struct{})
 	go func() {
 		defer close(reloadDone)
 		if reloader != nil {
 			_ = reloader.Run(rctx)
+		}
+	}()
+	hupDone := make(chan struct{})
+	go func() {
+		defer close(hupDone)
+		for {
+			select {
+			case <-rctx.Done():
+				return
+			case _, ok := <-cfg.hup:
+				if !ok {
+					return
+				}
+				if reloader == nil {
+					log.Warn("SIGHUP: no -policy file to reload; the built-in policy stays")
+					continue
+				}
+				log.Info("SIGHUP: reloading the policy file", "file", cfg.policyPath)
+				if err := reloader.Reload(); err == nil {
+					log.Info("SIGHUP: policy file read", "file", cfg.policyPath)
+				}
+			}
 		}
 	}()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
@@ -186,10 +238,18 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 	case serveErr = <-errc:
 	}
 
-	// Graceful shutdown: unready first, then drain, then flush what is pending to Redis.
-	log.Info("hybridrated shutting down")
+	// Graceful shutdown: unready first while still serving for the grace period, so that load
+	// balancers and Envoy's health checks stop sending; then drain, then flush what is pending.
 	draining.Store(true)
 	hs.Shutdown()
+	if serveErr == nil && cfg.shutdownGrace > 0 {
+		log.Info("hybridrated shutting down: unready, serving for the grace period", "grace", cfg.shutdownGrace)
+		select {
+		case <-time.After(cfg.shutdownGrace):
+		case serveErr = <-errc:
+		}
+	}
+	log.Info("hybridrated shutting down: draining")
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.shutdownTimeout)
 	defer cancel()
 	stopped := make(chan struct{})
@@ -202,6 +262,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 	herr := hsrv.Shutdown(sctx)
 	stopReload()
 	<-reloadDone
+	<-hupDone
 	flushed = true
 	cerr := enf.Close(sctx)
 	if cerr == nil {
@@ -216,15 +277,89 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 // newRedisClient returns the client of -redis: one address is a standalone server, several are a
 // Cluster's seed nodes, and with -sentinel-master they are Sentinels. MaxRetries -1 everywhere: a
 // strict script that go-redis re-sent after a timeout could count twice.
-func newRedisClient(addr string, cfg config) redis.UniversalClient {
+func newRedisClient(addr string, cfg config) (redis.UniversalClient, error) {
+	tc, err := cfg.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
 	addrs := strings.Split(addr, ",")
 	switch {
 	case cfg.sentinelMaster != "":
 		return redis.NewFailoverClient(&redis.FailoverOptions{MasterName: cfg.sentinelMaster, SentinelAddrs: addrs,
-			Password: cfg.redisPassword, MaxRetries: -1, ContextTimeoutEnabled: true})
+			Username: cfg.redisUser, Password: cfg.redisPassword, TLSConfig: tc, MaxRetries: -1,
+			ContextTimeoutEnabled: true}), nil
 	case len(addrs) > 1:
-		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, Password: cfg.redisPassword, MaxRetries: -1,
-			ContextTimeoutEnabled: true})
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, Username: cfg.redisUser,
+			Password: cfg.redisPassword, TLSConfig: tc, MaxRetries: -1, ContextTimeoutEnabled: true}), nil
 	}
-	return redis.NewClient(&redis.Options{Addr: addr, Password: cfg.redisPassword, MaxRetries: -1, ContextTimeoutEnabled: true})
+	return redis.NewClient(&redis.Options{Addr: addr, Username: cfg.redisUser, Password: cfg.redisPassword,
+		TLSConfig: tc, MaxRetries: -1, ContextTimeoutEnabled: true}), nil
+}
+
+// reloads records the policy's reloads for the metrics and /readyz. It is safe for concurrent use.
+type reloads struct {
+	ok, failed atomic.Int64
+	mu         sync.Mutex // guards the fields below
+	source     string     // the policy file, or the built-in policy
+	rules      int        // rules of the policy in force
+	lastOK     time.Time  // the last successful load
+	lastErr    error      // the last failed reload, until a later one succeeds
+	lastErrAt  time.Time
+}
+
+func (r *reloads) succeeded(rules int, now time.Time) {
+	r.ok.Add(1)
+	r.mu.Lock()
+	r.rules, r.lastOK, r.lastErr = rules, now, nil
+	r.mu.Unlock()
+}
+
+func (r *reloads) failedWith(err error, now time.Time) {
+	r.failed.Add(1)
+	r.mu.Lock()
+	r.lastErr, r.lastErrAt = err, now
+	r.mu.Unlock()
+}
+
+// report is the policy part of /readyz's body.
+func (r *reloads) report() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var b strings.Builder
+	fmt.Fprintf(&b, "policy: %s, %d rules, loaded %s\n", r.source, r.rules, r.lastOK.UTC().Format(time.RFC3339))
+	fmt.Fprintf(&b, "reloads: %d ok, %d failed\n", r.ok.Load(), r.failed.Load())
+	if r.lastErr != nil {
+		fmt.Fprintf(&b, "last reload failed %s (the previous policy stays in force): %v\n",
+			r.lastErrAt.UTC().Format(time.RFC3339), r.lastErr)
+	}
+	return b.String()
+}
+
+// register exports the reload counts: hybridrate.policy.reloads by result (ok, error), and
+// hybridrate.policy.reload.failing, 1 while the last reload failed.
+func (r *reloads) register(mp metric.MeterProvider, instance string) (metric.Registration, error) {
+	m := mp.Meter("github.com/hybridrate/hybridrate/cmd/hybridrated")
+	n, err1 := m.Int64ObservableCounter("hybridrate.policy.reloads",
+		metric.WithDescription("Policy loads and reloads (file changes, SIGHUP), by result: ok, error (the previous policy stays)."))
+	failing, err2 := m.Int64ObservableGauge("hybridrate.policy.reload.failing",
+		metric.WithDescription("1 while the last policy reload failed and an older policy is in force, else 0."))
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, err
+	}
+	inst := attribute.String("hybridrate.instance", instance)
+	okAttr := metric.WithAttributes(inst, attribute.String("result", "ok"))
+	errAttr := metric.WithAttributes(inst, attribute.String("result", "error"))
+	plain := metric.WithAttributes(inst)
+	return m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		o.ObserveInt64(n, r.ok.Load(), okAttr)
+		o.ObserveInt64(n, r.failed.Load(), errAttr)
+		r.mu.Lock()
+		v := int64(0)
+		if r.lastErr != nil {
+			v = 1
+		}
+		r.mu.Unlock()
+		o.ObserveInt64(failing, v, plain)
+		return nil
+	}, n, failing)
 }
