@@ -60,6 +60,7 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		csvPath   = fs.String("csv", "", "write the results as CSV to `file`")
 		svgDir    = fs.String("svg", "", "write one SVG chart per figure against N into `dir`")
 		relayN    = fs.Int("relay", 0, "put a relay (package relay) in front of every `n` nodes; 0 = none")
+		relays    = fs.Int("relays", 0, "put the nodes behind `r` relays at every fleet size (instead of -relay)")
 	)
 	for _, a := range args {
 		if a == "-h" || a == "-help" || a == "--help" || a == "--h" {
@@ -77,8 +78,8 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "loadgen: %v\n", err)
 		return 2
 	}
-	if *relayN < 0 {
-		fmt.Fprintf(stderr, "loadgen: --relay %d: want a node count per relay, or 0 for none\n", *relayN)
+	if *relayN < 0 || *relays < 0 || (*relayN > 0 && *relays > 0) {
+		fmt.Fprintf(stderr, "loadgen: --relay %d --relays %d: want nodes per relay or a relay count (not both), or 0 for none\n", *relayN, *relays)
 		return 2
 	}
 	if fs.NArg() > 0 {
@@ -157,7 +158,7 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fmt.Fprintf(stderr, "loadgen: the idle server uses %.2f ms of CPU a second (subtracted from every window)\n", idle*1e3)
 	res, err := fleetsim.Run(ctx, fleetsim.Config{
 		Client: rdb, Probe: probe, Fleet: fleet, Scenarios: sc, Duration: *duration, Warmup: *warmup,
-		Seed: *seed, IdleCPU: idle, Flush: flush, Relay: *relayN,
+		Seed: *seed, IdleCPU: idle, Flush: flush, Relay: *relayN, Relays: *relays,
 		Progress: func(s string) { fmt.Fprintf(stderr, "loadgen: %s\n", s) },
 	})
 	status := 0

@@ -61,6 +61,9 @@ type Config struct {
 	// run in the simulator's process on the same virtual clock, stepped after their nodes in every
 	// tick; a node's call to its relay costs no network round trip here (see Result.Relays).
 	Relay int
+	// Relays, if positive (and Relay is 0), puts the nodes behind this many relays at every fleet
+	// size (ceil(N/Relays) nodes each).
+	Relays int
 	// IdleCPU is the server's own CPU per real second when idle (its cron), subtracted from every
 	// window's Redis CPU; measure it with MeasureIdle.
 	IdleCPU float64
@@ -408,8 +411,12 @@ func runHybrid(ctx context.Context, cfg Config, s Scenario, n int, arr []arrival
 		}
 	}()
 	var relays []*relay.Relay
-	if cfg.Relay > 0 {
-		nr := (n + cfg.Relay - 1) / cfg.Relay
+	group := cfg.Relay
+	if group <= 0 && cfg.Relays > 0 {
+		group = (n + cfg.Relays - 1) / cfg.Relays
+	}
+	if group > 0 {
+		nr := (n + group - 1) / group
 		r.Relays = nr
 		for i := range nr {
 			cc := relay.ClientConfig(cfg.Client, prefix, fmt.Sprintf("relay%d", i))
@@ -427,7 +434,7 @@ func runHybrid(ctx context.Context, cfg Config, s Scenario, n int, arr []arrival
 	for i := range lims {
 		opts := []hybrid.Option{opt, hybrid.WithKeyPrefix(prefix)}
 		if relays != nil {
-			opts = append(opts, hybrid.WithUpstream(relays[i/cfg.Relay]))
+			opts = append(opts, hybrid.WithUpstream(relays[i/group]))
 		}
 		l, err := hybrid.New(cfg.Client, opts...)
 		if err != nil {
