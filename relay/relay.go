@@ -370,7 +370,10 @@ func (r *Relay) serve(e *entry, node string, u central.Update, now int64) (centr
 	burstU := lim.Burst * 1_000_000
 	pool := e.chg - e.cum
 	view := func(status central.Status, charged int64, retry time.Duration) central.State {
-		return central.State{Status: status, Charged: charged, Tokens: min(e.tokens+max(e.chg-e.cum, 0)*1_000_000, burstU),
+		// What Redis could lend at its last answer, plus the pool, less what the relay has consumed
+		// beyond it since (its children's overdrafts, not yet reported): a child's overdraft credit
+		// is sized on it, and a figure that ignored the debt granted credit on every answer.
+		return central.State{Status: status, Charged: charged, Tokens: min(e.tokens+(e.chg-e.cum)*1_000_000, burstU),
 			Demand: e.global, RetryAfter: retry, ResetAfter: e.resetAfter}
 	}
 	if u.Inc == 0 {

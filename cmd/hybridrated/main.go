@@ -22,7 +22,10 @@
 // -redis-tls-cert, -redis-tls-key, -redis-tls-server-name) connect over TLS. Secrets come from the
 // environment only: the Redis password from HYBRIDRATED_REDIS_PASSWORD, and the HMAC key that hashes
 // keys before they reach Redis from HYBRIDRATED_HASH_KEY. Logs go to stderr at -log-level (debug,
-// info, warn, error), as text or, with -log-format json, JSON.
+// info, warn, error), as text or, with -log-format json, JSON. -relay also serves leases to the
+// limiters of other processes (package relay, at /hybridrate/relay/v1 on the HTTP address), and
+// -upstream URL makes this one's hybrid rules take their leases from such a relay instead of Redis
+// (docs/operations.md, "Relays").
 //
 // A changed policy file takes effect within -reload, or at once on SIGHUP; an invalid one is logged
 // with its line and the previous policy stays. Reloads are counted (hybridrate.policy.reloads, by
@@ -51,6 +54,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridrate/hybridrate/relay"
 )
 
 func main() {
@@ -107,6 +112,8 @@ type config struct {
 	redisTLSCert    string           // PEM client certificate, for Redis's tls-auth-clients
 	redisTLSKey     string           // its key
 	redisTLSServer  string           // the server name to verify; empty: the host of the address
+	relay           bool             // also serve as a relay (package relay) at relay.Path on the HTTP address
+	upstream        string           // the hybrid rules take their leases from the relay at this URL
 	hup             <-chan os.Signal // SIGHUP: reload the policy file now; nil in tests that do not send it
 }
 
@@ -175,6 +182,8 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	logLevel := fs.String("log-level", env("log-level", "info"), "log level: debug, info, warn or error")
 	logFormat := fs.String("log-format", env("log-format", "text"), "log format: text or json")
 	fs.StringVar(&c.instance, "instance", env("instance", ""), "instance label of the metrics; empty: the host name")
+	fs.BoolVar(&c.relay, "relay", env("relay", "") == "true", "also serve as a relay: hold leases in Redis for the limiters of other processes and hand them on at "+relay.Path+" on the HTTP address (docs/operations.md, Relays)")
+	fs.StringVar(&c.upstream, "upstream", env("upstream", ""), "take the hybrid rules' leases from the relay at this `URL` (e.g. http://relay:8080) instead of Redis")
 	var err error
 	durations := []struct {
 		name, def, usage string

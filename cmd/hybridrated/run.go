@@ -2,13 +2,16 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	_ "embed"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -31,6 +34,7 @@ import (
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/observe"
 	"github.com/hybridrate/hybridrate/policy"
+	"github.com/hybridrate/hybridrate/relay"
 	"github.com/hybridrate/hybridrate/sidecar"
 )
 
@@ -84,6 +88,31 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 		instance = hybrid.DefaultInstance()
 	}
 	hybridOpts = append(hybridOpts, hybrid.WithMeterProvider(mp), hybrid.WithInstance(instance))
+	if cfg.upstream != "" {
+		// Leases from a relay (docs/operations.md, "Relays"); bans, peeks and the fleet registry
+		// still go to Redis.
+		u, err := url.Parse(cfg.upstream)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("-upstream %q: want an http:// or https:// URL of a relay", cfg.upstream)
+		}
+		hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: time.Minute}}
+		defer hc.CloseIdleConnections()
+		hybridOpts = append(hybridOpts, hybrid.WithUpstream(relay.Dial(strings.TrimSuffix(cfg.upstream, "/"), hc)))
+	}
+	var rel *relay.Relay
+	if cfg.relay {
+		var id [8]byte
+		_, _ = rand.Read(id[:])
+		rel, err = relay.New(relay.Config{Central: relay.ClientConfig(rdb, hybrid.DefaultKeyPrefix, "relay-"+hex.EncodeToString(id[:]))})
+		if err != nil {
+			return err
+		}
+		relCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
+		relDone := make(chan struct{})
+		go func() { defer close(relDone); rel.Run(relCtx) }()
+		defer func() { stopRelay(); <-relDone }() // its last round reports what its children used
+		log.Info("hybridrated: serving as a relay", slog.String("path", relay.Path))
+	}
 
 	enf, err := policy.NewEnforcer(policy.Config{
 		Redis:         rdb,
@@ -160,6 +189,9 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/check", srv.CheckHandler())
+	if rel != nil {
+		mux.Handle(relay.Path, rel.Handler())
+	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
