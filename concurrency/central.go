@@ -1,14 +1,24 @@
 package concurrency
 
 // This file holds the package's only uses of the shared Redis plumbing (internal/redisx): its error
-// classes and its circuit breaker.
+// classes, its circuit breaker and its bound on calls to a hung server.
 
 import (
 	"errors"
 	"log/slog"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/hybridrate/hybridrate/internal/redisx"
 )
+
+// bounded returns rdb, or a shallow copy of it with socket timeouts of timeout when go-redis would
+// ignore a call's deadline on the socket (a client without ContextTimeoutEnabled): without it, a call
+// to a hung Redis waits for the client's ReadTimeout (3s by default), not for WithTimeout's.
+func bounded(rdb redis.UniversalClient, timeout time.Duration) redis.UniversalClient {
+	return redisx.Bound(rdb, timeout).Client
+}
 
 // fault is what a failed Redis call means for the failure policy and the breaker.
 type fault uint8

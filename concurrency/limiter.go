@@ -121,7 +121,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	var b [8]byte
 	_, _ = crand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
 	return &Limiter{
-		rdb:     rdb,
+		rdb:     bounded(rdb, o.timeout),
 		o:       o,
 		script:  newScript(),
 		br:      newBreaker(o.logger),

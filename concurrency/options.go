@@ -136,7 +136,10 @@ func WithNodes(n int) Option {
 }
 
 // WithTimeout bounds each Redis call, from 1ms to 10s; a call that takes longer counts as a failure
-// and the failure policy decides. The default is DefaultTimeout (50ms).
+// and the failure policy decides. The default is DefaultTimeout (50ms). The bound holds on a hung
+// Redis whatever the options of a *redis.Client (a Sentinel failover client too): one created
+// without ContextTimeoutEnabled is used through a shallow copy with socket timeouts of d, which does
+// not run the client's hooks. A cluster client needs ContextTimeoutEnabled: true.
 func WithTimeout(d time.Duration) Option {
 	return optionFunc(func(o *options) error {
 		if d < time.Millisecond || d > 10*time.Second {

@@ -225,7 +225,10 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 			return nil, err
 		}
 	}
-	l := &Limiter{rdb: rdb, opts: o, guard: redisx.NewGuard(redisx.NewBreaker(o.breaker, o.now), rdb), sleep: sleepCtx}
+	// A client without ContextTimeoutEnabled ignores the call's deadline on the socket: the calls go
+	// on a copy with socket timeouts of o.timeout (redisx.Bound), so a hung Redis costs a call no more.
+	l := &Limiter{rdb: redisx.Bound(rdb, o.timeout).Client, opts: o,
+		guard: redisx.NewGuard(redisx.NewBreaker(o.breaker, o.now), rdb), sleep: sleepCtx}
 	l.runner.Commands = &l.stats.Calls
 	return l, nil
 }
