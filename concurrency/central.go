@@ -6,6 +6,7 @@ package concurrency
 import (
 	"errors"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -52,11 +53,21 @@ type breaker struct{ b *redisx.Breaker }
 func newBreaker(log *slog.Logger) breaker {
 	return breaker{redisx.NewBreaker(redisx.BreakerConfig{
 		Threshold: breakerThreshold, Cooldown: breakerCooldown, MinSpan: breakerMinSpan,
-		OnStateChange: func(ev redisx.BreakerEvent) {
-			log.Warn("concurrency: redis circuit breaker", "from", ev.From.String(), "to", ev.To.String(),
-				"failures", ev.Failures, "err", ev.Err)
-		},
+		OnStateChange: func(ev redisx.BreakerEvent) { logBreaker(log, ev) },
 	}, nil)}
+}
+
+// logBreaker logs the breaker's state changes that an operator acts on: opened (with the failure that
+// opened it) and closed. The open ↔ half-open changes of the probes in between are not logged: an
+// outage costs two lines, not one per probe (every breakerCooldown).
+func logBreaker(log *slog.Logger, ev redisx.BreakerEvent) {
+	switch {
+	case ev.From == redisx.BreakerClosed && ev.To == redisx.BreakerOpen:
+		log.Warn("concurrency: Redis unavailable, circuit breaker opened; the failure policy decides",
+			"consecutive_failures", ev.Failures, "last_error", ev.Err, "class", redisx.Class(ev.Err).String())
+	case ev.To == redisx.BreakerClosed:
+		log.Info("concurrency: Redis available again, circuit breaker closed")
+	}
 }
 
 // allow reports whether a call may go to Redis now; a true answer must be followed by one done.
@@ -72,4 +83,29 @@ func (b breaker) done(f fault, err error) {
 	default:
 		b.b.Success()
 	}
+}
+
+// logInterval is the shortest time between two log lines about failures of one kind.
+const logInterval = 10 * time.Second
+
+// logEvery rate-limits the log lines of one kind of failure. The zero logEvery is ready to use; it is
+// safe for concurrent use.
+type logEvery struct {
+	mu   sync.Mutex // guards n and last
+	n    int64      // failures since the last line
+	last time.Time  // when the last line was written; zero before the first
+}
+
+// due counts a failure at now and reports whether a line is due, with the failures it reports (this
+// one and those not logged since the last line).
+func (e *logEvery) due(now time.Time) (int64, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.n++
+	if !e.last.IsZero() && now.Sub(e.last) < logInterval {
+		return 0, false
+	}
+	n := e.n
+	e.n, e.last = 0, now
+	return n, true
 }

@@ -88,6 +88,8 @@ type Limiter struct {
 	seq    atomic.Uint64 // lease numbers
 	closed atomic.Bool
 
+	releaseLog logEvery // release failures: at most one line per logInterval
+
 	mu      sync.Mutex          // guards held and sweepAt
 	held    map[*Lease]heldInfo // Redis leases not yet released, for Close
 	sweepAt int                 // len(held) at which expired entries are swept out
@@ -356,7 +358,10 @@ func (l *Limiter) releaseRedis(ctx context.Context, rkey, id string) error {
 		return nil
 	}
 	l.stats.ReleaseErrors.Add(1)
-	l.o.logger.Warn("concurrency: release failed; the slot returns when the lease expires", "err", err)
+	if n, ok := l.releaseLog.due(l.o.now()); ok {
+		l.o.logger.Warn("concurrency: release failed; the slot returns when the lease expires",
+			"failures", n, "last_error", err)
+	}
 	return fmt.Errorf("%w: release: %v", ErrUnavailable, err)
 }
 

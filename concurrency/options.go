@@ -150,8 +150,10 @@ func WithTimeout(d time.Duration) Option {
 	})
 }
 
-// WithLogger sets where the Limiter logs Redis failures that no caller sees (a release that could
-// not reach Redis) and the circuit breaker's changes. The default discards them.
+// WithLogger sets where the Limiter logs Redis failures that no caller sees (releases that could
+// not reach Redis: at most one line per 10 seconds, with the number of failures) and the circuit
+// breaker's state changes (opened, with its cause, and closed; not each probe). The default
+// discards them. go-redis logs through a logger of its own: see hybrid.NewRedisLog.
 func WithLogger(l *slog.Logger) Option {
 	return optionFunc(func(o *options) error {
 		if l == nil {
