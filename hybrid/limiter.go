@@ -51,7 +51,8 @@ const (
 	SourceFallback
 )
 
-// String returns "local", "central", "deny-cache" or "fallback".
+// String returns "local", "central", "deny-cache" or "fallback"; for the zero Source (the Source of a
+// zero Decision, which no decision returns) and any other value, "none".
 func (s Source) String() string {
 	switch s {
 	case SourceLocal:
