@@ -23,7 +23,7 @@ func TestHungRedisBounded(t *testing.T) {
 	rdb := srv.Client(t) // go-redis defaults: the deadline of a call is not applied to the socket
 	const check, flush = 20 * time.Millisecond, 100 * time.Millisecond
 	lim := newLimiter(t, rdb, hybrid.WithCheckTimeout(check), hybrid.WithFlushTimeout(flush),
-		hybrid.WithFailurePolicy(hybrid.FailOpen))
+		hybrid.WithFailurePolicy(hybrid.FailOpen), hybrid.WithoutColdStart()) // a new key's first decision asks Redis
 	ctx := context.Background()
 	limit := hybrid.PerSecond(1000)
 	_, err := lim.Peek(ctx, "warm", limit) // opens a pooled connection and reaches Redis
