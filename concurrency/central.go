@@ -17,8 +17,14 @@ import (
 // bounded returns rdb, or a shallow copy of it with socket timeouts of timeout when go-redis would
 // ignore a call's deadline on the socket (a client without ContextTimeoutEnabled): without it, a call
 // to a hung Redis waits for the client's ReadTimeout (3s by default), not for WithTimeout's.
-func bounded(rdb redis.UniversalClient, timeout time.Duration) redis.UniversalClient {
-	return redisx.Bound(rdb, timeout).Client
+// A client that cannot be bounded so (a cluster client without ContextTimeoutEnabled) is logged.
+func bounded(rdb redis.UniversalClient, timeout time.Duration, log *slog.Logger) redis.UniversalClient {
+	b := redisx.Bound(rdb, timeout)
+	if !b.Enforced {
+		log.Warn("concurrency: this Redis client ignores context deadlines; a hung Redis holds calls for the client's ReadTimeout. " +
+			"Create cluster clients with ContextTimeoutEnabled: true so that WithTimeout bounds every call")
+	}
+	return b.Client
 }
 
 // fault is what a failed Redis call means for the failure policy and the breaker.

@@ -123,7 +123,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	var b [8]byte
 	_, _ = crand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
 	return &Limiter{
-		rdb:     bounded(rdb, o.timeout),
+		rdb:     bounded(rdb, o.timeout, o.logger),
 		o:       o,
 		script:  newScript(),
 		br:      newBreaker(o.logger),
