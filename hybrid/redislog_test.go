@@ -61,6 +61,7 @@ func (s stderrLog) Printf(_ context.Context, format string, v ...any) {
 // go-redis's "failed to dial" lines of a client whose Redis is down, and writes one line for many.
 // Not parallel: go-redis's logger is process-wide.
 func TestRedisLogRoutesGoRedisLines(t *testing.T) {
+	t.Cleanup(func() { redistest.AwaitDialRetries(t) }) // registered first: runs after the clients are closed
 	srv := redistest.Start(t)
 	srv.Kill(t) // a port nothing listens on
 	rec := &logRecorder{}
