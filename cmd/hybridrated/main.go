@@ -38,6 +38,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridrate/hybridrate/hybrid"
 )
 
 func main() {
@@ -46,7 +48,7 @@ func main() {
 		<-ctx.Done()
 		stop() // a second signal kills the process the usual way
 	}()
-	redis.SetLogger(quietLogger{}) // go-redis would print every failed dial; errors reach the metrics
+	redis.SetLogger(quietLogger{}) // until the logger is set up: go-redis would print every failed dial
 	cfg, err := parseConfig(os.Args[1:], os.Getenv, os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
@@ -56,6 +58,8 @@ func main() {
 		os.Exit(2)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	// go-redis's own lines (failed dials while Redis is down) through our log, one per 10s at most.
+	redis.SetLogger(hybrid.NewRedisLog(log, 10*time.Second))
 	if err := run(ctx, cfg, log, nil); err != nil {
 		log.Error("hybridrated stopped", "err", err)
 		os.Exit(1)
