@@ -207,21 +207,13 @@ func New(cfg Config) (*Client, error) {
 	c.runner.Commands, c.runner.Loads = &c.stats.Commands, &c.stats.ScriptLoads
 	// go-redis applies a context deadline to the socket only with ContextTimeoutEnabled; otherwise a
 	// hung Redis holds a call for the client's ReadTimeout (3s by default), far beyond our timeouts.
-	// A *redis.Client (also a Sentinel failover client) gives us shallow copies that share its pool
-	// with our own socket timeouts. A cluster client cannot be copied that way: see TimeoutsEnforced.
-	c.syncRDB, c.flushRDB = cfg.Client, cfg.Client
-	switch rc := cfg.Client.(type) {
-	case *redis.Client:
-		c.enforced = true
-		if !rc.Options().ContextTimeoutEnabled {
-			// The copies do not carry hooks added with AddHook (tracing, metrics); a client created
-			// with ContextTimeoutEnabled is used as is and keeps them.
-			c.syncRDB, c.flushRDB = rc.WithTimeout(cfg.SyncTimeout), rc.WithTimeout(cfg.FlushTimeout)
-			c.hooksBypassed = true
-		}
-	case *redis.ClusterClient:
+	// redisx.Bound gives copies of a *redis.Client with our own socket timeouts; a cluster client
+	// cannot be copied that way: see TimeoutsEnforced.
+	syncB, flushB := redisx.Bound(cfg.Client, cfg.SyncTimeout), redisx.Bound(cfg.Client, cfg.FlushTimeout)
+	c.syncRDB, c.flushRDB = syncB.Client, flushB.Client
+	c.enforced, c.hooksBypassed = flushB.Enforced, flushB.HooksBypassed
+	if rc, ok := cfg.Client.(*redis.ClusterClient); ok {
 		c.cluster = rc
-		c.enforced = rc.Options().ContextTimeoutEnabled
 	}
 	c.keyArgs = []any{cfg.NodeID, cfg.PruneAge.Milliseconds(), cfg.Recount.Milliseconds(),
 		cfg.ActiveWindow.Milliseconds(), cfg.Horizon.Milliseconds(), cfg.Advance.Milliseconds(), 0, 0}

@@ -1,14 +1,31 @@
 package concurrency
 
 // This file holds the package's only uses of the shared Redis plumbing (internal/redisx): its error
-// classes and its circuit breaker.
+// classes, its circuit breaker and its bound on calls to a hung server.
 
 import (
 	"errors"
 	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/hybridrate/hybridrate/internal/redisx"
 )
+
+// bounded returns rdb, or a shallow copy of it with socket timeouts of timeout when go-redis would
+// ignore a call's deadline on the socket (a client without ContextTimeoutEnabled): without it, a call
+// to a hung Redis waits for the client's ReadTimeout (3s by default), not for WithTimeout's.
+// A client that cannot be bounded so (a cluster client without ContextTimeoutEnabled) is logged.
+func bounded(rdb redis.UniversalClient, timeout time.Duration, log *slog.Logger) redis.UniversalClient {
+	b := redisx.Bound(rdb, timeout)
+	if !b.Enforced {
+		log.Warn("concurrency: this Redis client ignores context deadlines; a hung Redis holds calls for the client's ReadTimeout. " +
+			"Create cluster clients with ContextTimeoutEnabled: true so that WithTimeout bounds every call")
+	}
+	return b.Client
+}
 
 // fault is what a failed Redis call means for the failure policy and the breaker.
 type fault uint8
@@ -42,11 +59,21 @@ type breaker struct{ b *redisx.Breaker }
 func newBreaker(log *slog.Logger) breaker {
 	return breaker{redisx.NewBreaker(redisx.BreakerConfig{
 		Threshold: breakerThreshold, Cooldown: breakerCooldown, MinSpan: breakerMinSpan,
-		OnStateChange: func(ev redisx.BreakerEvent) {
-			log.Warn("concurrency: redis circuit breaker", "from", ev.From.String(), "to", ev.To.String(),
-				"failures", ev.Failures, "err", ev.Err)
-		},
+		OnStateChange: func(ev redisx.BreakerEvent) { logBreaker(log, ev) },
 	}, nil)}
+}
+
+// logBreaker logs the breaker's state changes that an operator acts on: opened (with the failure that
+// opened it) and closed. The open ↔ half-open changes of the probes in between are not logged: an
+// outage costs two lines, not one per probe (every breakerCooldown).
+func logBreaker(log *slog.Logger, ev redisx.BreakerEvent) {
+	switch {
+	case ev.From == redisx.BreakerClosed && ev.To == redisx.BreakerOpen:
+		log.Warn("concurrency: Redis unavailable, circuit breaker opened; the failure policy decides",
+			"consecutive_failures", ev.Failures, "last_error", ev.Err, "class", redisx.Class(ev.Err).String())
+	case ev.To == redisx.BreakerClosed:
+		log.Info("concurrency: Redis available again, circuit breaker closed")
+	}
 }
 
 // allow reports whether a call may go to Redis now; a true answer must be followed by one done.
@@ -62,4 +89,29 @@ func (b breaker) done(f fault, err error) {
 	default:
 		b.b.Success()
 	}
+}
+
+// logInterval is the shortest time between two log lines about failures of one kind.
+const logInterval = 10 * time.Second
+
+// logEvery rate-limits the log lines of one kind of failure. The zero logEvery is ready to use; it is
+// safe for concurrent use.
+type logEvery struct {
+	mu   sync.Mutex // guards n and last
+	n    int64      // failures since the last line
+	last time.Time  // when the last line was written; zero before the first
+}
+
+// due counts a failure at now and reports whether a line is due, with the failures it reports (this
+// one and those not logged since the last line).
+func (e *logEvery) due(now time.Time) (int64, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.n++
+	if !e.last.IsZero() && now.Sub(e.last) < logInterval {
+		return 0, false
+	}
+	n := e.n
+	e.n, e.last = 0, now
+	return n, true
 }

@@ -88,6 +88,8 @@ type Limiter struct {
 	seq    atomic.Uint64 // lease numbers
 	closed atomic.Bool
 
+	releaseLog logEvery // release failures: at most one line per logInterval
+
 	mu      sync.Mutex          // guards held and sweepAt
 	held    map[*Lease]heldInfo // Redis leases not yet released, for Close
 	sweepAt int                 // len(held) at which expired entries are swept out
@@ -121,7 +123,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	var b [8]byte
 	_, _ = crand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
 	return &Limiter{
-		rdb:     rdb,
+		rdb:     bounded(rdb, o.timeout, o.logger),
 		o:       o,
 		script:  newScript(),
 		br:      newBreaker(o.logger),
@@ -356,7 +358,10 @@ func (l *Limiter) releaseRedis(ctx context.Context, rkey, id string) error {
 		return nil
 	}
 	l.stats.ReleaseErrors.Add(1)
-	l.o.logger.Warn("concurrency: release failed; the slot returns when the lease expires", "err", err)
+	if n, ok := l.releaseLog.due(l.o.now()); ok {
+		l.o.logger.Warn("concurrency: release failed; the slot returns when the lease expires",
+			"failures", n, "last_error", err)
+	}
 	return fmt.Errorf("%w: release: %v", ErrUnavailable, err)
 }
 

@@ -136,7 +136,10 @@ func WithNodes(n int) Option {
 }
 
 // WithTimeout bounds each Redis call, from 1ms to 10s; a call that takes longer counts as a failure
-// and the failure policy decides. The default is DefaultTimeout (50ms).
+// and the failure policy decides. The default is DefaultTimeout (50ms). The bound holds on a hung
+// Redis whatever the options of a *redis.Client (a Sentinel failover client too): one created
+// without ContextTimeoutEnabled is used through a shallow copy with socket timeouts of d, which does
+// not run the client's hooks. A cluster client needs ContextTimeoutEnabled: true.
 func WithTimeout(d time.Duration) Option {
 	return optionFunc(func(o *options) error {
 		if d < time.Millisecond || d > 10*time.Second {
@@ -147,8 +150,10 @@ func WithTimeout(d time.Duration) Option {
 	})
 }
 
-// WithLogger sets where the Limiter logs Redis failures that no caller sees (a release that could
-// not reach Redis) and the circuit breaker's changes. The default discards them.
+// WithLogger sets where the Limiter logs Redis failures that no caller sees (releases that could
+// not reach Redis: at most one line per 10 seconds, with the number of failures) and the circuit
+// breaker's state changes (opened, with its cause, and closed; not each probe). The default
+// discards them. go-redis logs through a logger of its own: see hybrid.NewRedisLog.
 func WithLogger(l *slog.Logger) Option {
 	return optionFunc(func(o *options) error {
 		if l == nil {

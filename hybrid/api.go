@@ -52,7 +52,8 @@ func (l *Limiter) Wait(ctx context.Context, key string, limit Limit) error {
 //     like x/time/rate's WaitN;
 //   - Redis cannot answer and the failure policy is FailClosed: the error wraps [ErrUnavailable]
 //     (sleeping through an outage of unknown length would pile up blocked callers; retry later or
-//     choose another policy). With LocalFallback, WaitN waits for the fallback limiter's tokens.
+//     choose another policy). With LocalFallback, WaitN waits for the fallback limiter's tokens
+//     (its denials carry the time until it holds n tokens), and fails at once only past the deadline.
 //
 // When ctx ends while WaitN sleeps, it returns ctx.Err() wrapped. A banned key is a denial like any
 // other: WaitN sleeps until the ban ends, within ctx. Accuracy is AllowN's (docs/api.md).

@@ -47,3 +47,6 @@ func WithFleetBeat(d time.Duration) Option {
 		return nil
 	})
 }
+
+// SetClock replaces the clock of a RedisLog; for tests only.
+func (r *RedisLog) SetClock(now func() time.Time) { r.now = now }

@@ -51,7 +51,8 @@ const (
 	SourceFallback
 )
 
-// String returns "local", "central", "deny-cache" or "fallback".
+// String returns "local", "central", "deny-cache" or "fallback"; for the zero Source (the Source of a
+// zero Decision, which no decision returns) and any other value, "none".
 func (s Source) String() string {
 	switch s {
 	case SourceLocal:
@@ -631,14 +632,7 @@ func (l *Limiter) failure(key string, e *local.Entry, limit Limit, n int64) Deci
 	case FailClosed:
 		d.RetryAfter = breakerCooldown
 	default:
-		// This node's share: 1/active of the limit, with active as Redis last reported it for the
-		// key, or, for a key Redis never answered about, the largest fleet seen on any key.
-		active := max(l.fleet.Load(), 1)
-		if e != nil {
-			if _, a := e.Global(); a >= 1 {
-				active = a
-			}
-		}
+		active := l.fallbackShare(e)
 		r := rate.Limit(limit.Rate / float64(active))
 		b := int(max(limit.Burst/active, n, 1))
 		fl, ok := l.fallback.Get(key)
@@ -654,7 +648,10 @@ func (l *Limiter) failure(key string, e *local.Entry, limit Limit, n int64) Deci
 		if fl.AllowN(now, int(n)) {
 			d.Allowed = true
 		} else {
-			d.RetryAfter = time.Duration(min(float64(n)/float64(r)*float64(time.Second), 1<<62))
+			// The time the fallback bucket takes to hold n tokens, not to refill n from empty: WaitN
+			// sleeps this long.
+			missing := max(float64(n)-fl.TokensAt(now), 0)
+			d.RetryAfter = max(time.Duration(min(missing/float64(r)*float64(time.Second), 1<<62)), time.Microsecond)
 		}
 	}
 	if d.Allowed {

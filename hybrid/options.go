@@ -80,9 +80,10 @@ const (
 	// limiter's default (WithFailurePolicy), and WithFailurePolicy(DefaultFailure) keeps the built-in
 	// default, LocalFallback.
 	DefaultFailure FailurePolicy = iota
-	// LocalFallback enforces, on this node, its share of the global limit (Rate/active nodes, at least
-	// one token of burst) with golang.org/x/time/rate until Redis is back. Admitted tokens are counted
-	// and applied to Redis later. This is the limiter's default.
+	// LocalFallback enforces, on this node, its share of the global limit (Rate/A, at least one token
+	// of burst, where A is the smaller of the live fleet, Limiter.FleetSize, and the nodes Redis last
+	// reported on the key) with golang.org/x/time/rate until Redis is back. Admitted tokens are
+	// counted and applied to Redis later. This is the limiter's default.
 	LocalFallback
 	// FailOpen admits every request; admitted tokens are counted and applied to Redis later.
 	FailOpen

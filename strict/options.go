@@ -65,7 +65,10 @@ func WithPrefix(p string) Option {
 }
 
 // WithTimeout bounds one Redis call, round trip included; positive. The default is DefaultTimeout
-// (50ms). A call that times out returns an error for which [IsTransport] is true.
+// (50ms). A call that times out returns an error for which [IsTransport] is true. The bound holds
+// on a hung Redis whatever the options of a *redis.Client (a Sentinel failover client too): one
+// created without ContextTimeoutEnabled is used through a shallow copy with socket timeouts of d,
+// which does not run the client's hooks. A cluster client needs ContextTimeoutEnabled: true.
 func WithTimeout(d time.Duration) Option {
 	return optionFunc(func(o *options) error {
 		if d <= 0 {

@@ -194,8 +194,10 @@ type Stats struct {
 // # Retries
 //
 // A call is not idempotent: a command that go-redis re-sends after a read timeout or a dropped
-// connection may be counted twice (never admitted twice), so a client with MaxRetries -1, or a
-// ReadTimeout longer than the limiter's timeout, keeps every charge single.
+// connection may be counted twice (never admitted twice). A *redis.Client without
+// ContextTimeoutEnabled is used through a copy whose socket timeouts are [WithTimeout]'s, so a read
+// times out only once the call's deadline has passed, and is not re-sent; a client with MaxRetries
+// -1 keeps every charge single after a dropped connection too.
 //
 // # Clock
 //
@@ -225,7 +227,10 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 			return nil, err
 		}
 	}
-	l := &Limiter{rdb: rdb, opts: o, guard: redisx.NewGuard(redisx.NewBreaker(o.breaker, o.now), rdb), sleep: sleepCtx}
+	// A client without ContextTimeoutEnabled ignores the call's deadline on the socket: the calls go
+	// on a copy with socket timeouts of o.timeout (redisx.Bound), so a hung Redis costs a call no more.
+	l := &Limiter{rdb: redisx.Bound(rdb, o.timeout).Client, opts: o,
+		guard: redisx.NewGuard(redisx.NewBreaker(o.breaker, o.now), rdb), sleep: sleepCtx}
 	l.runner.Commands = &l.stats.Calls
 	return l, nil
 }

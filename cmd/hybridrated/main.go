@@ -55,6 +55,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/relay"
 )
 
@@ -66,7 +67,7 @@ func main() {
 	}()
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP) // reload the policy file; never the default (exit)
-	redis.SetLogger(quietLogger{})     // go-redis would print every failed dial; errors reach the metrics
+	redis.SetLogger(quietLogger{})     // until the logger is set up: go-redis would print every failed dial
 	cfg, err := parseConfig(os.Args[1:], os.Getenv, os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
@@ -77,6 +78,8 @@ func main() {
 	}
 	cfg.hup = hup
 	log := newLogger(cfg, os.Stderr)
+	// go-redis's own lines (failed dials while Redis is down) through our log, one per 10s at most.
+	redis.SetLogger(hybrid.NewRedisLog(log, 10*time.Second))
 	if err := run(ctx, cfg, log, nil); err != nil {
 		log.Error("hybridrated stopped", "err", err)
 		os.Exit(1)

@@ -14,6 +14,9 @@
 //     shorter deadline than the others (synchronous checks) go through [Guard.AllowCheck] and
 //     [Guard.DoneCheck], which count their timeouts in a breaker of their own, so that a Redis slower
 //     than their deadline does not stop the other calls;
+//   - [Bound], which gives a client whose calls end within a timeout on a hung server even when
+//     go-redis would ignore the context's deadline on the socket (used by central, strict and
+//     package concurrency);
 //   - [ValidPrefix], the rule for a key prefix that comes before a hash tag.
 //
 // Everything here is safe for concurrent use.

@@ -1,0 +1,86 @@
+package concurrency_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridrate/hybridrate/concurrency"
+	"github.com/hybridrate/hybridrate/internal/redistest"
+)
+
+// TestHungRedisBounded: on a redis-server stopped with SIGSTOP (a hung host: it accepts connections
+// and answers nothing), every call that reaches Redis returns within a few times WithTimeout
+// whatever the client's options (hungClients), where it used to wait for the client's ReadTimeout
+// (forever without one); after SIGCONT Redis decides again.
+func TestHungRedisBounded(t *testing.T) {
+	t.Parallel()
+	for _, tc := range hungClients {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			srv := redistest.Start(t)
+			rdb := srv.Client(t, tc.opt)
+			const timeout = 50 * time.Millisecond
+			lim, err := concurrency.New(rdb, concurrency.WithTimeout(timeout))
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = lim.Close(context.Background()) })
+			ctx := context.Background()
+			held, err := lim.TryAcquire(ctx, "k", 10, time.Minute)
+			require.NoError(t, err)
+			require.True(t, held.Acquired())
+			require.Equal(t, concurrency.SourceRedis, held.Source())
+			other, err := lim.TryAcquire(ctx, "k", 10, time.Minute)
+			require.NoError(t, err)
+			require.True(t, other.Acquired())
+
+			srv.Pause(t)
+			const bound = 4 * timeout
+			timed := func(what string, f func()) {
+				t.Helper()
+				start := time.Now()
+				f()
+				took := time.Since(start)
+				t.Logf("%s on a hung Redis: %v", what, took)
+				assert.Less(t, took, bound, "%s on a hung Redis", what)
+			}
+			timed("InFlight", func() {
+				_, err := lim.InFlight(ctx, "k")
+				assert.ErrorIs(t, err, concurrency.ErrUnavailable)
+			})
+			timed("Extend", func() {
+				_, err := other.Extend(ctx, time.Minute)
+				assert.ErrorIs(t, err, concurrency.ErrUnavailable)
+			})
+			timed("Release", func() { assert.ErrorIs(t, held.Release(ctx), concurrency.ErrUnavailable) })
+			for i := range 8 { // through the breaker's opening and beyond
+				timed("TryAcquire", func() {
+					ls, err := lim.TryAcquire(ctx, "k", 10, time.Minute)
+					require.NoError(t, err, "attempt %d", i)
+					assert.Equal(t, concurrency.SourceLocalFallback, ls.Source(), "attempt %d", i)
+				})
+			}
+
+			srv.Resume(t)
+			require.Eventually(t, func() bool {
+				ls, err := lim.TryAcquire(ctx, "k", 10, time.Minute)
+				return err == nil && ls.Source() == concurrency.SourceRedis && ls.Acquired() && ls.Release(ctx) == nil
+			}, 10*time.Second, 20*time.Millisecond, "Redis decides again after SIGCONT")
+		})
+	}
+}
+
+// hungClients are the client options TestHungRedisBounded runs with: go-redis's defaults
+// (ContextTimeoutEnabled false: a call's deadline is not applied to the socket, ReadTimeout 3s), no
+// read timeout at all (a call would wait forever), and ContextTimeoutEnabled.
+var hungClients = []struct {
+	name string
+	opt  func(*redis.Options)
+}{
+	{"defaults", func(*redis.Options) {}},
+	{"no read timeout", func(o *redis.Options) { o.ReadTimeout = -1 }},
+	{"context timeouts", func(o *redis.Options) { o.ContextTimeoutEnabled = true }},
+}

@@ -1,0 +1,59 @@
+package policy_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/policy"
+)
+
+// TestHungRedisBounded (issue 26): on a redis-server stopped with SIGSTOP (it accepts connections
+// and answers nothing), with a client created with go-redis's defaults (ContextTimeoutEnabled false,
+// ReadTimeout 3s), Check with a strict and a hybrid rule returns within a few times StrictTimeout
+// (the strict call) plus the hybrid check timeout, never the client's ReadTimeout; after SIGCONT the
+// strict rule is decided in Redis again.
+func TestHungRedisBounded(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	rdb := srv.Client(t) // go-redis defaults: the deadline of a call is not applied to the socket
+	const timeout = 50 * time.Millisecond
+	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, StrictTimeout: timeout})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = enf.Close(ctx)
+	})
+	require.NoError(t, enf.SetPolicy(&policy.Policy{Rules: []policy.Rule{
+		{ID: "h", Rate: 1000, Burst: 1000, OnFailure: hybrid.FailOpen},
+		{ID: "s", Algorithm: policy.GCRA, Rate: 1000, Burst: 1000, OnFailure: hybrid.FailOpen},
+	}}))
+	ctx := context.Background()
+	res, err := enf.Check(ctx, &policy.Request{})
+	require.NoError(t, err)
+	require.True(t, res.Allowed)
+
+	srv.Pause(t)
+	const bound = 4 * timeout
+	for i := range 6 { // through the strict breaker's opening and beyond
+		start := time.Now()
+		res, err := enf.Check(ctx, &policy.Request{})
+		took := time.Since(start)
+		t.Logf("Check %d on a hung Redis: %v", i, took)
+		require.NoError(t, err)
+		assert.True(t, res.Allowed, "fail open")
+		assert.Less(t, took, bound, "Check %d on a hung Redis", i)
+	}
+
+	srv.Resume(t)
+	require.Eventually(t, func() bool {
+		_, err := enf.Check(ctx, &policy.Request{})
+		return err == nil && enf.StrictHealth().Breaker == "closed"
+	}, 10*time.Second, 20*time.Millisecond, "strict rules reach Redis again after SIGCONT")
+}

@@ -1,0 +1,80 @@
+package sidecar_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/policy"
+	"github.com/hybridrate/hybridrate/sidecar"
+)
+
+const hungPolicy = `
+version: 1
+rules:
+  - id: per-tenant
+    algorithm: gcra
+    dimensions: [tenant]
+    limit: 1000
+    period: 1s
+    on_failure: fail_open
+  - id: per-user
+    dimensions: [user]
+    rate: 1000
+    burst: 1000
+    on_failure: fail_open
+`
+
+// TestHungRedisBounded (issue 26): on a redis-server stopped with SIGSTOP (it accepts connections
+// and answers nothing), with a client created with go-redis's defaults (ContextTimeoutEnabled false,
+// ReadTimeout 3s), the sidecar answers each request within a few times the strict timeout, never
+// the client's ReadTimeout, and decides in Redis again after SIGCONT.
+func TestHungRedisBounded(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	rdb := srv.Client(t) // go-redis defaults: the deadline of a call is not applied to the socket
+	const timeout = 50 * time.Millisecond
+	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, StrictTimeout: timeout})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = enf.Close(ctx)
+	})
+	p, err := policy.Parse([]byte(hungPolicy), "hung.yaml")
+	require.NoError(t, err)
+	require.NoError(t, enf.SetPolicy(p))
+	side, err := sidecar.New(sidecar.Config{Checker: enf})
+	require.NoError(t, err)
+	ctx := context.Background()
+	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlv3.RateLimitDescriptor{
+		{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "tenant", Value: "t1"}, {Key: "user", Value: "u1"}}},
+	}}
+	resp, err := side.ShouldRateLimit(ctx, req)
+	require.NoError(t, err)
+	require.Equal(t, rlsv3.RateLimitResponse_OK, resp.OverallCode)
+
+	srv.Pause(t)
+	const bound = 4 * timeout
+	for i := range 6 { // through the strict breaker's opening and beyond
+		start := time.Now()
+		resp, err := side.ShouldRateLimit(ctx, req)
+		took := time.Since(start)
+		t.Logf("ShouldRateLimit %d on a hung Redis: %v", i, took)
+		require.NoError(t, err)
+		assert.Equal(t, rlsv3.RateLimitResponse_OK, resp.OverallCode, "fail open")
+		assert.Less(t, took, bound, "ShouldRateLimit %d on a hung Redis", i)
+	}
+
+	srv.Resume(t)
+	require.Eventually(t, func() bool {
+		resp, err := side.ShouldRateLimit(ctx, req)
+		return err == nil && resp.OverallCode == rlsv3.RateLimitResponse_OK && enf.StrictHealth().Breaker == "closed"
+	}, 10*time.Second, 20*time.Millisecond, "Redis decides again after SIGCONT")
+}

@@ -1,0 +1,74 @@
+package strict
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/hybridrate/hybridrate/internal/redistest"
+)
+
+// TestHungRedisBounded: on a redis-server stopped with SIGSTOP (a hung host: it accepts connections
+// and answers nothing), every call returns within a few times WithTimeout whatever the client's
+// options (hungClients), where it used to wait for the client's ReadTimeout (forever without one);
+// after SIGCONT calls are answered again.
+func TestHungRedisBounded(t *testing.T) {
+	t.Parallel()
+	for _, tc := range hungClients {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			srv := redistest.Start(t)
+			rdb := srv.Client(t, tc.opt)
+			const timeout = 50 * time.Millisecond
+			l, err := New(rdb, WithTimeout(timeout), WithBreaker(3, 100*time.Millisecond, 0))
+			require.NoError(t, err)
+			ctx := context.Background()
+			rule := Rule{Name: "r", Algorithm: GCRA, Limit: 100, Period: time.Second}
+			multi := []Check{{Rule: rule, Subject: "s", N: 1}, {Rule: Rule{Name: "w", Algorithm: SlidingWindow, Limit: 100, Period: time.Second}, Subject: "s", N: 1}}
+			_, err = l.Allow(ctx, rule, "s")
+			require.NoError(t, err)
+			_, err = l.AllowMulti(ctx, "s", multi)
+			require.NoError(t, err)
+
+			srv.Pause(t)
+			const bound = 4 * timeout
+			for i := range 6 { // through the breaker's opening and beyond
+				start := time.Now()
+				_, err := l.Allow(ctx, rule, "s")
+				took := time.Since(start)
+				t.Logf("Allow %d on a hung Redis: %v (%v)", i, took, err)
+				assert.True(t, IsTransport(err), "attempt %d: %v", i, err)
+				assert.Less(t, took, bound, "Allow %d on a hung Redis", i)
+			}
+			time.Sleep(150 * time.Millisecond) // past the breaker's cooldown: the next call is a probe
+			start := time.Now()
+			_, err = l.AllowMulti(ctx, "s", multi)
+			took := time.Since(start)
+			t.Logf("AllowMulti (a probe) on a hung Redis: %v (%v)", took, err)
+			assert.True(t, IsTransport(err), "%v", err)
+			assert.Less(t, took, bound, "AllowMulti on a hung Redis")
+
+			srv.Resume(t)
+			require.Eventually(t, func() bool {
+				res, err := l.Allow(ctx, rule, "s")
+				return err == nil && res.Allowed
+			}, 10*time.Second, 20*time.Millisecond, "answered again after SIGCONT")
+		})
+	}
+}
+
+// hungClients are the client options TestHungRedisBounded runs with: go-redis's defaults
+// (ContextTimeoutEnabled false: a call's deadline is not applied to the socket, ReadTimeout 3s), no
+// read timeout at all (a call would wait forever), and ContextTimeoutEnabled.
+var hungClients = []struct {
+	name string
+	opt  func(*redis.Options)
+}{
+	{"defaults", func(*redis.Options) {}},
+	{"no read timeout", func(o *redis.Options) { o.ReadTimeout = -1 }},
+	{"context timeouts", func(o *redis.Options) { o.ContextTimeoutEnabled = true }},
+}
