@@ -72,6 +72,7 @@ type Stats struct {
 	Upstream   atomic.Int64 // keys sent to Redis (rounds and synchronous refills)
 	Rounds     atomic.Int64 // background rounds that sent something
 	SyncCalls  atomic.Int64 // synchronous refills: a child needed tokens the pool did not have
+	Direct     atomic.Int64 // of which one-off takes forwarded to Redis (a key too rarely asked for a pool)
 	Errors     atomic.Int64 // failed Redis calls
 	Burned     atomic.Int64 // pool tokens written off at the end of their lease life
 	Evicted    atomic.Int64 // keys dropped after ActiveWindow without calls
@@ -319,8 +320,28 @@ func (r *Relay) Take(ctx context.Context, node string, u central.Update) (centra
 		e.mu.Lock()
 		now = r.cfg.Now()
 		st, short := r.serve(e, node, u, now)
-		if !short || attempt == 2 || now < e.denyUntil || now < e.retryAt {
+		// A key over its rate whose round Redis answered short (retryAt) waits for that round's
+		// refill, as a node waits for its lease's retry; a key under its rate asks at once (Redis
+		// keeps half its burst in reserve for such calls).
+		overRate := e.global >= e.lim.Rate && now < e.retryAt
+		if !short || attempt == 2 || now < e.denyUntil || overRate {
 			e.mu.Unlock()
+			return st, nil
+		}
+		if u.Inc == 0 && e.chg-e.cum <= 0 && e.takeRate > 0 && r.demand(e, now)*r.cfg.LeaseLife.Seconds() < directBelow {
+			// A key this relay's children ask for less than directBelow times a lease life: no pool
+			// worth holding (it would be written off unused, and the round that reports it costs
+			// Redis a second call). The take goes to Redis as a one-off take (take.lua, a central
+			// bucket's price), counted there at once; as hybrid's direct rule does for a node.
+			e.mu.Unlock()
+			r.stats.SyncCalls.Add(1)
+			r.stats.Upstream.Add(1)
+			r.stats.Direct.Add(1)
+			st, err := r.client.Take(ctx, central.Update{Key: u.Key, Limit: u.Limit, N: u.N, Want: u.N})
+			if err != nil {
+				r.stats.Errors.Add(1)
+				return central.State{}, err
+			}
 			return st, nil
 		}
 		if f := e.flight; f != nil {
@@ -491,10 +512,12 @@ func (r *Relay) demand(e *entry, now int64) float64 {
 		e.takes, e.takesFrom = 0, now
 	}
 	if e.takeRate == 0 {
-		// The first window: what was asked so far, over at least a quarter of a second (update
-		// keeps the pool of this window to twice what was asked: a pool sized on a few early
-		// requests, extrapolated over the horizon, took a fresh key's whole burst).
-		return e.takes / max(float64(now-e.takesFrom)/1e9, 0.25)
+		// The first window: what was asked so far, per second (not extrapolated: a relay that
+		// declared 4/s for one request in its first 250 ms made a fresh key look over its rate to
+		// Redis, with eight relays, and denied under-limit keys; update keeps the pool of this
+		// window to twice what was asked: a pool sized on a few early requests, over the horizon,
+		// took a fresh key's whole burst).
+		return e.takes / max(float64(now-e.takesFrom)/1e9, 1)
 	}
 	return e.takeRate
 }
@@ -568,6 +591,10 @@ func (r *Relay) apply(e *entry, up central.Update, st central.State, now int64) 
 // idleAfter is how long a key must see no calls to count as idle: an idle key's round reports
 // what it must without asking for a pool.
 const idleAfter = time.Second
+
+// directBelow: a key whose children ask the relay for fewer tokens than this per lease life (and
+// whose pool is empty) has its one-off takes forwarded to Redis as one-off takes.
+const directBelow = 3
 
 // reportEvery is how often a key's consumption and demand reach Redis when nothing else sends it:
 // the other nodes' shares follow the demand Redis knows.

@@ -297,3 +297,35 @@ func TestRelayRedisDown(t *testing.T) {
 		t.Error("no error counted")
 	}
 }
+
+// TestRelayForwardsRareKeys: a key the relay's children ask for less than a few times per lease
+// life holds no pool: once its pool is spent or written off, a one-off take goes to Redis as a
+// one-off take (take.lua), counted there at once.
+func TestRelayForwardsRareKeys(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	clk := &fakeClock{}
+	r := newRelay(t, rdb, "rt5", "relay", func(c *relay.Config) { c.Now = clk.now })
+	ctx := context.Background()
+	take := func() central.State {
+		t.Helper()
+		st, err := r.Take(ctx, "a", central.Update{Key: "rare", Limit: lim, N: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	take() // first sight: a pool of up to twice what was asked
+	for range 10 {
+		clk.add(time.Second) // the pool's lease life ends; its rest is written off
+		if err := r.Tick(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := take(); st.Status != central.StatusCovered {
+		t.Fatalf("take after ten quiet seconds: %+v", st)
+	}
+	if got := r.Stats().Direct.Load(); got != 1 {
+		t.Errorf("one-off takes forwarded: %d, want 1", got)
+	}
+}
