@@ -617,7 +617,10 @@ func (r *Relay) due(e *entry, now int64) bool {
 		return true // debt
 	}
 	stale := e.sentAt == 0 || now-e.sentAt >= int64(reportEvery)
-	if (e.cum > e.sentCum || e.used > e.uacked) && stale {
+	// Admissions Redis has not counted go at most once a reportEvery; consumption within what Redis
+	// charged the relay (handed on, written off) changes nothing there and is not sent on its own
+	// (a churn key seen once cost Redis a second call a decision that way).
+	if e.used > e.uacked && stale {
 		return true
 	}
 	if now < e.retryAt {
@@ -632,7 +635,17 @@ func (r *Relay) due(e *entry, now int64) bool {
 			return true
 		}
 	}
-	return stale && math.Abs(d-e.declared) > 0.5*max(e.declared, 1)
+	// A changed demand, while the key had calls within a lease life (an idle key's declaration
+	// leaves Redis's sum after the active window).
+	if !stale || now-e.last >= int64(r.cfg.LeaseLife) {
+		return false
+	}
+	// A demand that grew; or one that fell while the key's demand over the fleet is near its rate,
+	// where an old declaration would make it look over its rate to Redis (no reserve, no advance).
+	// A fall on a key far under its rate changes nothing there worth a call.
+	grew := d > 1.5*max(e.declared, 1)
+	fell := d < 0.5*e.declared && e.global >= 0.8*e.lim.Rate
+	return grew || fell
 }
 
 // Tick runs one background round: keys whose pool runs low, whose consumption or demand Redis should
@@ -659,7 +672,7 @@ func (r *Relay) Tick(ctx context.Context) error {
 			r.ups = append(r.ups, r.update(e, now, 0))
 			e.flight = make(chan struct{})
 			sent = append(sent, e)
-		case now-e.last > int64(r.cfg.ActiveWindow) && e.cum == e.sentCum && e.used <= e.uacked && e.chg-e.cum <= 0:
+		case now-e.last > int64(r.cfg.ActiveWindow) && e.cum == e.chg && e.used <= e.uacked:
 			drop = append(drop, e)
 		}
 		e.mu.Unlock()
