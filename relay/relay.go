@@ -138,7 +138,8 @@ type entry struct {
 	takeRate  float64 // their rate over the last measured second, tokens/s
 	last      int64   // the last child call
 
-	children map[string]*child
+	children  map[string]*child
+	nextPrune int64 // when the children's records are next scanned for departed ones
 }
 
 // child is a child's record on a key, as reconcile.lua keeps a node's.
@@ -609,6 +610,16 @@ func (r *Relay) due(e *entry, now int64) bool {
 	if e.flight != nil {
 		return false
 	}
+	if now >= e.nextPrune {
+		// A child gone for longer than a lease life and the active window holds nothing and
+		// declares nothing: its record goes (restarted pods come back as new children).
+		for id, c := range e.children {
+			if now-c.seen > int64(r.cfg.LeaseLife+r.cfg.ActiveWindow) {
+				delete(e.children, id)
+			}
+		}
+		e.nextPrune = now + int64(r.cfg.ActiveWindow)
+	}
 	if pool := e.chg - e.cum; pool > 0 && e.poolUntil != 0 && now > e.poolUntil {
 		e.cum += pool
 		r.stats.Burned.Add(pool)
@@ -742,4 +753,18 @@ func ClientConfig(rdb redis.UniversalClient, prefix, node string) central.Config
 		Advance:      DefaultAdvance,
 		Breaker:      redisx.BreakerConfig{Threshold: 5, Cooldown: 500 * time.Millisecond, MinSpan: 50 * time.Millisecond},
 	}
+}
+
+// Children returns how many children's records the relay holds for key under lim (0 when it does
+// not hold the key).
+func (r *Relay) Children(key string, lim central.Limit) int {
+	r.mu.RLock()
+	e := r.keys[ident{key, lim.Rate, lim.Burst}]
+	r.mu.RUnlock()
+	if e == nil {
+		return 0
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.children)
 }

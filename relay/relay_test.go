@@ -329,3 +329,35 @@ func TestRelayForwardsRareKeys(t *testing.T) {
 		t.Errorf("one-off takes forwarded: %d, want 1", got)
 	}
 }
+
+// TestRelayPrunesDepartedChildren: a child that stopped calling (a restarted pod comes back under
+// a new node id) leaves the key's records once it can hold nothing, so a long-lived key does not
+// collect a record per pod ever seen.
+func TestRelayPrunesDepartedChildren(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	clk := &fakeClock{}
+	r := newRelay(t, rdb, "rt6", "relay", func(c *relay.Config) { c.Now = clk.now })
+	ctx := context.Background()
+	for i := range 50 {
+		if _, err := r.Take(ctx, fmt.Sprintf("pod-%d", i), central.Update{Key: "k", Limit: lim, Inc: 1, Demand: 1, Want: 1, N: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := r.Children("k", lim); got != 50 {
+		t.Fatalf("%d child records, want 50", got)
+	}
+	// One pod keeps calling; the others are gone for longer than a lease life and the active window.
+	for range 45 {
+		clk.add(time.Second)
+		if _, err := r.Take(ctx, "pod-0", central.Update{Key: "k", Limit: lim, Inc: 1, Cum: 1, Acked: 1, Used: 1, UAcked: 1, Demand: 1, Want: 1, N: 1}); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Tick(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := r.Children("k", lim); got != 1 {
+		t.Errorf("%d child records after the others left, want 1", got)
+	}
+}
