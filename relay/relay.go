@@ -320,6 +320,9 @@ func (r *Relay) Take(ctx context.Context, node string, u central.Update) (centra
 	for attempt := 0; ; attempt++ {
 		e.mu.Lock()
 		now = r.cfg.Now()
+		if attempt > 0 && u.Inc == 0 {
+			e.takes -= float64(u.N) // serve counts a one-off take's demand again: once is its demand
+		}
 		st, short := r.serve(e, node, u, now)
 		// A key over its rate whose round Redis answered short (retryAt) waits for that round's
 		// refill, as a node waits for its lease's retry; a key under its rate asks at once (Redis
