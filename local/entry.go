@@ -473,6 +473,9 @@ func (e *Entry) Grant(a Answer) {
 	e.grantedAt.Store(a.At)
 	e.leaseUntil.Store(a.LeaseUntil)
 	e.retryAt.Store(a.RetryAt)
+	if e.excused > 0 && e.applied >= e.exSeq {
+		e.store.markDirty(e) // the next call tells Redis of the excused tokens (Next): soon, and at Close
+	}
 }
 
 // Expire writes off the unused lease once its time has passed (now ≥ LeaseUntil): total is raised

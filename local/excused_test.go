@@ -29,10 +29,12 @@ func TestAddExcusedStartsANewIncarnationOnceAnswered(t *testing.T) {
 	assert.Equal(t, inc, c.Inc)
 	assert.Equal(t, int64(12), c.Cum, "the excused tokens are not charged")
 	assert.Equal(t, int64(12), c.Used)
-	c = e.Next(3) // answered: Redis had also leased 5 to a call the node gave up on
+	s.Collect(nil) // the round that sends it
+	c = e.Next(3)  // answered: Redis had also leased 5 to a call the node gave up on
 	assert.Equal(t, inc, c.Inc)
 	e.Grant(Answer{Seq: c.Seq, Charged: 17, Active: 1, At: 3, LeaseUntil: 100, SentUsed: c.Used, SentCum: c.Cum})
 	assert.Equal(t, int64(17), e.Charged())
+	assert.Contains(t, s.Collect(nil), e, "on the dirty list: the next round tells Redis")
 
 	c = e.Next(4)
 	assert.Greater(t, c.Inc, inc, "a new incarnation")
