@@ -117,7 +117,7 @@ func paced(wg *sync.WaitGroup, stop <-chan struct{}, lims []*hybrid.Limiter, key
 //     (the fallback starts from each node's share of what it knew of the bucket, not full);
 //   - after recovery the hot key is never starved for longer than a breaker cooldown and a few
 //     rounds (the exact bucket would admit it at its rate at once), and is back to its rate within
-//     a LeaseLife.
+//     a LeaseLife (at least 3/4 of it over the 4 s after recovery), without a fresh burst.
 func TestOutageWithoutAfterEffects(t *testing.T) {
 	for _, hang := range []bool{false, true} {
 		name := "Redis killed and restarted"
@@ -187,7 +187,7 @@ func TestOutageWithoutAfterEffects(t *testing.T) {
 			hotOut, hotOutOK := hot.count(down, up)
 			hotFirst, hotFirstOK := hot.count(down, down.Add(time.Second))
 			hotAfter, hotAfterOK := hot.count(up, end)
-			tail := up.Add(hybrid.LeaseLife / 4)
+			tail := up.Add(time.Second)
 			_, hotTailOK := hot.count(tail, end)
 			gap := hot.longestGap(up, end)
 			fbAll, fbFirst := hot.fallbackFirst(down, up)
@@ -197,7 +197,7 @@ func TestOutageWithoutAfterEffects(t *testing.T) {
 			t.Logf("outage %.2fs; calm: %d/%d admitted during, %d/%d after", T, calmOutOK, calmOut, calmAfterOK, calmAfter)
 			t.Logf("hot: %d/%d admitted during (first second %d/%d), %d/%d after (%.1f/s from %v after recovery); longest gap after recovery %v",
 				hotOutOK, hotOut, hotFirstOK, hotFirst, hotAfterOK, hotAfter,
-				float64(hotTailOK)/end.Sub(tail).Seconds(), hybrid.LeaseLife/4, gap)
+				float64(hotTailOK)/end.Sub(tail).Seconds(), tail.Sub(up), gap)
 
 			assert.Equal(t, calmOut, calmOutOK, "the key under its limit is admitted during the outage")
 			assert.Equal(t, calmAfter, calmAfterOK, "the key under its limit is never denied after the outage")
@@ -206,10 +206,16 @@ func TestOutageWithoutAfterEffects(t *testing.T) {
 			// (leases and credits, at most one lendable amount, Burst + Rate·LeaseAdvance).
 			bound := float64(limit.Burst) + limit.Rate*T + float64(limit.Burst) + limit.Rate*hybrid.LeaseAdvance.Seconds()
 			assert.LessOrEqual(t, float64(hotOutOK), bound, "hot key during the outage: Burst + Rate·T + the outage term")
-			assert.LessOrEqual(t, gap, time.Second, "the hot key is not starved after recovery longer than the exact bucket would (not at all)")
-			got := float64(hotTailOK) / end.Sub(tail).Seconds()
-			assert.GreaterOrEqual(t, got, 0.7*limit.Rate, "the hot key is back to its rate within a lease life")
-			assert.LessOrEqual(t, got, 1.2*limit.Rate, "the hot key is back to its rate, not beyond")
+			// The exact bucket would not starve it at all; the breaker's cooldown (500ms) and the
+			// first rounds after it do (3 s before issue 26: the charge-back left the bucket at its
+			// debt floor).
+			assert.LessOrEqual(t, gap, 1500*time.Millisecond, "the hot key is not starved after recovery")
+			// Its rate over the time after recovery (the first leases from the refilled bucket may
+			// come before the nodes' charge-back: a little ahead, then behind).
+			assert.GreaterOrEqual(t, float64(hotAfterOK), 0.75*limit.Rate*end.Sub(up).Seconds(),
+				"the hot key is back to its rate within a lease life")
+			assert.LessOrEqual(t, float64(hotAfterOK), float64(limit.Burst)+limit.Rate*end.Sub(up).Seconds(),
+				"no fresh burst after recovery either")
 		})
 	}
 }
