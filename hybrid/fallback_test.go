@@ -37,7 +37,8 @@ func fallbackGrants(t *testing.T, lim *hybrid.Limiter, key string, limit hybrid.
 // process that used a key in the last 10 minutes (eight here, two of them live); LocalFallback
 // divides the limit by the live limiters of the fleet registry instead, so each of the two live
 // nodes enforces half the limit, not an eighth of it, both on the key the departed processes used
-// and on a key this node never asked Redis about.
+// (half of what Redis last said its bucket held) and on a key this node never asked Redis about
+// (half the burst).
 func TestFallbackShareCountsLiveNodes(t *testing.T) {
 	t.Parallel()
 	t.Cleanup(func() { redistest.AwaitDialRetries(t) }) // registered first: runs after the clients are closed
@@ -83,7 +84,9 @@ func TestFallbackShareCountsLiveNodes(t *testing.T) {
 	srv.Kill(t)
 	got := fallbackGrants(t, live[0], "k", limit)
 	t.Logf("fallback admitted %d on the key eight processes used, two of them live", got)
-	assert.InDelta(t, 50, got, 1, "a half share of burst 100 (an eighth would be 12)")
+	// The fallback starts from this node's share of what Redis last said the bucket held: burst
+	// 100 less the restarts' requests and the leases they took, about 92.
+	assert.InDelta(t, 45, got, 5, "a half share of the bucket (an eighth would be 12 at most)")
 	got = fallbackGrants(t, live[1], "fresh", limit)
 	t.Logf("fallback admitted %d on a key Redis never answered about", got)
 	assert.InDelta(t, 50, got, 1, "a half share of burst 100 (an eighth would be 12)")

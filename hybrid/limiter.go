@@ -17,7 +17,6 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
-	"golang.org/x/time/rate"
 
 	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/denycache"
@@ -102,7 +101,7 @@ type Limiter struct {
 	closed   atomic.Bool
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
-	fallback *lru.Cache[string, *rate.Limiter] // LocalFallback limiters, per key
+	fallback *lru.Cache[string, *fallbackBucket] // LocalFallback buckets, per key
 	nodeID   string
 	counts   [numStripes]stripe // decisions, striped to keep the hot path uncontended
 	metrics  *metrics
@@ -169,7 +168,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("hybrid: %w", err)
 	}
-	fb, err := lru.New[string, *rate.Limiter](maxFallback)
+	fb, err := lru.New[string, *fallbackBucket](maxFallback)
 	if err != nil {
 		return nil, fmt.Errorf("hybrid: %w", err)
 	}
@@ -626,6 +625,7 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 func (l *Limiter) failure(key string, e *local.Entry, limit Limit, n int64) Decision {
 	st := &l.counts[0]
 	d := Decision{Limit: limit, Source: SourceFallback}
+	excused := int64(0) // of the n admitted, paid for by the bucket's refill (LocalFallback)
 	switch l.failurePolicy(limit) {
 	case FailOpen:
 		d.Allowed = true
@@ -633,43 +633,39 @@ func (l *Limiter) failure(key string, e *local.Entry, limit Limit, n int64) Deci
 		d.RetryAfter = breakerCooldown
 	default:
 		active := l.fallbackShare(e)
-		r := rate.Limit(limit.Rate / float64(active))
-		b := int(max(limit.Burst/active, n, 1))
-		fl, ok := l.fallback.Get(key)
-		if !ok {
-			fl = rate.NewLimiter(r, b)
-			l.fallback.Add(key, fl)
-		} else if fl.Limit() != r || fl.Burst() != b {
-			now := l.opts.now()
-			fl.SetLimitAt(now, r)
-			fl.SetBurstAt(now, b)
-		}
+		r := limit.Rate / float64(active)
+		b := max(limit.Burst/active, n, 1)
 		now := l.opts.now()
-		if fl.AllowN(now, int(n)) {
-			d.Allowed = true
-		} else {
-			// The time the fallback bucket takes to hold n tokens, not to refill n from empty: WaitN
-			// sleeps this long.
-			missing := max(float64(n)-fl.TokensAt(now), 0)
-			d.RetryAfter = max(time.Duration(min(missing/float64(r)*float64(time.Second), 1<<62)), time.Microsecond)
+		fb, ok := l.fallback.Get(key)
+		if !ok || e != nil && e.GrantedAt() > fb.born {
+			// A bucket for this outage: an answer from Redis since the last one was made ended that
+			// outage, and this one starts from what the answer said.
+			fb = l.newFallback(e, active, r, b, now)
+			l.fallback.Add(key, fb)
+		}
+		var retry time.Duration
+		d.Allowed, retry, excused = fb.take(now, r, b, n)
+		if !d.Allowed {
+			d.RetryAfter = retry
 		}
 	}
 	if d.Allowed {
 		st.fallbackAllowed.Add(1)
-		l.record(e, n)
+		l.record(e, n, excused)
 	} else {
 		st.fallbackDenied.Add(1)
 	}
 	return d
 }
 
-// record counts tokens admitted without Redis so that they are applied to Redis later.
-func (l *Limiter) record(e *local.Entry, n int64) {
+// record counts tokens admitted without Redis so that they are applied to Redis later: all n as
+// admitted, n − excused as debt (local.Entry.AddExcused).
+func (l *Limiter) record(e *local.Entry, n, excused int64) {
 	if e == nil {
 		l.counts[0].unrecorded.Add(n)
 		return
 	}
-	for e.Add(n) == local.Gone {
+	for e.AddExcused(n, excused) == local.Gone {
 		rate, burst := e.Limit()
 		if e = l.store.Insert(e.Key(), l.store.Hash(e.Key(), local.LimitID(rate, burst)), rate, burst, 0); e == nil {
 			l.counts[0].unrecorded.Add(n)

@@ -82,8 +82,11 @@ const (
 	DefaultFailure FailurePolicy = iota
 	// LocalFallback enforces, on this node, its share of the global limit (Rate/A, at least one token
 	// of burst, where A is the smaller of the live fleet, Limiter.FleetSize, and the nodes Redis last
-	// reported on the key) with golang.org/x/time/rate until Redis is back. Admitted tokens are
-	// counted and applied to Redis later. This is the limiter's default.
+	// reported on the key) with golang.org/x/time/rate until Redis is back, from a bucket that starts
+	// at this node's share of what Redis last reported (never a fresh burst). Admitted tokens are
+	// counted and applied to Redis later; of them, only those the bucket's own refill over the
+	// outage does not pay for are charged as debt, so a key that stayed under its limit is not denied
+	// after the outage (docs/accuracy.md, "Outages"). This is the limiter's default.
 	LocalFallback
 	// FailOpen admits every request; admitted tokens are counted and applied to Redis later.
 	FailOpen

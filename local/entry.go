@@ -35,7 +35,9 @@ type Entry struct {
 	denied      atomic.Int64 // tokens this node denied locally (demand it could not serve), cumulative
 	burned      atomic.Int64 // unused lease written off at expiry, cumulative (part of total)
 	store       *Store
-	inc         uint64
+	inc         uint64 // guarded by mu (excused tokens start a new one: see Next)
+	excused     int64  // guarded by mu: tokens AddExcused excused that Redis has not been told of
+	exSeq       uint64 // guarded by mu: the first call that left them out of its Cum
 
 	fly        sync.Mutex   // held by the one caller whose synchronous call is in flight; see Fly
 	waiters    atomic.Int64 // tokens the callers waiting for that call want
@@ -70,7 +72,11 @@ func (e *Entry) Key() string { return e.key }
 func (e *Entry) Limit() (rate float64, burst int64) { return e.rate, e.burst }
 
 // Incarnation returns the entry's incarnation, unique within its store.
-func (e *Entry) Incarnation() uint64 { return e.inc }
+func (e *Entry) Incarnation() uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.inc
+}
 
 // Total returns the tokens consumed by this incarnation so far.
 func (e *Entry) Total() int64 { return e.total.Load() }
@@ -128,6 +134,38 @@ func (e *Entry) Add(n int64) TakeResult {
 	if e.evicted.Load() {
 		e.total.Add(-n)
 		return Gone
+	}
+	e.store.markDirty(e)
+	return Taken
+}
+
+// AddExcused is Add for tokens a failure policy admitted of which excused are paid for already
+// (0 ≤ excused ≤ n): all n are consumption, reported to Redis as admitted, but only n − excused are
+// charged as debt. hybrid's LocalFallback excuses what its share of the bucket's own refill during
+// an outage covers (docs/accuracy.md). Like Add, it returns Gone, recording nothing, if the entry was
+// evicted concurrently.
+//
+// Redis charges a node's consumption beyond the charge in its record of the node's incarnation,
+// and a call of the same incarnation cannot lower what Redis charges; a new incarnation's record is
+// seeded from the charge the node sends (Call.Acked). So the calls after AddExcused leave the
+// excused tokens out of their Cum (and Used) until one of them is answered, which tells the node
+// what Redis has charged it (leases granted by calls it gave up on during the outage included), and
+// the next call starts a new incarnation that sends that charge plus the excused tokens as Acked and
+// its whole consumption as Cum and Used (Next).
+func (e *Entry) AddExcused(n, excused int64) TakeResult {
+	excused = min(max(excused, 0), n)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.total.Add(n)
+	if e.evicted.Load() {
+		e.total.Add(-n)
+		return Gone
+	}
+	if excused > 0 {
+		if e.excused == 0 {
+			e.exSeq = e.seq + 1
+		}
+		e.excused += excused
 	}
 	e.store.markDirty(e)
 	return Taken
@@ -266,6 +304,19 @@ func (e *Entry) Next(now int64) Call {
 	defer e.mu.Unlock()
 	e.seq++
 	total := e.total.Load()
+	cum := total
+	if e.excused > 0 {
+		if e.applied >= e.exSeq {
+			// An answer since the tokens were excused gave the charge Redis holds: a new
+			// incarnation's record starts from it plus the excused tokens (AddExcused). Later calls of
+			// the old incarnation are stale.
+			e.inc = e.store.inc.Add(1)
+			e.charged.Add(e.excused)
+			e.excused = 0
+		} else {
+			cum -= e.excused
+		}
+	}
 	used := total - e.burned.Load()
 	den := e.denied.Load()
 	got := e.sinceCall(used, den)
@@ -297,7 +348,7 @@ func (e *Entry) Next(now int64) Call {
 	e.demand = min(e.demand, maxDemand) // a burst in a short window must not exceed what Redis accepts
 	e.sentUsed, e.sentDenied, e.sentAt = used, den, now
 	return Call{
-		Inc: e.inc, Seq: e.seq, Cum: total, Acked: e.charged.Load(), Used: used, UAcked: e.uacked.Load(),
+		Inc: e.inc, Seq: e.seq, Cum: cum, Acked: e.charged.Load(), Used: min(used, cum), UAcked: e.uacked.Load(),
 		Demand: e.demand, Active: active,
 	}
 }
@@ -422,6 +473,9 @@ func (e *Entry) Grant(a Answer) {
 	e.grantedAt.Store(a.At)
 	e.leaseUntil.Store(a.LeaseUntil)
 	e.retryAt.Store(a.RetryAt)
+	if e.excused > 0 && e.applied >= e.exSeq {
+		e.store.markDirty(e) // the next call tells Redis of the excused tokens (Next): soon, and at Close
+	}
 }
 
 // Expire writes off the unused lease once its time has passed (now ≥ LeaseUntil): total is raised
