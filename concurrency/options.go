@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"strings"
 	"time"
+
+	"github.com/hybridrate/hybridrate/internal/redisx"
 )
 
 // Defaults and bounds.
@@ -28,11 +30,11 @@ const Layout = "v1"
 
 // internal tunables, not options.
 const (
-	breakerThreshold = 5                      // consecutive failed calls that open the breaker
-	breakerCooldown  = 500 * time.Millisecond // open time before a probe
-	breakerMinSpan   = 50 * time.Millisecond  // a run of failures must last this long to open it
-	pollMin          = 2 * time.Millisecond   // Acquire's first wait between tries
-	pollMax          = 50 * time.Millisecond  // and its longest
+	breakerThreshold = redisx.DefaultBreakerThreshold // consecutive failed calls that open the breaker
+	breakerCooldown  = redisx.DefaultBreakerCooldown  // open time before a probe
+	breakerMinSpan   = redisx.DefaultBreakerMinSpan   // a run of failures must last this long to open it
+	pollMin          = 2 * time.Millisecond           // Acquire's first wait between tries
+	pollMax          = 50 * time.Millisecond          // and its longest
 )
 
 // FailurePolicy says what TryAcquire and Acquire do when Redis cannot decide: the call failed or

@@ -14,6 +14,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/internal/limits"
+	"github.com/hybridrate/hybridrate/internal/redisx"
 )
 
 // The defaults, all in one place.
@@ -46,23 +47,23 @@ const DefaultSyncTimeout = DefaultCheckTimeout
 
 // Tunables that have no option yet; documented in docs/operations.md.
 const (
-	breakerThreshold = 5                      // consecutive failed calls that open a breaker (also the checks' breaker)
-	breakerCooldown  = 500 * time.Millisecond // open time before a probe
-	breakerMinSpan   = 50 * time.Millisecond  // a run of failures must last this long to open a breaker
-	scriptBatch      = 256                    // keys per reconcile script call
-	flushBatch       = 4096                   // keys per pipelined reconcile
-	recountPeriod    = time.Minute            // Redis scans a key's node records for departed nodes this often
-	pruneAge         = 10 * time.Minute       // a node's record on a key is dropped after this
-	banRefresh       = 10 * time.Second       // change-log read period (Pub/Sub carries changes at once)
-	banPage          = 10000                  // bans per page of the ban-list reads
-	banSweep         = 1000                   // ban-list entries swept for expiry per refresh
-	banCheckEvery    = time.Second            // a key is checked in Redis's ban list at most this often
-	maxBanChecks     = 1 << 16                // keys checked per banCheckEvery at most
-	maxDenied        = 1 << 16                // cached Redis denials
-	maxBans          = 1 << 16                // bans held locally; more are checked in Redis
-	maxFallback      = 1 << 16                // keys with a LocalFallback limiter
-	logSummaryEvery  = 10 * time.Second       // at most one line per kind of background failure this often
-	evictionCheck    = time.Minute            // how often Redis's maxmemory-policy is read
+	breakerThreshold = redisx.DefaultBreakerThreshold // consecutive failed calls that open a breaker (also the checks' breaker)
+	breakerCooldown  = redisx.DefaultBreakerCooldown  // open time before a probe
+	breakerMinSpan   = redisx.DefaultBreakerMinSpan   // a run of failures must last this long to open a breaker
+	scriptBatch      = 256                            // keys per reconcile script call
+	flushBatch       = 4096                           // keys per pipelined reconcile
+	recountPeriod    = time.Minute                    // Redis scans a key's node records for departed nodes this often
+	pruneAge         = 10 * time.Minute               // a node's record on a key is dropped after this
+	banRefresh       = 10 * time.Second               // change-log read period (Pub/Sub carries changes at once)
+	banPage          = 10000                          // bans per page of the ban-list reads
+	banSweep         = 1000                           // ban-list entries swept for expiry per refresh
+	banCheckEvery    = time.Second                    // a key is checked in Redis's ban list at most this often
+	maxBanChecks     = 1 << 16                        // keys checked per banCheckEvery at most
+	maxDenied        = 1 << 16                        // cached Redis denials
+	maxBans          = 1 << 16                        // bans held locally; more are checked in Redis
+	maxFallback      = 1 << 16                        // keys with a LocalFallback limiter
+	logSummaryEvery  = 10 * time.Second               // at most one line per kind of background failure this often
+	evictionCheck    = time.Minute                    // how often Redis's maxmemory-policy is read
 )
 
 // FailurePolicy says what a limit does when Redis cannot answer a decision that needs it (the circuit

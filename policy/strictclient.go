@@ -3,8 +3,8 @@ package policy
 import (
 	"context"
 	"fmt"
-	"time"
 
+	"github.com/hybridrate/hybridrate/internal/redisx"
 	"github.com/hybridrate/hybridrate/strict"
 )
 
@@ -15,9 +15,9 @@ const (
 	// strictBreakerThreshold, strictBreakerCooldown and strictBreakerMinSpan configure the strict
 	// client's breaker, as the hybrid limiter's: 5 consecutive failures, lasting at least 50ms, open
 	// it for 500ms.
-	strictBreakerThreshold = 5
-	strictBreakerCooldown  = 500 * time.Millisecond
-	strictBreakerMinSpan   = 50 * time.Millisecond
+	strictBreakerThreshold = redisx.DefaultBreakerThreshold
+	strictBreakerCooldown  = redisx.DefaultBreakerCooldown
+	strictBreakerMinSpan   = redisx.DefaultBreakerMinSpan
 )
 
 // StrictHealth is a snapshot of the strict rules' Redis client.

@@ -754,7 +754,7 @@ func ClientConfig(rdb redis.UniversalClient, prefix, node string) central.Config
 		ActiveWindow: DefaultActiveWindow,
 		Horizon:      DefaultHorizon,
 		Advance:      DefaultAdvance,
-		Breaker:      redisx.BreakerConfig{Threshold: 5, Cooldown: 500 * time.Millisecond, MinSpan: 50 * time.Millisecond},
+		Breaker:      redisx.DefaultBreaker(),
 	}
 }
 

@@ -16,13 +16,13 @@ const (
 	DefaultTimeout = 50 * time.Millisecond
 	// DefaultBreakerThreshold is the number of consecutive failed calls that opens the circuit
 	// breaker unless [WithBreaker] says otherwise.
-	DefaultBreakerThreshold = 5
+	DefaultBreakerThreshold = redisx.DefaultBreakerThreshold
 	// DefaultBreakerCooldown is how long the breaker stays open before a probe, unless [WithBreaker]
 	// says otherwise.
-	DefaultBreakerCooldown = 500 * time.Millisecond
+	DefaultBreakerCooldown = redisx.DefaultBreakerCooldown
 	// DefaultBreakerMinSpan is how long a run of failures must last to open the breaker, unless
 	// [WithBreaker] says otherwise.
-	DefaultBreakerMinSpan = 50 * time.Millisecond
+	DefaultBreakerMinSpan = redisx.DefaultBreakerMinSpan
 )
 
 // An Option configures a [Limiter] in [New].

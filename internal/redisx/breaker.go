@@ -6,6 +6,19 @@ import (
 	"time"
 )
 
+// The breaker's defaults, one place for every package: DefaultBreakerThreshold consecutive failed
+// calls, the first at least DefaultBreakerMinSpan before the last, open it for DefaultBreakerCooldown.
+const (
+	DefaultBreakerThreshold = 5
+	DefaultBreakerCooldown  = 500 * time.Millisecond
+	DefaultBreakerMinSpan   = 50 * time.Millisecond
+)
+
+// DefaultBreaker is a BreakerConfig with the defaults and no callback.
+func DefaultBreaker() BreakerConfig {
+	return BreakerConfig{Threshold: DefaultBreakerThreshold, Cooldown: DefaultBreakerCooldown, MinSpan: DefaultBreakerMinSpan}
+}
+
 // BreakerConfig configures the circuit breaker in front of Redis.
 type BreakerConfig struct {
 	// Threshold is the number of consecutive failed calls that opens the breaker; at least 1.
