@@ -19,6 +19,21 @@ func bound(rate float64, burst int64) float64 {
 	return 2*c + rate*hybrid.LeaseLife.Seconds() + float64(burst)
 }
 
+// atScale skips in -short, starts a real Redis for thousands of simulated nodes and picks the
+// scenarios (comma-separated names).
+func atScale(t *testing.T, names string) (*redis.Client, []Scenario) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("the fleet simulator at 4,096 nodes takes a while; not in -short")
+	}
+	sc, err := Pick(names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := redistest.Start(t)
+	return srv.Client(t, func(o *redis.Options) { o.PoolSize = 64 }), sc
+}
+
 // TestFleetAtScale is issue 21's check of the simulator at 512 and 4,096 nodes on a real Redis,
 // bounded in time: on the 4× overload and Zipf scenarios (the keys most over their limit) no key
 // admits more than Burst + Rate·T + E, with E the bound of docs/accuracy.md, which has no term that
@@ -26,19 +41,7 @@ func bound(rate float64, burst int64) float64 {
 // 4,096 nodes); and the central bucket the figures are compared with is an exact token bucket
 // (Run checks it against report.ExactAdmitted, key by key).
 func TestFleetAtScale(t *testing.T) {
-	if testing.Short() {
-		t.Skip("the fleet simulator at 4,096 nodes takes a while; not in -short")
-	}
-	srv := redistest.Start(t)
-	rdb := srv.Client(t, func(o *redis.Options) { o.PoolSize = 64 })
-	var sc []Scenario
-	for _, name := range []string{"overload", "zipf"} {
-		s, err := Pick(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sc = append(sc, s...)
-	}
+	rdb, sc := atScale(t, "overload,zipf")
 	const d = 1500 * time.Millisecond
 	res, err := Run(context.Background(), Config{
 		Client: rdb, Probe: func(ctx context.Context) (float64, int64, error) { return 0, 0, nil },
@@ -73,19 +76,7 @@ func TestFleetAtScale(t *testing.T) {
 // starve their nodes), the per-user keys are not denied while under their limit, and Redis sees
 // the relays only: its buckets hold no node's record.
 func TestFleetWithRelays(t *testing.T) {
-	if testing.Short() {
-		t.Skip("the fleet simulator at 4,096 nodes takes a while; not in -short")
-	}
-	srv := redistest.Start(t)
-	rdb := srv.Client(t, func(o *redis.Options) { o.PoolSize = 64 })
-	var sc []Scenario
-	for _, name := range []string{"overload", "medium"} {
-		s, err := Pick(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sc = append(sc, s...)
-	}
+	rdb, sc := atScale(t, "overload,medium")
 	const d = 1500 * time.Millisecond
 	res, err := Run(context.Background(), Config{
 		Client: rdb, Probe: func(ctx context.Context) (float64, int64, error) { return 0, 0, nil },
