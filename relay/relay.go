@@ -332,11 +332,10 @@ func (r *Relay) Take(ctx context.Context, node string, u central.Update) (centra
 			e.mu.Unlock()
 			return st, nil
 		}
-		if u.Inc == 0 && e.chg-e.cum <= 0 && e.takeRate > 0 && r.demand(e, now)*r.cfg.LeaseLife.Seconds() < directBelow {
-			// A key this relay's children ask for less than directBelow times a lease life: no pool
-			// worth holding (it would be written off unused, and the round that reports it costs
-			// Redis a second call). The take goes to Redis as a one-off take (take.lua, a central
-			// bucket's price), counted there at once; as hybrid's direct rule does for a node.
+		if u.Inc == 0 && e.chg-e.cum <= 0 && r.direct(e, now) {
+			// No pool worth holding (see direct): the take goes to Redis as a one-off take
+			// (take.lua, a central bucket's price), counted there at once; as hybrid's direct rule
+			// does for a node.
 			e.mu.Unlock()
 			r.stats.SyncCalls.Add(1)
 			r.stats.Upstream.Add(1)
@@ -591,6 +590,25 @@ func (r *Relay) apply(e *entry, up central.Update, st central.State, now int64) 
 		e.retryAt = now + int64(st.RetryAfter)
 	}
 }
+
+// direct reports whether a one-off take the entry's pool cannot cover (locked) goes to Redis as a
+// one-off take rather than through a pool:
+//   - in the key's first window, its first directFirst takes: most keys of a flood of new keys
+//     (per-request ids, scanners) are never asked for again, and a pool for one of them costs
+//     reconcile.lua's set-up, a node record, and a round to report it, where a one-off take costs
+//     what a central bucket's call does;
+//   - afterwards, a key this relay's children ask for fewer than directBelow tokens a lease life:
+//     a pool would be written off unused.
+func (r *Relay) direct(e *entry, now int64) bool {
+	if e.takeRate == 0 && e.sentAt == 0 {
+		return e.takes <= directFirst // e.takes counts this take already (serve)
+	}
+	return e.takeRate > 0 && r.demand(e, now)*r.cfg.LeaseLife.Seconds() < directBelow
+}
+
+// directFirst is how many one-off takes of a new key go to Redis directly before the relay asks for
+// a pool (direct).
+const directFirst = 2
 
 // idleAfter is how long a key must see no calls to count as idle: an idle key's round reports
 // what it must without asking for a pool.
