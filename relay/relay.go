@@ -658,6 +658,11 @@ func (r *Relay) due(e *entry, now int64) bool {
 	if now < e.retryAt {
 		return false
 	}
+	if e.sentAt == 0 && e.chg == 0 {
+		// Redis has never charged the relay on this key (its takes went to Redis directly, or were
+		// denied): no pool to refill and no record whose demand Redis should know.
+		return false
+	}
 	d := r.demand(e, now)
 	// A key whose demand is under a token per lowWaterIntervals is refilled by its children's
 	// synchronous calls (the first one short of tokens), not by rounds that could find nothing to
