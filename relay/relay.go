@@ -61,6 +61,15 @@ type Config struct {
 	FleetBeat time.Duration
 	// MaxKeys bounds the keys held (DefaultMaxKeys).
 	MaxKeys int
+	// ColdCredit, if positive, admits the first one-off take of a key the relay has not seen (or
+	// dropped after ActiveWindow without calls) without asking Redis, if it asks for at most
+	// ColdCredit tokens and the key's bucket refills within ActiveWindow (Rate·ActiveWindow ≥
+	// Burst); the admission is reported in the next round, batched with other keys. Set it only
+	// where the relay is the one way to Redis for its keys (children that shard keys over relays,
+	// Sharded): then a key the relay does not know has had no consumption for ActiveWindow, and its
+	// bucket is full, unless its owner changed. Each such admission is a cold-start credit of
+	// docs/accuracy.md's bound. 0 (the default) sends a new key's first takes to Redis.
+	ColdCredit int64
 	// Now returns the time on a monotonic clock in nanoseconds; nil means the real clock.
 	Now func() int64
 }
@@ -77,6 +86,7 @@ type Stats struct {
 	Burned     atomic.Int64 // pool tokens written off at the end of their lease life
 	Evicted    atomic.Int64 // keys dropped after ActiveWindow without calls
 	FullDenied atomic.Int64 // calls refused with ErrFull
+	Cold       atomic.Int64 // one-off takes admitted on the cold credit (Config.ColdCredit)
 }
 
 // Relay serves leases to hybrid limiters (its children) from pools it holds in Redis's buckets.
@@ -332,6 +342,15 @@ func (r *Relay) Take(ctx context.Context, node string, u central.Update) (centra
 			e.mu.Unlock()
 			return st, nil
 		}
+		if u.Inc == 0 && r.cold(e, u.N) {
+			// A key the relay has never been charged for nor consumed: admitted on its cold
+			// credit, counted in the next round (see Config.ColdCredit).
+			e.cum += u.N
+			e.used += u.N
+			e.mu.Unlock()
+			r.stats.Cold.Add(1)
+			return central.State{Status: central.StatusCovered, Tokens: 0, ResetAfter: 0}, nil
+		}
 		if u.Inc == 0 && e.chg-e.cum <= 0 && r.direct(e, now) {
 			// No pool worth holding (see direct): the take goes to Redis as a one-off take
 			// (take.lua, a central bucket's price), counted there at once; as hybrid's direct rule
@@ -549,6 +568,11 @@ func (r *Relay) update(e *entry, now int64, need int64) central.Update {
 			want = min(want, int64(math.Ceil(2*e.takes)))
 		}
 	}
+	if e.sentAt == 0 && e.chg == 0 && e.takes <= directFirst {
+		// The first report of a key seen once or twice (its cold credit): a pool for it would most
+		// likely be written off unused; a child that needs more asks, as for any key.
+		want = 0
+	}
 	want = min(max(want, need), e.lim.Burst)
 	// reconcile.lua requires Used ≤ Cum. A child's record seeded from what an earlier relay (or an
 	// evicted entry) charged it can report admissions this entry never handed on: they are charged.
@@ -604,6 +628,14 @@ func (r *Relay) direct(e *entry, now int64) bool {
 		return e.takes <= directFirst // e.takes counts this take already (serve)
 	}
 	return e.takeRate > 0 && r.demand(e, now)*r.cfg.LeaseLife.Seconds() < directBelow
+}
+
+// cold reports whether a one-off take of n tokens is admitted on the relay's cold credit (locked):
+// the key's first contact at this relay (nothing charged, consumed or reported), within
+// Config.ColdCredit, on a bucket that refills within ActiveWindow.
+func (r *Relay) cold(e *entry, n int64) bool {
+	return r.cfg.ColdCredit > 0 && n <= r.cfg.ColdCredit && e.sentAt == 0 && e.chg == 0 && e.cum == 0 &&
+		e.lim.Rate*r.cfg.ActiveWindow.Seconds() >= float64(e.lim.Burst)
 }
 
 // directFirst is how many one-off takes of a new key go to Redis directly before the relay asks for

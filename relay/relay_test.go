@@ -407,3 +407,66 @@ func TestRelayPrunesDepartedChildren(t *testing.T) {
 		t.Errorf("%d child records after the others left, want 1", got)
 	}
 }
+
+// TestRelayColdCredit: with Config.ColdCredit, a key's first one-off take at the relay is admitted
+// without a Redis call and counted in Redis by the next round, one pipelined call for many keys;
+// a key whose bucket does not refill within the active window, or a take larger than the credit,
+// goes to Redis as before.
+func TestRelayColdCredit(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	clk := &fakeClock{}
+	const prefix = "rt8"
+	r := newRelay(t, rdb, prefix, "relay", func(c *relay.Config) { c.Now = clk.now; c.ColdCredit = 1 })
+	ctx := context.Background()
+	if _, err := r.Take(ctx, "a", central.Update{Key: "warm-up", Limit: lim, N: 2}); err != nil {
+		t.Fatal(err) // over the credit: a one-off take (and take.lua loads)
+	}
+	if _, err := r.Take(ctx, "a", central.Update{Key: "warm-up-2", Limit: lim, N: 1}); err != nil {
+		t.Fatal(err)
+	}
+	clk.add(20 * time.Millisecond)
+	if err := r.Tick(ctx); err != nil { // reports warm-up-2 (and reconcile.lua loads)
+		t.Fatal(err)
+	}
+	before := srv.CommandStats(t)
+	for i := range 40 {
+		st, err := r.Take(ctx, "a", central.Update{Key: fmt.Sprintf("new-%d", i), Limit: lim, N: 1})
+		if err != nil || st.Status != central.StatusCovered {
+			t.Fatalf("take %d: %+v, %v", i, st, err)
+		}
+	}
+	mid := srv.CommandStats(t)
+	if calls := mid["evalsha"] - before["evalsha"]; calls != 0 {
+		t.Errorf("%d script calls for 40 new keys' first takes, want 0 (cold credit)", calls)
+	}
+	if got := r.Stats().Cold.Load() - 1; got != 40 {
+		t.Errorf("cold admissions: %d, want 40", got)
+	}
+	clk.add(20 * time.Millisecond)
+	if err := r.Tick(ctx); err != nil {
+		t.Fatal(err)
+	}
+	after := srv.CommandStats(t)
+	if calls := after["evalsha"] - mid["evalsha"]; calls != 1 {
+		t.Errorf("the round reporting 40 keys made %d script calls, want 1", calls)
+	}
+	for i := range 40 {
+		b, err := rdb.HGet(ctx, central.BucketKey(prefix, fmt.Sprintf("new-%d", i), lim), "b").Result()
+		if err != nil {
+			t.Fatalf("key new-%d not in Redis after the round: %v", i, err)
+		}
+		bk, err := central.ParseBucket(b)
+		if err != nil || bk.Consumed != 1 {
+			t.Fatalf("key new-%d: bucket %+v, %v; want 1 consumed", i, bk, err)
+		}
+	}
+	// A bucket that takes longer than the active window to refill: no cold credit.
+	slow := central.Limit{Rate: 0.01, Burst: 5}
+	if _, err := r.Take(ctx, "a", central.Update{Key: "slow", Limit: slow, N: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Stats().Cold.Load() - 1; got != 40 {
+		t.Errorf("a slow-refilling key was admitted on the cold credit")
+	}
+}

@@ -86,8 +86,8 @@ rules:
     burst: 3
 `
 	path := writePolicy(t, t.TempDir(), pol)
-	ra, stopA := start(t, config{redisAddr: srv.Addr, policyPath: path, relay: true})
-	rb, stopB := start(t, config{redisAddr: srv.Addr, policyPath: path, relay: true})
+	ra, stopA := start(t, config{redisAddr: srv.Addr, policyPath: path, relay: true, relayOwner: true})
+	rb, stopB := start(t, config{redisAddr: srv.Addr, policyPath: path, relay: true, relayOwner: true})
 	rc, stopC := start(t, config{redisAddr: srv.Addr, policyPath: path,
 		upstream: "http://" + ra.http + ", http://" + rb.http + "/", checkTimeout: 200 * time.Millisecond})
 	for i := range 12 {

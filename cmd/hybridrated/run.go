@@ -115,7 +115,11 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 	if cfg.relay {
 		var id [8]byte
 		_, _ = rand.Read(id[:])
-		rel, err = relay.New(relay.Config{Central: relay.ClientConfig(rdb, hybrid.DefaultKeyPrefix, "relay-"+hex.EncodeToString(id[:]))})
+		rc := relay.Config{Central: relay.ClientConfig(rdb, hybrid.DefaultKeyPrefix, "relay-"+hex.EncodeToString(id[:]))}
+		if cfg.relayOwner {
+			rc.ColdCredit = 1
+		}
+		rel, err = relay.New(rc)
 		if err != nil {
 			return err
 		}
