@@ -89,8 +89,10 @@ func TestHungClusterBounded(t *testing.T) {
 			ctx := context.Background()
 			limit := hybrid.PerSecond(1000)
 			warm := "hung-" + tc.name
-			_, err = lim.Peek(ctx, warm, limit) // opens a pooled connection to the key's master
-			require.NoError(t, err)
+			require.Eventually(t, func() bool { // opens a pooled connection to the key's master
+				_, err := lim.Peek(ctx, warm, limit)
+				return err == nil
+			}, 10*time.Second, 10*time.Millisecond, "warm-up")
 			master := cl.MasterFor(t, "{"+warm+"}") // a key is its bucket's hash tag
 			var keys []string                       // keys never seen, on that master
 			for i := 0; len(keys) < 6; i++ {
@@ -108,18 +110,18 @@ func TestHungClusterBounded(t *testing.T) {
 				assert.Less(t, took, bound, "%s on a hung master", what)
 			}
 			for _, k := range keys[:4] { // each needs Redis
-				timed("Allow", 4*check, func() {
+				timed("Allow", 10*check, func() {
 					d, err := lim.Allow(ctx, k, limit)
 					require.NoError(t, err)
 					assert.True(t, d.Allowed)
 				})
 			}
-			timed("Peek", 4*flush, func() {
+			timed("Peek", 10*flush, func() {
 				_, err := lim.Peek(ctx, keys[4], limit)
 				assert.Error(t, err)
 			})
-			timed("Reset", 4*flush, func() { assert.Error(t, lim.Reset(ctx, keys[5], limit)) })
-			timed("Close", 4*flush+time.Second, func() {
+			timed("Reset", 10*flush, func() { assert.Error(t, lim.Reset(ctx, keys[5], limit)) })
+			timed("Close", 10*flush+time.Second, func() {
 				cctx, cancel := context.WithTimeout(ctx, time.Second)
 				defer cancel()
 				_ = lim.Close(cctx) // its final flush fails: the master is still hung

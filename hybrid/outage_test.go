@@ -2,6 +2,7 @@ package hybrid_test
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -94,6 +95,51 @@ func (o *outageTrace) longestGap(from, to time.Time) time.Duration {
 	return max(gap, to.Sub(last))
 }
 
+// opSample is what Stats shows of a fleet at one time: whether any limiter's breaker of all calls
+// is not closed (hybridrate.breaker.open), and the keys pending over all limiters.
+type opSample struct {
+	at      time.Time
+	open    bool
+	pending int64
+}
+
+// watchStats samples lims' Stats every period until stop.
+func watchStats(stop <-chan struct{}, lims []*hybrid.Limiter, period time.Duration) []opSample {
+	tick := time.NewTicker(period)
+	defer tick.Stop()
+	var out []opSample
+	for {
+		select {
+		case <-stop:
+			return out
+		case <-tick.C:
+		}
+		s := opSample{at: time.Now()}
+		for _, l := range lims {
+			st := l.Stats()
+			s.open = s.open || st.BreakerOpen
+			s.pending += st.Pending
+		}
+		out = append(out, s)
+	}
+}
+
+// breakerTimes returns, from samples, how long after down a breaker was first seen open (-1 if
+// never), how long after up one was last seen open (0 if none was), and the most keys pending.
+func breakerTimes(view []opSample, down, up time.Time) (opened, closed time.Duration, peak int64) {
+	opened = -1
+	for _, s := range view {
+		peak = max(peak, s.pending)
+		if s.open && opened < 0 && !s.at.Before(down) {
+			opened = s.at.Sub(down)
+		}
+		if s.open && !s.at.Before(up) {
+			closed = s.at.Sub(up)
+		}
+	}
+	return opened, closed, peak
+}
+
 // paced calls Allow on key every period (one goroutine per limiter) until stop, into tr.
 func paced(wg *sync.WaitGroup, stop <-chan struct{}, lims []*hybrid.Limiter, key string, limit hybrid.Limit,
 	period time.Duration, tr *outageTrace, errs chan<- error) {
@@ -153,9 +199,11 @@ func TestOutageWithoutAfterEffects(t *testing.T) {
 			limit := hybrid.Limit{Rate: 50, Burst: 100}
 			const check = 100 * time.Millisecond // the bound of an Allow that needs Redis
 			var lims []*hybrid.Limiter
+			logs := &logRecorder{} // both limiters' log lines: what the operator reads
 			for range 2 {
 				lims = append(lims, newLimiter(t, srv.Client(t), hybrid.WithFleetBeat(20*time.Millisecond),
-					hybrid.WithCheckTimeout(check), hybrid.WithFailurePolicy(hybrid.LocalFallback)))
+					hybrid.WithCheckTimeout(check), hybrid.WithFailurePolicy(hybrid.LocalFallback),
+					hybrid.WithLogger(slog.New(logs))))
 			}
 			require.Eventually(t, func() bool { return lims[0].FleetSize() == 2 && lims[1].FleetSize() == 2 },
 				10*time.Second, 5*time.Millisecond, "the registry counts both limiters")
@@ -166,6 +214,13 @@ func TestOutageWithoutAfterEffects(t *testing.T) {
 			errs := make(chan error, 1)
 			paced(&wg, stop, lims, "calm", limit, time.Second/15, &calm, errs) // 2 × 15/s = 30/s
 			paced(&wg, stop, lims, "hot", limit, time.Second/100, &hot, errs)  // 2 × 100/s = 200/s
+			// What the operator sees, every 10 ms.
+			var view []opSample
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				view = watchStats(stop, lims, 10*time.Millisecond)
+			}()
 			defer func() {
 				select {
 				case <-stop:
@@ -178,6 +233,7 @@ func TestOutageWithoutAfterEffects(t *testing.T) {
 			time.Sleep(time.Second)
 			steady := time.Now()
 			time.Sleep(time.Second) // both keys run in steady state
+			mark := logs.len()      // the lines from here on are the outage's
 			down := time.Now()
 			if hang {
 				srv.Pause(t)
@@ -219,6 +275,7 @@ func TestOutageWithoutAfterEffects(t *testing.T) {
 			settled := end.Add(-2 * time.Second) // the last 2 s of the lease life after recovery
 			_, hotSettledOK := hot.count(settled, end)
 			slowest := max(calm.slowest(steady, end), hot.slowest(steady, end))
+			opened, closed, peak := breakerTimes(view, down, up)
 			fbAll, fbFirst := hot.fallbackFirst(down, up)
 			_, hotSteadyOK := hot.count(steady, down)
 			t.Logf("%s: hot key admitted %.1f/s before the outage; its fallback admitted %d, %d of them in its first second",
@@ -231,7 +288,16 @@ func TestOutageWithoutAfterEffects(t *testing.T) {
 				windows, float64(hotSettledOK)/end.Sub(settled).Seconds(), settled.Sub(up).Round(time.Millisecond),
 				end.Sub(up).Round(time.Millisecond), slowest, check)
 
+			lines := logs.lines(mark)
+			t.Logf("operator: a breaker open %v after the outage began, all closed %v after recovery; up to %d keys pending; %d log lines: %q",
+				opened.Round(time.Millisecond), closed.Round(time.Millisecond), peak, len(lines), lines)
+
 			assert.Less(t, slowest, 4*check, "no Allow past its bound, before, during or after the outage")
+			assert.GreaterOrEqual(t, opened, time.Duration(0), "a breaker opened during the outage")
+			assert.Less(t, closed, 2*time.Second, "the breakers close within a cooldown and a few rounds of recovery")
+			// Per node: reconciles failing, the ban list failing, checks suspended, the breaker
+			// opened, then checks resumed and the breaker closed.
+			assert.LessOrEqual(t, len(lines), 6*len(lims), "state changes only: a few lines per node")
 
 			assert.Equal(t, calmOut, calmOutOK, "the key under its limit is admitted during the outage")
 			assert.Equal(t, calmAfter, calmAfterOK, "the key under its limit is never denied after the outage")
