@@ -117,7 +117,11 @@ type Limiter struct {
 
 // New returns a limiter that keeps its global state in rdb (a *redis.Client, a Sentinel failover
 // client or a *redis.ClusterClient) and starts its background loop. It does no Redis I/O: a Redis
-// that is down at start behaves like one that goes down later.
+// that is down at start behaves like one that goes down later. A client created without
+// ContextTimeoutEnabled, whose calls go-redis would not end at their deadline, is used through copies
+// with the limiter's own socket timeouts or, for a cluster client, through a cluster client of the
+// limiter's own built from its options with ContextTimeoutEnabled, which Close closes; neither runs
+// the client's hooks (docs/operations.md, "Cluster clients and timeouts"). rdb is never closed.
 func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	if rdb == nil || isNilClient(rdb) {
 		return nil, ErrNilClient
@@ -162,14 +166,17 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	}
 	store, err := local.New(local.Config{MaxKeys: o.maxKeys})
 	if err != nil {
+		_ = cc.Close()
 		return nil, fmt.Errorf("hybrid: %w", err)
 	}
 	deny, err := denycache.New(denycache.Config{MaxBans: o.maxBans, MaxDenied: maxDenied})
 	if err != nil {
+		_ = cc.Close()
 		return nil, fmt.Errorf("hybrid: %w", err)
 	}
 	fb, err := lru.New[string, *fallbackBucket](maxFallback)
 	if err != nil {
+		_ = cc.Close()
 		return nil, fmt.Errorf("hybrid: %w", err)
 	}
 	l := &Limiter{
@@ -216,17 +223,19 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		OnError: func(err error) { logs.failed(&logs.reconcile, err) },
 	})
 	if err != nil {
+		_ = cc.Close()
 		return nil, fmt.Errorf("hybrid: %w", err)
 	}
 	if cc.HooksBypassed() {
-		o.logger.Info("hybridrate: the limiter's Redis calls bypass hooks added to this client (it uses copies with its own timeouts); " +
+		o.logger.Info("hybridrate: the limiter's Redis calls bypass hooks added to this client (it uses copies, or for a cluster client a client of its own, with its own timeouts); " +
 			"create the client with ContextTimeoutEnabled: true to keep hooks such as tracing")
 	}
 	if !cc.TimeoutsEnforced() {
-		o.logger.Warn("hybridrate: this Redis client ignores context deadlines; a hung Redis holds calls for the client's ReadTimeout. " +
-			"Create cluster clients with ContextTimeoutEnabled: true so that WithCheckTimeout and WithFlushTimeout bound every call")
+		o.logger.Warn("hybridrate: this Redis client type is neither a *redis.Client nor a *redis.ClusterClient; " +
+			"a hung Redis may hold calls beyond WithCheckTimeout and WithFlushTimeout unless it applies context deadlines")
 	}
 	if l.metrics, err = newMetrics(l); err != nil {
+		_ = cc.Close()
 		return nil, fmt.Errorf("hybrid: metrics: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -776,6 +785,7 @@ func (l *Limiter) Close(ctx context.Context) error {
 	if merr := l.metrics.close(); merr != nil && err == nil {
 		err = merr
 	}
+	_ = l.central.Close() // the cluster client it may have created for itself; never rdb
 	if err != nil {
 		return fmt.Errorf("hybrid: close: final flush: %w", err)
 	}

@@ -206,6 +206,11 @@ func New(cfg Config) (*Relay, error) {
 	return r, nil
 }
 
+// Close releases the cluster client central.New built for itself when Config.Central.Client is a
+// cluster client created without ContextTimeoutEnabled (central.Client.Close); it never closes that
+// client. Call it after Run has returned; the Relay must not be used after Close.
+func (r *Relay) Close() error { return r.client.Close() }
+
 // Stats returns the relay's counters.
 func (r *Relay) Stats() *Stats { return &r.stats }
 

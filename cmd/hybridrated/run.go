@@ -126,7 +126,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 		relCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
 		relDone := make(chan struct{})
 		go func() { defer close(relDone); rel.Run(relCtx) }()
-		defer func() { stopRelay(); <-relDone }() // its last round reports what its children used
+		defer func() { stopRelay(); <-relDone; _ = rel.Close() }() // its last round reports what its children used
 		log.Info("hybridrated: serving as a relay", slog.String("path", relay.Path))
 	}
 
