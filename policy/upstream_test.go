@@ -13,7 +13,6 @@ import (
 	"github.com/hybridrate/hybridrate/policy"
 )
 
-
 const messaging = `
 domain: messaging
 descriptors:
