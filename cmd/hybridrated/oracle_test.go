@@ -148,6 +148,8 @@ func TestOracleUpstreamAnswersEqual(t *testing.T) {
 	cfg.compat.debugAddr = "127.0.0.1:0"
 	a, _ := start(t, cfg)
 	ours := dialRLS(t, a.grpc)
+	b, _ := start(t, cfg) // a second replica on the same Redis
+	replica := dialRLS(t, b.grpc)
 
 	// Wait until upstream answers with its configuration loaded.
 	deadline := time.Now().Add(30 * time.Second)
@@ -183,19 +185,53 @@ func TestOracleUpstreamAnswersEqual(t *testing.T) {
 		{"several descriptors, one over", repeat(4, req(1, d("basic", "m1"), d("path", "/foo/m")))},
 		{"long and empty values", repeat(4, req(1, d("basic", strings.Repeat("v", 300)), d("basic", "")))},
 		{"unknown domain", repeat(2, &rlsv3.RateLimitRequest{Domain: "nope", Descriptors: []*rlv3.RateLimitDescriptor{d("basic", "a")}})},
+		{"two replicas share the counters", repeat(5, req(1, d("basic", "replicas")))},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			for i, r := range tc.reqs {
 				want, err := up.ShouldRateLimit(context.Background(), r)
 				require.NoError(t, err, "upstream, request %d", i)
-				got, err := ours.ShouldRateLimit(context.Background(), r)
+				c := ours
+				if i%2 == 1 && strings.HasPrefix(tc.name, "two replicas") {
+					c = replica
+				}
+				got, err := c.ShouldRateLimit(context.Background(), r)
 				require.NoError(t, err, "hybridrated, request %d", i)
 				require.Equal(t, describeResponse(want), describeResponse(got), "request %d", i)
 			}
 		})
 	}
+
+	// Reload: a file added to the directory applies on both (each probe counts under its own value).
+	t.Run("reload", func(t *testing.T) {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "reload.yaml"), []byte(oracleReload), 0o644))
+		for name, c := range map[string]rlsv3.RateLimitServiceClient{"upstream": up, "hybridrated": ours} {
+			probe := 0
+			require.Eventually(t, func() bool {
+				probe++
+				r, err := c.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "reloaded",
+					Descriptors: []*rlv3.RateLimitDescriptor{d("key1", "probe"+strconv.Itoa(probe))}})
+				return err == nil && r.Statuses[0].CurrentLimit != nil
+			}, 20*time.Second, 50*time.Millisecond, "%s did not reload", name)
+		}
+		r := &rlsv3.RateLimitRequest{Domain: "reloaded", Descriptors: []*rlv3.RateLimitDescriptor{d("key1", "v")}}
+		for i := range 3 {
+			want, err := up.ShouldRateLimit(context.Background(), r)
+			require.NoError(t, err)
+			got, err := ours.ShouldRateLimit(context.Background(), r)
+			require.NoError(t, err)
+			require.Equal(t, describeResponse(want), describeResponse(got), "request %d", i)
+		}
+	})
 }
+
+// oracleReload is a second file, written while both servers run.
+const oracleReload = `domain: reloaded
+descriptors:
+  - key: key1
+    rate_limit: {unit: hour, requests_per_unit: 2}
+`
 
 // describeResponse renders what must be equal; resets are rounded down to 2 s, so that two answers
 // read a moment apart agree.
