@@ -103,8 +103,8 @@ descriptors:
 
 // TestOracleUpstreamAnswersEqual runs envoyproxy/ratelimit and hybridrated from the same
 // environment and configuration directory on one redis-server, sends both the same request
-// sequences over gRPC and requires equal codes, current limits, remaining counts and resets (to
-// the second: the two answers are read a moment apart).
+// sequences over gRPC and requires equal codes, current limits, remaining counts, headers and
+// resets (within a second: the two answers are read a moment apart).
 func TestOracleUpstreamAnswersEqual(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: the oracle test starts envoyproxy/ratelimit")
@@ -198,7 +198,7 @@ func TestOracleUpstreamAnswersEqual(t *testing.T) {
 				}
 				got, err := c.ShouldRateLimit(context.Background(), r)
 				require.NoError(t, err, "hybridrated, request %d", i)
-				require.Equal(t, describeResponse(want), describeResponse(got), "request %d", i)
+				requireSame(t, want, got, i)
 			}
 		})
 	}
@@ -221,7 +221,7 @@ func TestOracleUpstreamAnswersEqual(t *testing.T) {
 			require.NoError(t, err)
 			got, err := ours.ShouldRateLimit(context.Background(), r)
 			require.NoError(t, err)
-			require.Equal(t, describeResponse(want), describeResponse(got), "request %d", i)
+			requireSame(t, want, got, i)
 		}
 	})
 }
@@ -233,8 +233,7 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 2}
 `
 
-// describeResponse renders what must be equal; resets are rounded down to 2 s, so that two answers
-// read a moment apart agree.
+// describeResponse renders what must be equal, resets aside (see resets).
 func describeResponse(r *rlsv3.RateLimitResponse) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "overall %s\n", r.OverallCode)
@@ -243,20 +242,42 @@ func describeResponse(r *rlsv3.RateLimitResponse) string {
 		if l := s.CurrentLimit; l != nil {
 			fmt.Fprintf(&b, " limit %d/%s name %q", l.RequestsPerUnit, l.Unit, l.Name)
 		}
-		if s.DurationUntilReset != nil {
-			fmt.Fprintf(&b, " reset ~%ds", s.DurationUntilReset.Seconds/2*2)
-		}
-		b.WriteByte('\n')
+		fmt.Fprintf(&b, " reset %t\n", s.DurationUntilReset != nil)
 	}
 	for _, h := range r.ResponseHeadersToAdd {
 		v := h.Value
 		if strings.EqualFold(h.Key, "RateLimit-Reset") {
-			n, _ := strconv.Atoi(v)
-			v = "~" + strconv.Itoa(n/2*2)
+			v = "(reset)"
 		}
 		fmt.Fprintf(&b, "header %s: %s\n", h.Key, v)
 	}
 	return b.String()
+}
+
+// resets returns the response's resets in seconds: each status's, then the reset header's.
+func resets(r *rlsv3.RateLimitResponse) []int64 {
+	var out []int64
+	for _, s := range r.Statuses {
+		out = append(out, s.DurationUntilReset.GetSeconds())
+	}
+	for _, h := range r.ResponseHeadersToAdd {
+		if strings.EqualFold(h.Key, "RateLimit-Reset") {
+			n, _ := strconv.ParseInt(h.Value, 10, 64)
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// requireSame requires equal answers, resets within a second (the two are read a moment apart).
+func requireSame(t *testing.T, want, got *rlsv3.RateLimitResponse, i int) {
+	t.Helper()
+	require.Equal(t, describeResponse(want), describeResponse(got), "request %d", i)
+	w, g := resets(want), resets(got)
+	require.Len(t, g, len(w))
+	for j := range w {
+		require.InDelta(t, w[j], g[j], 1, "request %d: reset %d: upstream %v, hybridrated %v", i, j, w, g)
+	}
 }
 
 func dialRLS(t *testing.T, addr string) rlsv3.RateLimitServiceClient {
