@@ -35,6 +35,7 @@ type compat struct {
 	poolSize   int      // REDIS_POOL_SIZE
 	network    string   // REDIS_SOCKET_TYPE: tcp or unix
 	skipVerify bool     // REDIS_TLS_SKIP_HOSTNAME_VERIFICATION
+	cluster    bool     // REDIS_TYPE=cluster
 	ignored    []string // settings accepted and ignored, with the reason, logged once at start
 }
 
@@ -173,14 +174,11 @@ func parseCompat(getenv func(string) string) (config, error) {
 	case "single":
 		c.redisAddr = url
 	case "cluster":
-		c.redisAddr = url
-		if !strings.Contains(url, ",") {
-			c.redisAddr = url + "," + url // several addresses select a Cluster client
-		}
+		c.redisAddr, cm.cluster = url, true
 	case "sentinel":
 		master, sentinels, ok := strings.Cut(url, ",")
 		if !ok {
-			add(fmt.Errorf("REDIS_URL %q: with REDIS_TYPE=sentinel, want master-name,sentinel1:port,...", url))
+			add(fmt.Errorf("REDIS_URL %q: with REDIS_TYPE=sentinel, want the master name, then the Sentinels: mymaster,host1:26379,host2:26379", url))
 		}
 		c.sentinelMaster, c.redisAddr = master, sentinels
 	default:

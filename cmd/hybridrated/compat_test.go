@@ -65,6 +65,9 @@ func TestCompatReadsUpstreamsEnvironment(t *testing.T) {
 	require.NoError(t, err)
 	require.Nil(t, c.compat)
 
+	c, err = parseConfig(nil, func(k string) string { return map[string]string{"REDIS_URL": "a:1", "REDIS_TYPE": "cluster"}[k] }, io.Discard)
+	require.NoError(t, err)
+	require.True(t, c.compat.cluster, "one address is a Cluster's seed when REDIS_TYPE says so")
 	_, err = parseConfig(nil, func(k string) string { return map[string]string{"REDIS_URL": "r", "REDIS_TYPE": "ring"}[k] }, io.Discard)
 	require.ErrorContains(t, err, "REDIS_TYPE")
 }

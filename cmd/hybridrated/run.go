@@ -390,7 +390,7 @@ func newRedisClient(addr string, cfg config) (redis.UniversalClient, error) {
 			return redis.NewFailoverClient(&redis.FailoverOptions{MasterName: cfg.sentinelMaster, SentinelAddrs: addrs,
 				Username: cfg.redisUser, Password: cfg.redisPassword, TLSConfig: tc, MaxRetries: -1, PoolSize: pool,
 				ContextTimeoutEnabled: true}), nil
-		case len(addrs) > 1:
+		case cm.cluster:
 			return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, Username: cfg.redisUser,
 				Password: cfg.redisPassword, TLSConfig: tc, MaxRetries: -1, PoolSize: pool, ContextTimeoutEnabled: true}), nil
 		}
