@@ -29,14 +29,15 @@ type compat struct {
 	merge      bool   // MERGE_DOMAIN_CONFIG
 	shadow     bool   // SHADOW_MODE
 	headers    *sidecar.HeaderNames
-	debugAddr  string   // DEBUG_HOST:DEBUG_PORT
-	promAddr   string   // PROMETHEUS_ADDR, with USE_PROMETHEUS
-	prefix     string   // CACHE_KEY_PREFIX
-	poolSize   int      // REDIS_POOL_SIZE
-	network    string   // REDIS_SOCKET_TYPE: tcp or unix
-	skipVerify bool     // REDIS_TLS_SKIP_HOSTNAME_VERIFICATION
-	cluster    bool     // REDIS_TYPE=cluster
-	ignored    []string // settings accepted and ignored, with the reason, logged once at start
+	debugAddr  string        // DEBUG_HOST:DEBUG_PORT
+	promAddr   string        // PROMETHEUS_ADDR, with USE_PROMETHEUS
+	prefix     string        // CACHE_KEY_PREFIX
+	poolSize   int           // REDIS_POOL_SIZE
+	network    string        // REDIS_SOCKET_TYPE: tcp or unix
+	skipVerify bool          // REDIS_TLS_SKIP_HOSTNAME_VERIFICATION
+	cluster    bool          // REDIS_TYPE=cluster
+	timeout    time.Duration // REDIS_TIMEOUT: the bound of one Redis call (upstream's default 10s)
+	ignored    []string      // settings accepted and ignored, with the reason, logged once at start
 }
 
 // upstreamMarkers are the variables whose presence, with no command line, selects upstream's
@@ -160,6 +161,14 @@ func parseCompat(getenv func(string) string) (config, error) {
 		cm.headers = &h
 	}
 	cm.prefix = getenv("CACHE_KEY_PREFIX")
+	cm.timeout = 10 * time.Second
+	if v := getenv("REDIS_TIMEOUT"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			add(fmt.Errorf("REDIS_TIMEOUT %q: want a positive duration such as 10s", v))
+		}
+		cm.timeout = d
+	}
 	cm.poolSize = port("REDIS_POOL_SIZE", 10)
 
 	// Redis.

@@ -44,6 +44,7 @@ func TestCompatReadsUpstreamsEnvironment(t *testing.T) {
 	require.Equal(t, "alice", c.redisUser)
 	require.Equal(t, "secret", c.redisPassword)
 	require.Equal(t, 32, c.compat.poolSize)
+	require.Equal(t, 10*time.Second, c.compat.timeout, "upstream's default REDIS_TIMEOUT")
 	require.Equal(t, "tcp", c.compat.network)
 	require.Equal(t, "rl_"+hybrid.DefaultKeyPrefix, c.compat.keyPrefix())
 	require.Equal(t, "X-Left", c.compat.headers.Remaining)

@@ -65,6 +65,11 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 		}
 		strictTimeout = time.Second
 	}
+	if cfg.compat != nil {
+		// Upstream waits for Redis up to REDIS_TIMEOUT; a shorter bound would answer from the
+		// failure policy where upstream answers from Redis.
+		strictTimeout = cfg.compat.timeout
+	}
 	if cfg.checkTimeout > 0 {
 		hybridOpts = append(hybridOpts, hybrid.WithCheckTimeout(cfg.checkTimeout))
 		strictTimeout = max(strictTimeout, cfg.checkTimeout)
