@@ -16,6 +16,10 @@
 //	HTTP  127.0.0.1:8080  POST /v1/check (JSON), GET /metrics (Prometheus), /healthz, /readyz,
 //	                      /dashboard/ (live denials)
 //
+// Started with envoyproxy/ratelimit's environment (RUNTIME_ROOT, REDIS_URL, ...) and no command
+// line, it serves upstream's configuration directory on upstream's ports and answers as upstream
+// does (compat.go; docs/sidecar.md, "Migrating from envoyproxy/ratelimit").
+//
 // Every flag can also be set in the environment: -redis as HYBRIDRATED_REDIS, -redis-tls as
 // HYBRIDRATED_REDIS_TLS=true, and so on. Several -redis addresses are a Redis Cluster (or Sentinels,
 // with -sentinel-master). -redis-user names a Redis ACL user; -redis-tls (and -redis-tls-ca,
@@ -120,6 +124,7 @@ type config struct {
 	relayOwner      bool             // the relay's children shard keys over the relays: cold credit for new keys
 	upstream        string           // the hybrid rules take their leases from the relay at this URL
 	hup             <-chan os.Signal // SIGHUP: reload the policy file now; nil in tests that do not send it
+	compat          *compat          // envoyproxy/ratelimit's start-up (compat.go); nil: the native one
 }
 
 // newLogger returns the logger -log-level and -log-format ask for, writing to w.
@@ -138,6 +143,9 @@ func (c config) tlsConfig() (*tls.Config, error) {
 		return nil, nil
 	}
 	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.redisTLSServer}
+	if c.compat != nil && c.compat.skipVerify {
+		tc.InsecureSkipVerify = true // REDIS_TLS_SKIP_HOSTNAME_VERIFICATION, as upstream does
+	}
 	if c.redisTLSCA != "" {
 		pem, err := os.ReadFile(c.redisTLSCA)
 		if err != nil {
@@ -163,6 +171,9 @@ func (c config) tlsConfig() (*tls.Config, error) {
 
 // parseConfig reads flags, with defaults from the environment (HYBRIDRATED_<FLAG>).
 func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
+	if wantsCompat(args, getenv) {
+		return parseCompat(getenv)
+	}
 	var c config
 	fs := flag.NewFlagSet("hybridrated", flag.ContinueOnError)
 	fs.SetOutput(stderr)
