@@ -69,7 +69,10 @@ func newFixture(t *testing.T, cfg observe.Config) *fixture {
 	t.Cleanup(func() { _ = enf.Close(context.Background()) })
 	p, err := policy.Parse([]byte(testPolicy), "test.yaml")
 	require.NoError(t, err)
-	cfg.MeterProvider, cfg.Instance = mp, "node-1"
+	cfg.MeterProvider = mp
+	if cfg.Instance == "" {
+		cfg.Instance = "node-1"
+	}
 	obs, err := observe.New(enf, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = obs.Close() })
