@@ -200,3 +200,32 @@ func TestFleetConfigErrors(t *testing.T) {
 	_, err := observe.NewFleet(f.obs, observe.FleetConfig{Redis: rdb, Step: time.Second, Points: 60})
 	assert.NoError(t, err)
 }
+
+// fleetACL is the least-privilege ACL of docs/operations.md, "Least privilege", for the fleet
+// reports: a selector gives the plain commands the reports need on their keys only.
+var fleetACL = []any{"on", ">pw", "resetkeys", "resetchannels", "~hr:*", "&hr:*", "-@all", "+ping", "+hello",
+	"(~hr:v3:x:{dashboard}* +set +mget +del +zadd +zrem +zrevrangebyscore +zremrangebyscore +pexpire)"}
+
+// TestFleetUnderLeastPrivilegeACL: reports are written, read and removed by a user whose plain
+// writes reach only the fleet's keys.
+func TestFleetUnderLeastPrivilegeACL(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.Do(t, append([]any{"ACL", "SETUSER", "lim"}, fleetACL...)...)
+	rdb := srv.Client(t, func(o *redis.Options) { o.Username, o.Password, o.MaxRetries = "lim", "pw", -1 })
+	ctx := context.Background()
+	f := newFixture(t, observe.Config{Instance: "pod-a"})
+	fl, err := observe.NewFleet(f.obs, observe.FleetConfig{Redis: rdb, Interval: time.Second})
+	require.NoError(t, err)
+	require.NoError(t, fl.Publish(ctx))
+	v, err := fl.View(ctx)
+	require.NoError(t, err)
+	require.Len(t, v.Instances, 1)
+	rctx, cancel := context.WithCancel(ctx)
+	cancel()
+	fl.Run(rctx) // publishes once, then removes the report
+	aclLog, _ := srv.Do(t, "ACL", "LOG").([]any)
+	assert.Empty(t, aclLog, "no command was refused")
+	err = rdb.Set(ctx, "hr:v4:b:{x}", "v", 0).Err()
+	require.Error(t, err, "a plain write elsewhere in the prefix")
+	assert.Contains(t, err.Error(), "NOPERM")
+}
