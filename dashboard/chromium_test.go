@@ -45,8 +45,8 @@ tiers:
 rules:
   - id: per-key
     dimensions: [api_key]
-    rate: 5
-    burst: 10
+    rate: 2
+    burst: 5
   - id: plan
     dimensions: [api_key]
     tiered: true
