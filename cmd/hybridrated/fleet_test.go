@@ -86,11 +86,8 @@ func TestFleetDashboardInChromium(t *testing.T) {
 	}
 	browsertest.Binary(t) // skip (or fail under CI) before building anything
 	srv := redistest.Start(t)
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "hybridrated")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "go build: %s", out)
-	path := writePolicy(t, dir, fleetPolicy)
+	bin := buildBinary(t)
+	path := writePolicy(t, t.TempDir(), fleetPolicy)
 	env := []string{"HYBRIDRATED_DASHBOARD_HASH_KEY=fleet-wide-secret", "HYBRIDRATED_DASHBOARD_REVEAL=100"}
 	common := []string{"-redis", srv.Addr, "-policy", path, "-fleet-interval", "500ms", "-shutdown-grace", "0s"}
 	a := startProcess(t, bin, env, append(common, "-instance", "pod-a")...)
@@ -136,7 +133,7 @@ func TestFleetDashboardInChromium(t *testing.T) {
 	assert.Equal(t, []string{"", "per-key", "5", "pod-b"}, bob[1:], "pod-a never saw bob: no readable value here")
 
 	// One instance: pod-b's own rules and subjects.
-	_, err = page.Eval(ctx, `document.querySelector("#instances tbody tr:nth-child(2)").click()`)
+	_, err := page.Eval(ctx, `document.querySelector("#instances tbody tr:nth-child(2)").click()`)
 	require.NoError(t, err)
 	wait("pod-b selected", `document.getElementById("fleet-scope").textContent`, is("pod-b"))
 	wait("pod-b's subjects", cells("fleet-subjects"), func(v string) bool {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -28,7 +30,36 @@ import (
 
 func TestMain(m *testing.M) {
 	redis.SetLogger(quietLogger{})
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		if built.dir != "" {
+			_ = os.RemoveAll(built.dir)
+		}
+		os.Exit(code)
+	}))
+}
+
+// built is the hybridrated binary that buildBinary made, once for the tests that run processes.
+var built struct {
+	once sync.Once
+	dir  string
+	bin  string
+	err  error
+}
+
+// buildBinary builds the hybridrated binary on first use and returns its path.
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	built.once.Do(func() {
+		if built.dir, built.err = os.MkdirTemp("", "hybridrated-test-"); built.err != nil {
+			return
+		}
+		built.bin = filepath.Join(built.dir, "hybridrated")
+		if out, err := exec.Command("go", "build", "-o", built.bin, ".").CombinedOutput(); err != nil {
+			built.err = fmt.Errorf("go build: %w: %s", err, out)
+		}
+	})
+	require.NoError(t, built.err)
+	return built.bin
 }
 
 // start runs the sidecar on free loopback ports until the test ends, and returns its addresses and a
