@@ -2,6 +2,8 @@ package observe_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/observe"
+	"github.com/hybridrate/hybridrate/policy"
 )
 
 // TestTrendPerRuleInAlignedSteps: denials per rule per step, the steps aligned on Unix time, shadow
@@ -156,6 +159,7 @@ func TestFleetReportsOnRealRedis(t *testing.T) {
 			body, err := rdb.Get(ctx, k).Result()
 			require.NoError(t, err)
 			assert.Less(t, len(body), 4096)
+			t.Logf("%s: %d bytes", k, len(body))
 			assert.NotContains(t, body, "alice")
 			assert.NotContains(t, body, "bob")
 		}
@@ -228,4 +232,41 @@ func TestFleetUnderLeastPrivilegeACL(t *testing.T) {
 	err = rdb.Set(ctx, "hr:v4:b:{x}", "v", 0).Err()
 	require.Error(t, err, "a plain write elsewhere in the prefix")
 	assert.Contains(t, err.Error(), "NOPERM")
+}
+
+// TestFleetReportIsBounded: however many rules deny and subjects are denied, a report carries at
+// most 32 rules (the rest as "other") and Subjects ids, and stays near 10 KB.
+func TestFleetReportIsBounded(t *testing.T) {
+	var pol strings.Builder
+	pol.WriteString("version: 1\nrules:\n")
+	for i := 0; i < 40; i++ {
+		fmt.Fprintf(&pol, "  - {id: rule-%02d, dimensions: [api_key], match: {routes: [\"GET /r%02d\"]}, rate: 0.001, burst: 1}\n", i, i)
+	}
+	f := newFixture(t, observe.Config{})
+	p, err := policy.Parse([]byte(pol.String()), "many.yaml")
+	require.NoError(t, err)
+	require.NoError(t, f.obs.SetPolicy(p))
+	for i := 0; i < 40; i++ {
+		for k := 0; k < 30; k++ {
+			for j := 0; j < 2; j++ { // burst 1: the second is denied
+				f.check(t, fmt.Sprintf("key-%d", k), fmt.Sprintf("GET /r%02d", i), "")
+			}
+		}
+	}
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	fl, err := observe.NewFleet(f.obs, observe.FleetConfig{Redis: rdb, ID: "big"})
+	require.NoError(t, err)
+	require.NoError(t, fl.Publish(context.Background()))
+	body, err := rdb.Get(context.Background(), "hr:v3:x:{dashboard}:big").Result()
+	require.NoError(t, err)
+	var r observe.Report
+	require.NoError(t, json.Unmarshal([]byte(body), &r))
+	require.Len(t, r.Trend.Rules, 32)
+	assert.Equal(t, observe.Other, r.Trend.Rules[31].Rule)
+	assert.EqualValues(t, 9*30, r.Trend.Rules[31].N, "the 9 least denied rules, 30 denials each")
+	assert.Len(t, r.Subjects, observe.DefaultFleetSubjects)
+	assert.Less(t, len(body), 12<<10)
+	t.Logf("a report with 40 denying rules and 1,200 denied subjects: %d bytes", len(body))
 }
