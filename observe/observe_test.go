@@ -63,7 +63,7 @@ func newFixture(t *testing.T, cfg observe.Config) *fixture {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, HybridOptions: []hybrid.Option{
+	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, StrictTimeout: time.Second, HybridOptions: []hybrid.Option{
 		hybrid.WithCheckTimeout(time.Second), hybrid.WithMeterProvider(mp), hybrid.WithInstance("node-1")}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = enf.Close(context.Background()) })
