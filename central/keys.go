@@ -106,3 +106,8 @@ func ParseBucket(b string) (Bucket, error) {
 
 // FleetKey returns the Redis key of the registry of live nodes under prefix (fleet.lua).
 func FleetKey(prefix string) string { return prefix + internalSpace + "{fleet}" }
+
+// InternalKey returns "<prefix>:v3:x:<name>": a key in the limiter's own namespace, which no user
+// key can reach, for tools that keep their own records next to the limiter's (package observe's
+// fleet reports). The names "{bans}", "bans" and "{fleet}" are taken.
+func InternalKey(prefix, name string) string { return prefix + internalSpace + name }

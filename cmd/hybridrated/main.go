@@ -44,6 +44,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -54,6 +55,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -61,6 +63,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/observe"
 	"github.com/hybridrate/hybridrate/relay"
 )
 
@@ -123,6 +126,9 @@ type config struct {
 	relay           bool             // also serve as a relay (package relay) at relay.Path on the HTTP address
 	relayOwner      bool             // the relay's children shard keys over the relays: cold credit for new keys
 	upstream        string           // the hybrid rules take their leases from the relay at this URL
+	fleetInterval   time.Duration    // how often this instance's fleet report is written to Redis; 0: none
+	revealSubjects  int              // denied subjects whose readable values the dashboard keeps; 0: none
+	dashboardKey    []byte           // HMAC key of the dashboard's subject ids; nil: hashKey, else random
 	hup             <-chan os.Signal // SIGHUP: reload the policy file now; nil in tests that do not send it
 	compat          *compat          // envoyproxy/ratelimit's start-up (compat.go); nil: the native one
 }
@@ -197,7 +203,9 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.StringVar(&c.redisTLSServer, "redis-tls-server-name", env("redis-tls-server-name", ""), "server name to verify in Redis's certificate; empty: the address's host")
 	logLevel := fs.String("log-level", env("log-level", "info"), "log level: debug, info, warn or error")
 	logFormat := fs.String("log-format", env("log-format", "text"), "log format: text or json")
-	fs.StringVar(&c.instance, "instance", env("instance", ""), "instance label of the metrics; empty: the host name")
+	fs.StringVar(&c.instance, "instance", env("instance", ""), "instance label of the metrics and of the dashboard's fleet view; empty: the host name")
+	reveal := fs.String("dashboard-reveal", env("dashboard-reveal", "0"), "keep the readable values of up to this many denied subjects in memory, to show them on this instance's dashboard next to their hashed ids (never written to Redis); 0: off")
+	dashKeyFile := fs.String("dashboard-hash-key-file", env("dashboard-hash-key-file", ""), "file holding the HMAC key of the dashboard's subject ids (also HYBRIDRATED_DASHBOARD_HASH_KEY); the same key on every instance gives a subject the same id fleet-wide; empty: HYBRIDRATED_HASH_KEY, else a random key per process")
 	fs.BoolVar(&c.relayOwner, "relay-owner", env("relay_owner", "") == "true", "with -relay: every child sends each key to one relay (children list all relays in -upstream), so a key new to this relay is admitted once before Redis counts it (relay.Config.ColdCredit)")
 	fs.BoolVar(&c.relay, "relay", env("relay", "") == "true", "also serve as a relay: hold leases in Redis for the limiters of other processes and hand them on at "+relay.Path+" on the HTTP address (docs/operations.md, Relays)")
 	fs.StringVar(&c.upstream, "upstream", env("upstream", ""), "take the hybrid rules' leases from the relay at this `URL` (e.g. http://relay:8080) instead of Redis; several comma-separated URLs shard keys over those relays")
@@ -209,6 +217,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 		{"reload", "1s", "how often the policy file is read for changes", &c.reload},
 		{"shutdown-timeout", "10s", "bound on the graceful shutdown (drain and flush)", &c.shutdownTimeout},
 		{"shutdown-grace", "5s", "after SIGTERM, how long to keep serving while /readyz reports not ready (so load balancers stop sending), before draining", &c.shutdownGrace},
+		{"fleet-interval", "5s", "how often this instance writes its dashboard counters to Redis for the fleet view (one small key with a TTL); 0: never, and no fleet view", &c.fleetInterval},
 		{"check-timeout", "0s", "bound on a synchronous Redis check of a hybrid rule; 0: the library default (1s on the embedded Redis)", &c.checkTimeout},
 		{"sync-timeout", "0s", "deprecated: -check-timeout", &c.syncTimeout},
 	}
@@ -234,6 +243,14 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	if c.reload < time.Millisecond || c.shutdownTimeout <= 0 || c.checkTimeout < 0 || c.shutdownGrace < 0 {
 		return c, errors.New("-reload must be at least 1ms, -shutdown-timeout positive, -check-timeout and -shutdown-grace not negative")
 	}
+	if c.fleetInterval != 0 && c.fleetInterval < 100*time.Millisecond {
+		return c, fmt.Errorf("-fleet-interval %v: want 0 (off) or at least 100ms", c.fleetInterval)
+	}
+	n, err := strconv.Atoi(*reveal)
+	if err != nil || n < 0 || n > observe.MaxRevealSubjects {
+		return c, fmt.Errorf("-dashboard-reveal %q: want a count from 0 to %d", *reveal, observe.MaxRevealSubjects)
+	}
+	c.revealSubjects = n
 	if err := c.logLevel.UnmarshalText([]byte(*logLevel)); err != nil {
 		return c, fmt.Errorf("-log-level %q: want debug, info, warn or error", *logLevel)
 	}
@@ -268,6 +285,21 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	}
 	if k := getenv("HYBRIDRATED_HASH_KEY"); k != "" {
 		c.hashKey = []byte(k)
+	}
+	switch {
+	case *dashKeyFile != "":
+		b, err := os.ReadFile(*dashKeyFile)
+		if err != nil {
+			return c, fmt.Errorf("-dashboard-hash-key-file: %w", err)
+		}
+		if b = bytes.TrimSpace(b); len(b) == 0 {
+			return c, fmt.Errorf("-dashboard-hash-key-file %s is empty", *dashKeyFile)
+		}
+		c.dashboardKey = b
+	case getenv("HYBRIDRATED_DASHBOARD_HASH_KEY") != "":
+		c.dashboardKey = []byte(getenv("HYBRIDRATED_DASHBOARD_HASH_KEY"))
+	default:
+		c.dashboardKey = c.hashKey
 	}
 	return c, nil
 }

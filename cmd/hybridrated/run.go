@@ -161,12 +161,25 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 			_ = enf.Close(context.WithoutCancel(ctx))
 		}
 	}()
-	obs, err := observe.New(enf, observe.Config{MeterProvider: mp, Instance: instance, HashKey: cfg.hashKey,
-		Window: 15 * time.Minute}) // the dashboard offers 1, 5 and 15 minutes
+	obs, err := observe.New(enf, observe.Config{MeterProvider: mp, Instance: instance, HashKey: cfg.dashboardKey,
+		RevealSubjects: cfg.revealSubjects, Window: 15 * time.Minute}) // the dashboard offers 1, 5 and 15 minutes
 	if err != nil {
 		return err
 	}
 	defer obs.Close()
+	var dashOpts []dashboard.Option
+	if cfg.fleetInterval > 0 {
+		// This instance's counters, for every instance's fleet view: one small key with a TTL.
+		fleet, err := observe.NewFleet(obs, observe.FleetConfig{Redis: rdb, Interval: cfg.fleetInterval, Logger: log})
+		if err != nil {
+			return err
+		}
+		fctx, stopFleet := context.WithCancel(context.WithoutCancel(ctx))
+		fleetDone := make(chan struct{})
+		go func() { defer close(fleetDone); fleet.Run(fctx) }()
+		defer func() { stopFleet(); <-fleetDone }() // removes the report, before Redis is closed
+		dashOpts = append(dashOpts, dashboard.WithFleet(fleet))
+	}
 
 	// The policy: a file watched for changes (and reloaded on SIGHUP), or the built-in one.
 	var reloader *policy.Reloader
@@ -260,7 +273,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 		}
 		_, _ = io.WriteString(w, rl.report())
 	})
-	mux.Handle("/dashboard/", http.StripPrefix("/dashboard", dashboard.Handler(obs)))
+	mux.Handle("/dashboard/", http.StripPrefix("/dashboard", dashboard.Handler(obs, dashOpts...)))
 	mux.Handle("GET /{$}", http.RedirectHandler("/dashboard/", http.StatusFound))
 	hsrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 
