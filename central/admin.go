@@ -35,7 +35,7 @@ func (c *Client) PeekBucket(ctx context.Context, key string, lim Limit) (Peek, e
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.FlushTimeout)
 	defer cancel()
 	c.stats.Commands.Add(1)
-	res, err := peekScript.Run(ctx, c.flushRDB, []string{BucketKey(c.cfg.Prefix, key, lim)},
+	res, err := peekScript.Run(ctx, c.flushRDB, []string{BucketKey(c.cfg.Prefix, key)},
 		strconv.FormatFloat(lim.Rate, 'f', -1, 64), strconv.FormatInt(lim.Burst, 10), 0).Result()
 	if err != nil {
 		return Peek{}, fmt.Errorf("central: peek %q: %w", key, err)
@@ -60,7 +60,7 @@ func (c *Client) DeleteBucket(ctx context.Context, key string, lim Limit) (bool,
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.FlushTimeout)
 	defer cancel()
 	c.stats.Commands.Add(1)
-	n, err := c.flushRDB.Del(ctx, BucketKey(c.cfg.Prefix, key, lim)).Result()
+	n, err := c.flushRDB.Del(ctx, BucketKey(c.cfg.Prefix, key)).Result()
 	if err != nil {
 		return false, fmt.Errorf("central: delete %q: %w", key, err)
 	}

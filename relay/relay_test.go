@@ -114,7 +114,7 @@ func TestRelayHoldsTheLimitAcrossItsChildren(t *testing.T) {
 	if got < 0.8*limit.Rate*el {
 		t.Errorf("admitted %v < 80%% of the refill (%.0f): the relays starve their children", got, limit.Rate*el)
 	}
-	fields, err := rdb.HKeys(ctx, central.BucketKey(prefix, "shared", central.Limit{Rate: limit.Rate, Burst: limit.Burst})).Result()
+	fields, err := rdb.HKeys(ctx, central.BucketKey(prefix, "shared")).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,7 +201,7 @@ func TestRelayAnswers(t *testing.T) {
 	// The relay's record in the bucket (reconcile.lua: inc, chg, used, demand, seen as
 	// little-endian float64s) counts everything admitted: the two leasing takes of 1 and the one-off
 	// takes.
-	rec, err := rdb.HGet(ctx, central.BucketKey("rt2", "k", lim), "n:relay").Bytes()
+	rec, err := rdb.HGet(ctx, central.BucketKey("rt2", "k"), "n:relay").Bytes()
 	if err != nil {
 		t.Fatal(err)
 	}
