@@ -24,7 +24,7 @@ func (c *Client) Ban(ctx context.Context, key string, d time.Duration) error {
 	if ms < 1 || ms > 1e12 {
 		return fmt.Errorf("central: ban duration %v out of range [1ms, 1e12ms]", d)
 	}
-	if err := c.bucketBan(ctx, key, ms); err != nil {
+	if err := c.bucketBan(ctx, key, "ban", ms); err != nil {
 		return err
 	}
 	return c.banCall(ctx, "ban", key, ms)
@@ -35,16 +35,16 @@ func (c *Client) Unban(ctx context.Context, key string) error {
 	if err := c.banCall(ctx, "unban", key, 0); err != nil {
 		return err
 	}
-	return c.bucketBan(ctx, key, 0)
+	return c.bucketBan(ctx, key, "unban", 0)
 }
 
-// bucketBan writes the ban of key (ms 0: none) into its bucket.
-func (c *Client) bucketBan(ctx context.Context, key string, ms int64) error {
+// bucketBan runs bucketban.lua's action ("ban" for ms, "unban") on key's bucket.
+func (c *Client) bucketBan(ctx context.Context, key, action string, ms int64) error {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.FlushTimeout)
 	defer cancel()
 	if _, err := c.runner.Run(ctx, c.flushRDB, bucketBanScript, []string{BucketKey(c.cfg.Prefix, key)},
-		strconv.FormatInt(ms, 10)); err != nil {
-		return fmt.Errorf("central: ban %q in its bucket: %w", key, err)
+		action, strconv.FormatInt(ms, 10)); err != nil {
+		return fmt.Errorf("central: %s %q in its bucket: %w", action, key, err)
 	}
 	return nil
 }

@@ -108,8 +108,21 @@ func TestBanInTheBucket(t *testing.T) {
 			assert.Greater(t, ttl, 59*time.Second, "the bucket keeps the ban as long as it lasts")
 		}
 
+		ok, err := c.DeleteBucket(ctx, "k", lim)
+		require.NoError(t, err)
+		assert.True(t, ok)
+		st = (&node{c: c, key: "k", lim: lim, inc: 8}).call(t, 0, 2, 1)
+		assert.Equal(t, StatusBanned, st.Status, "deleting the bucket (Reset) keeps the ban")
+		require.NoError(t, c.Ban(ctx, "only", time.Minute))
+		ok, err = c.DeleteBucket(ctx, "only", lim)
+		require.NoError(t, err)
+		assert.False(t, ok, "a bucket that holds only a ban is no bucket")
+		st, err = c.Take(ctx, Update{Key: "only", Limit: lim, Want: 1, N: 1})
+		require.NoError(t, err)
+		assert.Equal(t, StatusBanned, st.Status, "and its ban stays")
+
 		require.NoError(t, c.Unban(ctx, "k"))
-		st = (&node{c: c, key: "k", lim: lim, inc: 8}).call(t, 0, 2, 1) // inc 7's take replaced nd's record
+		st = (&node{c: c, key: "k", lim: lim, inc: 9}).call(t, 0, 2, 1)
 
 		assert.Equal(t, StatusCovered, st.Status, "unbanned")
 	})
