@@ -37,11 +37,15 @@ if not (window_ms ~= nil and window_ms >= 1 and window_ms <= 1e10) then
 end
 if not (now ~= nil and now >= 0 and now <= 1e17) then return redis.error_reply('ERR hybridrate: bad time override') end
 if not (fleet_n ~= nil and fleet_n >= 0 and fleet_n <= 1e9) then return redis.error_reply('ERR hybridrate: bad fleet size') end
-local t = redis.call('TIME')
-local real = tonum(t[1]) * 1000000 + tonum(t[2])
-if now == 0 then now = real end
--- The key's TTL is kept on Redis's own clock, which expires keys (as reconcile.lua's x field).
-local ttl_ms = floor(real / 1000)
+-- The key's TTL is kept on Redis's own clock, which expires keys (as reconcile.lua's x field): with
+-- Redis TIME, the TTL is refreshed when half of it has passed; under a time override the script
+-- reads no clock and refreshes it on every write, as a central bucket does (ttl_ms nil).
+local ttl_ms
+if now == 0 then
+  local t = redis.call('TIME')
+  now = tonum(t[1]) * 1000000 + tonum(t[2])
+  ttl_ms = floor(now / 1000)
+end
 local st = rawget(_G, 'struct')
 
 local burst_u = burst * 1000000
@@ -72,9 +76,13 @@ if now > ts then
 end
 -- A burst lowered since the bucket's last write (the limit is not part of the key): clamp.
 if tokens > burst_u then tokens = burst_u end
-local reset = function(t) return mmin(mmax(ceil((burst_u - t) / rate), 0), 1e15) end
-if ban ~= nil and ban > ttl_ms then
-  return {2, 0, floor(tokens), floor(w * 1000), mmin((ban - ttl_ms) * 1000, 1e15), reset(tokens)}
+-- The key's ban (Redis TIME, ms; under a time override, tests and the fleet simulator, the override).
+if ban ~= nil then
+  local now_ms = ttl_ms or floor(now / 1000)
+  if ban > now_ms then
+    return {2, 0, floor(tokens), floor(w * 1000), mmin((ban - now_ms) * 1000, 1e15),
+      mmin(mmax(ceil((burst_u - tokens) / rate), 0), 1e15)}
+  end
 end
 -- While the key's declared demand is under its rate, reconcile.lua lends nodes the refill of the
 -- coming advance (the bucket may go down to -rate·advance); a one-off take may draw on the same
@@ -86,13 +94,19 @@ if fleet_n <= burst + adv_max and w < rate * 1.25 then adv = mmin(adv_max, floor
 if tokens + adv * 1000000 < n * 1000000 then
   -- A denial writes nothing: the refill is recomputed from the stored time next call.
   return {0, 0, floor(tokens), floor(w * 1000), mmin(ceil((n * 1000000 - adv * 1000000 - tokens) / rate), 1e15),
-    reset(tokens)}
+    mmin(mmax(ceil((burst_u - tokens) / rate), 0), 1e15)}
 end
 tokens = floor(tokens - n * 1000000)
 consumed = consumed + n
 local ttl = mmin(mmax(ceil(2000 * (burst + adv_max) / rate) + 1000, window_ms), 1e12)
-local refresh = ttl_set < 0 or ttl_ms - ttl_set > ttl / 2 or ttl_ms < ttl_set
-if refresh then ttl_set = ttl_ms end
+local refresh = true
+if ttl_ms == nil then
+  ttl_set = 0 -- unknown on Redis's clock: the next call with Redis TIME refreshes the TTL
+elseif ttl_set < 0 or ttl_ms - ttl_set > ttl / 2 or ttl_ms < ttl_set then
+  ttl_set = ttl_ms
+else
+  refresh = false
+end
 if st ~= nil then
   b = st.pack('<dddddd', tokens, ts, consumed, w, next_scan, ttl_set)
 else
@@ -100,4 +114,4 @@ else
 end
 redis.call('HSET', KEYS[1], 'b', b)
 if refresh then redis.call('PEXPIRE', KEYS[1], ttl) end
-return {1, 0, tokens, floor(w * 1000), 0, reset(tokens)}
+return {1, 0, tokens, floor(w * 1000), 0, mmin(mmax(ceil((burst_u - tokens) / rate), 0), 1e15)}

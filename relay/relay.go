@@ -61,6 +61,15 @@ type Config struct {
 	FleetBeat time.Duration
 	// MaxKeys bounds the keys held (DefaultMaxKeys).
 	MaxKeys int
+	// ColdCredit, if positive, admits the first one-off take of a key the relay has not seen (or
+	// dropped after ActiveWindow without calls) without asking Redis, if it asks for at most
+	// ColdCredit tokens and the key's bucket refills within ActiveWindow (Rate·ActiveWindow ≥
+	// Burst); the admission is reported in the next round, batched with other keys. Set it only
+	// where the relay is the one way to Redis for its keys (children that shard keys over relays,
+	// Sharded): then a key the relay does not know has had no consumption for ActiveWindow, and its
+	// bucket is full, unless its owner changed. Each such admission is a cold-start credit of
+	// docs/accuracy.md's bound. 0 (the default) sends a new key's first takes to Redis.
+	ColdCredit int64
 	// Now returns the time on a monotonic clock in nanoseconds; nil means the real clock.
 	Now func() int64
 }
@@ -77,6 +86,7 @@ type Stats struct {
 	Burned     atomic.Int64 // pool tokens written off at the end of their lease life
 	Evicted    atomic.Int64 // keys dropped after ActiveWindow without calls
 	FullDenied atomic.Int64 // calls refused with ErrFull
+	Cold       atomic.Int64 // one-off takes admitted on the cold credit (Config.ColdCredit)
 }
 
 // Relay serves leases to hybrid limiters (its children) from pools it holds in Redis's buckets.
@@ -326,11 +336,19 @@ func (r *Relay) Take(ctx context.Context, node string, u central.Update) (centra
 			e.mu.Unlock()
 			return st, nil
 		}
-		if u.Inc == 0 && e.chg-e.cum <= 0 && e.takeRate > 0 && r.demand(e, now)*r.cfg.LeaseLife.Seconds() < directBelow {
-			// A key this relay's children ask for less than directBelow times a lease life: no pool
-			// worth holding (it would be written off unused, and the round that reports it costs
-			// Redis a second call). The take goes to Redis as a one-off take (take.lua, a central
-			// bucket's price), counted there at once; as hybrid's direct rule does for a node.
+		if u.Inc == 0 && r.cold(e, u.N) {
+			// A key the relay has never been charged for nor consumed: admitted on its cold
+			// credit, counted in the next round (see Config.ColdCredit).
+			e.cum += u.N
+			e.used += u.N
+			e.mu.Unlock()
+			r.stats.Cold.Add(1)
+			return central.State{Status: central.StatusCovered, Tokens: 0, ResetAfter: 0}, nil
+		}
+		if u.Inc == 0 && e.chg-e.cum <= 0 && r.direct(e, now) {
+			// No pool worth holding (see direct): the take goes to Redis as a one-off take
+			// (take.lua, a central bucket's price), counted there at once; as hybrid's direct rule
+			// does for a node.
 			e.mu.Unlock()
 			r.stats.SyncCalls.Add(1)
 			r.stats.Upstream.Add(1)
@@ -547,6 +565,11 @@ func (r *Relay) update(e *entry, now int64, need int64) central.Update {
 			want = min(want, int64(math.Ceil(2*e.takes)))
 		}
 	}
+	if e.sentAt == 0 && e.chg == 0 && e.takes <= directFirst {
+		// The first report of a key seen once or twice (its cold credit): a pool for it would most
+		// likely be written off unused; a child that needs more asks, as for any key.
+		want = 0
+	}
 	want = min(max(want, need), e.lim.Burst)
 	// reconcile.lua requires Used ≤ Cum. A child's record seeded from what an earlier relay (or an
 	// evicted entry) charged it can report admissions this entry never handed on: they are charged.
@@ -588,6 +611,33 @@ func (r *Relay) apply(e *entry, up central.Update, st central.State, now int64) 
 		e.retryAt = now + int64(st.RetryAfter)
 	}
 }
+
+// direct reports whether a one-off take the entry's pool cannot cover (locked) goes to Redis as a
+// one-off take rather than through a pool:
+//   - in the key's first window, its first directFirst takes: most keys of a flood of new keys
+//     (per-request ids, scanners) are never asked for again, and a pool for one of them costs
+//     reconcile.lua's set-up, a node record, and a round to report it, where a one-off take costs
+//     what a central bucket's call does;
+//   - afterwards, a key this relay's children ask for fewer than directBelow tokens a lease life:
+//     a pool would be written off unused.
+func (r *Relay) direct(e *entry, now int64) bool {
+	if e.takeRate == 0 && e.sentAt == 0 {
+		return e.takes <= directFirst // e.takes counts this take already (serve)
+	}
+	return e.takeRate > 0 && r.demand(e, now)*r.cfg.LeaseLife.Seconds() < directBelow
+}
+
+// cold reports whether a one-off take of n tokens is admitted on the relay's cold credit (locked):
+// the key's first contact at this relay (nothing charged, consumed or reported), within
+// Config.ColdCredit, on a bucket that refills within ActiveWindow.
+func (r *Relay) cold(e *entry, n int64) bool {
+	return r.cfg.ColdCredit > 0 && n <= r.cfg.ColdCredit && e.sentAt == 0 && e.chg == 0 && e.cum == 0 &&
+		e.lim.Rate*r.cfg.ActiveWindow.Seconds() >= float64(e.lim.Burst)
+}
+
+// directFirst is how many one-off takes of a new key go to Redis directly before the relay asks for
+// a pool (direct).
+const directFirst = 2
 
 // idleAfter is how long a key must see no calls to count as idle: an idle key's round reports
 // what it must without asking for a pool.
@@ -635,6 +685,11 @@ func (r *Relay) due(e *entry, now int64) bool {
 		return true
 	}
 	if now < e.retryAt {
+		return false
+	}
+	if e.sentAt == 0 && e.chg == 0 {
+		// Redis has never charged the relay on this key (its takes went to Redis directly, or were
+		// denied): no pool to refill and no record whose demand Redis should know.
 		return false
 	}
 	d := r.demand(e, now)

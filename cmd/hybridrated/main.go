@@ -24,8 +24,9 @@
 // keys before they reach Redis from HYBRIDRATED_HASH_KEY. Logs go to stderr at -log-level (debug,
 // info, warn, error), as text or, with -log-format json, JSON. -relay also serves leases to the
 // limiters of other processes (package relay, at /hybridrate/relay/v1 on the HTTP address), and
-// -upstream URL makes this one's hybrid rules take their leases from such a relay instead of Redis
-// (docs/operations.md, "Relays").
+// -upstream URL makes this one's hybrid rules take their leases from such a relay instead of Redis;
+// several comma-separated URLs shard the keys over those relays, each key to one of them
+// (relay.Sharded; every process must list the same URLs) (docs/operations.md, "Relays").
 //
 // A changed policy file takes effect within -reload, or at once on SIGHUP; an invalid one is logged
 // with its line and the previous policy stays. Reloads are counted (hybridrate.policy.reloads, by
@@ -116,6 +117,7 @@ type config struct {
 	redisTLSKey     string           // its key
 	redisTLSServer  string           // the server name to verify; empty: the host of the address
 	relay           bool             // also serve as a relay (package relay) at relay.Path on the HTTP address
+	relayOwner      bool             // the relay's children shard keys over the relays: cold credit for new keys
 	upstream        string           // the hybrid rules take their leases from the relay at this URL
 	hup             <-chan os.Signal // SIGHUP: reload the policy file now; nil in tests that do not send it
 }
@@ -185,8 +187,9 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	logLevel := fs.String("log-level", env("log-level", "info"), "log level: debug, info, warn or error")
 	logFormat := fs.String("log-format", env("log-format", "text"), "log format: text or json")
 	fs.StringVar(&c.instance, "instance", env("instance", ""), "instance label of the metrics; empty: the host name")
+	fs.BoolVar(&c.relayOwner, "relay-owner", env("relay_owner", "") == "true", "with -relay: every child sends each key to one relay (children list all relays in -upstream), so a key new to this relay is admitted once before Redis counts it (relay.Config.ColdCredit)")
 	fs.BoolVar(&c.relay, "relay", env("relay", "") == "true", "also serve as a relay: hold leases in Redis for the limiters of other processes and hand them on at "+relay.Path+" on the HTTP address (docs/operations.md, Relays)")
-	fs.StringVar(&c.upstream, "upstream", env("upstream", ""), "take the hybrid rules' leases from the relay at this `URL` (e.g. http://relay:8080) instead of Redis")
+	fs.StringVar(&c.upstream, "upstream", env("upstream", ""), "take the hybrid rules' leases from the relay at this `URL` (e.g. http://relay:8080) instead of Redis; several comma-separated URLs shard keys over those relays")
 	var err error
 	durations := []struct {
 		name, def, usage string

@@ -89,21 +89,37 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 	}
 	hybridOpts = append(hybridOpts, hybrid.WithMeterProvider(mp), hybrid.WithInstance(instance))
 	if cfg.upstream != "" {
-		// Leases from a relay (docs/operations.md, "Relays"); bans, peeks and the fleet registry
-		// still go to Redis.
-		u, err := url.Parse(cfg.upstream)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fmt.Errorf("-upstream %q: want an http:// or https:// URL of a relay", cfg.upstream)
-		}
+		// Leases from a relay, or from several with each key sharded to one of them by its name
+		// (docs/operations.md, "Relays"); bans, peeks and the fleet registry still go to Redis.
 		hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: time.Minute}}
 		defer hc.CloseIdleConnections()
-		hybridOpts = append(hybridOpts, hybrid.WithUpstream(relay.Dial(strings.TrimSuffix(cfg.upstream, "/"), hc)))
+		ups := map[string]relay.Upstream{}
+		for _, raw := range strings.Split(cfg.upstream, ",") {
+			base := strings.TrimSuffix(strings.TrimSpace(raw), "/")
+			u, err := url.Parse(base)
+			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				return fmt.Errorf("-upstream %q: want http:// or https:// URLs of relays, comma-separated", cfg.upstream)
+			}
+			if _, dup := ups[base]; dup {
+				return fmt.Errorf("-upstream %q: relay %s listed twice", cfg.upstream, base)
+			}
+			ups[base] = relay.Dial(base, hc)
+		}
+		up, err := relay.NewSharded(ups)
+		if err != nil {
+			return fmt.Errorf("-upstream: %w", err)
+		}
+		hybridOpts = append(hybridOpts, hybrid.WithUpstream(up))
 	}
 	var rel *relay.Relay
 	if cfg.relay {
 		var id [8]byte
 		_, _ = rand.Read(id[:])
-		rel, err = relay.New(relay.Config{Central: relay.ClientConfig(rdb, hybrid.DefaultKeyPrefix, "relay-"+hex.EncodeToString(id[:]))})
+		rc := relay.Config{Central: relay.ClientConfig(rdb, hybrid.DefaultKeyPrefix, "relay-"+hex.EncodeToString(id[:]))}
+		if cfg.relayOwner {
+			rc.ColdCredit = 1
+		}
+		rel, err = relay.New(rc)
 		if err != nil {
 			return err
 		}
