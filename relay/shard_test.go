@@ -183,6 +183,11 @@ func TestShardedChildrenOnRealRedis(t *testing.T) {
 			_ = l.Close(context.Background())
 		}
 	}()
+	for _, l := range kids { // as TestRelayHoldsTheLimitAcrossItsChildren: cold-start credit from the start
+		for deadline := time.Now().Add(5 * time.Second); !l.BansLoaded() && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+		}
+	}
 	limit := hybrid.Limit{Rate: 20, Burst: 10}
 	keys := []string{"user:1", "user:2", "user:3", "user:4", "user:5", "user:6", "user:7", "user:8"}
 	const run = 1500 * time.Millisecond
