@@ -98,7 +98,7 @@ func (l Limit) Valid() bool { return limits.CheckRate(l.Rate, l.Burst) == nil }
 // reconcile.lua documents the model.
 type Update struct {
 	Key    string  // the limiter key (not the Redis key)
-	Limit  Limit   // the limit; part of the bucket's identity (BucketKey)
+	Limit  Limit   // the limit the scripts apply to the key's bucket (not part of its name: BucketKey)
 	Inc    uint64  // incarnation of the node's local entry for Key; 0 for a one-off take without one
 	Cum    int64   // tokens this incarnation has consumed in total (admitted, and unused lease written off)
 	Acked  int64   // the tokens charged to this incarnation by the last answer the node applied
@@ -122,6 +122,9 @@ const (
 	StatusDone Status = -1
 	// StatusStale: a late call from an incarnation the node has replaced; nothing changed.
 	StatusStale Status = -2
+	// StatusBanned: the key is banned (its bucket holds the ban: see [Client.Ban]). What the node
+	// reported was applied; nothing was granted or taken, and RetryAfter is the ban's remaining time.
+	StatusBanned Status = 2
 )
 
 // State is Redis's answer for one key.
@@ -172,6 +175,7 @@ var (
 	reconcileScript = redisx.NewScript(lua.Reconcile())
 	takeScript      = redisx.NewScript(lua.Take())
 	banScript       = redisx.NewScript(lua.Ban())
+	bucketBanScript = redisx.NewScript(lua.BucketBan())
 )
 
 // New validates cfg and returns a client. It does no I/O.
@@ -263,7 +267,7 @@ func (c *Client) Preload(ctx context.Context) error {
 	if err := c.runner.Load(ctx, c.flushRDB, reconcileScript); err != nil {
 		return fmt.Errorf("central: preload: %w", err)
 	}
-	for _, sc := range []*redisx.Script{banScript, takeScript, fleetScript} {
+	for _, sc := range []*redisx.Script{banScript, bucketBanScript, takeScript, fleetScript} {
 		if err := c.runner.Load(ctx, c.flushRDB, sc); err != nil {
 			return fmt.Errorf("central: preload: %w", err)
 		}
@@ -343,7 +347,7 @@ func (c *Client) Take(ctx context.Context, u Update) (State, error) {
 	caller := ctx
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.SyncTimeout)
 	defer cancel()
-	keys := []string{BucketKey(c.cfg.Prefix, u.Key, u.Limit)}
+	keys := []string{BucketKey(c.cfg.Prefix, u.Key)}
 	script, args := reconcileScript, []any(nil)
 	if u.Inc == 0 {
 		// A one-off take (no local entry, or hybrid's direct rule): take.lua, which costs Redis what
@@ -526,7 +530,7 @@ func (c *Client) group(updates []Update, valid []int) [][]int {
 	bySlot := make(map[int][]int)
 	var order []int
 	for _, i := range valid {
-		s := redisx.Slot(BucketKey(c.cfg.Prefix, updates[i].Key, updates[i].Limit))
+		s := redisx.Slot(BucketKey(c.cfg.Prefix, updates[i].Key))
 		if _, ok := bySlot[s]; !ok {
 			order = append(order, s)
 		}
@@ -548,7 +552,7 @@ func (c *Client) pipeline(ctx context.Context, updates []Update, groups [][]int)
 		args = append(args, c.keyArgs...)
 		c.scriptTime(args)
 		for k, i := range g {
-			keys[k] = BucketKey(c.cfg.Prefix, updates[i].Key, updates[i].Limit)
+			keys[k] = BucketKey(c.cfg.Prefix, updates[i].Key)
 			args = appendArgs(args, updates[i])
 		}
 		cmds[gi] = c.runner.EvalSha(ctx, pipe, reconcileScript, keys, args...)
@@ -598,7 +602,7 @@ func decodeStates(res any, out []State, errs []error) error {
 		}
 		// The script clamps both durations to 1e15µs (about 31 years); a larger value would overflow
 		// time.Duration into a negative wait (found by FuzzDecodeStates).
-		if v[0] < -2 || v[0] > 1 || v[1] < 0 || v[3] < 0 || v[4] < 0 || v[5] < 0 || v[4] > 1e15 || v[5] > 1e15 {
+		if v[0] < -2 || v[0] > 2 || v[1] < 0 || v[3] < 0 || v[4] < 0 || v[5] < 0 || v[4] > 1e15 || v[5] > 1e15 {
 			return fmt.Errorf("%w: values out of range %v", ErrBadReply, v)
 		}
 		errs[k] = nil

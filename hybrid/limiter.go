@@ -208,8 +208,10 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		Fleet:     func() int64 { return self.fleetSize.Load() },
 		LeaseLife: LeaseLife,
 		Now:       l.mono,
-		OnState: func(e *local.Entry, _ central.State) {
-			if l.bansIncomplete() {
+		OnState: func(e *local.Entry, st central.State) {
+			if st.Status == central.StatusBanned {
+				l.deny.Ban(e.Key(), l.opts.now().Add(max(st.RetryAfter, time.Millisecond)))
+			} else if l.bansIncomplete() {
 				l.bans.add(e.Key()) // it may be banned beyond the local copy: check it
 			}
 			_, active := e.Global()
@@ -241,7 +243,10 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	l.cancel = cancel
 	if o.manual {
-		return l, nil // the fleet simulator steps it (internal/virtual)
+		// The fleet simulator steps it (internal/virtual), with no ban list to watch: the (empty)
+		// list is complete, and cold-start credit is granted as in production once it is read.
+		l.bans.known.Store(true)
+		return l, nil
 	}
 	l.wg.Add(5)
 	go func() {
@@ -268,7 +273,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 			l.opts.logger.Warn("hybridrate: preloading scripts", slog.Any("error", err))
 		}
 		l.central.WatchBans(ctx, central.BanWatch{Refresh: l.opts.banRefresh, Page: banPage, Sweep: banSweep,
-			OnEvent: l.onBan, OnLoad: l.onBanList, OnTotal: l.bans.total.Store,
+			OnEvent: l.onBan, OnLoad: l.onBanList, OnTotal: l.onBanTotal,
 			OnError: func(err error) { logs.failed(&logs.bans, err) }})
 	}()
 	return l, nil
@@ -300,9 +305,9 @@ func (l *Limiter) Allow(ctx context.Context, key string, limit Limit) (Decision,
 // A denial is not an error: err is non-nil only when no decision could be made — invalid input
 // (ErrInvalidKey, ErrInvalidLimit, ErrInvalidCost), a closed limiter (ErrClosed) or a cancelled
 // ctx. Keys are 1 to MaxKeyLen bytes of anything (braces and NUL bytes included); n is 1 to
-// limit.Burst. The same key should always be used with the same limit; when it changes, the newest
-// limit applies from the next reconcile on. limit.OnFailure does not select the bucket: it only says
-// what this call gets while Redis cannot answer (see [Limit]).
+// limit.Burst. A key has one bucket whatever its limit: a call with a new limit for a key changes
+// the key's limit without resetting its consumption (see [Limit]). limit.OnFailure does not select
+// the bucket either: it only says what this call gets while Redis cannot answer.
 //
 // Most calls are answered from local state without I/O or allocation. A call that must ask Redis
 // waits at most the check timeout (WithCheckTimeout) and ctx.
@@ -322,8 +327,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) 
 	if n < 1 || n > limit.Burst {
 		return Decision{}, fmt.Errorf("%w: n=%d: want 1 to burst (%d)", ErrInvalidCost, n, limit.Burst)
 	}
-	lid := local.LimitID(limit.Rate, limit.Burst)
-	h := l.store.Hash(key, lid)
+	h := l.store.Hash(key)
 	st := &l.counts[h&(numStripes-1)]
 	if !l.deny.Empty() {
 		if d, ok := l.denied(key, limit); ok {
@@ -331,7 +335,10 @@ func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) 
 			return d, nil
 		}
 	}
-	if e := l.store.Lookup(key, limit.Rate, limit.Burst, h); e != nil {
+	if e := l.store.Lookup(key, h); e != nil {
+		if !e.HasLimit(limit.Rate, limit.Burst) {
+			e.SetLimit(limit.Rate, limit.Burst) // the key's limit changed: same entry, same bucket
+		}
 		if e.TryTake(n) == local.Taken {
 			// Close sets closed before its final flush. A call that took tokens locally and still
 			// sees closed false took them before Close began (Go's atomics are sequentially
@@ -405,12 +412,14 @@ const starvedTrust = time.Second
 // Burst/F) tokens, rounded down, with F the live limiters of the fleet registry, so that the
 // fleet's cold-start credits on one key add up to one burst at most whatever the fleet's size
 // (docs/accuracy.md); 0 when that is under a token (the key's first request here asks Redis), in
-// strict mode or WithoutColdStart. Before the registry's first answer (a node's first
+// strict mode or WithoutColdStart, and while the local copy of the ban list is not known to hold
+// every ban (bansComplete: not read yet, or Redis holds more bans than it keeps), so that a banned
+// key's first decision goes to Redis. Before the registry's first answer (a node's first
 // milliseconds, or Redis down at start) F is the largest number of nodes Redis's answers showed
 // sharing a key, at least 1. Two tokens let the first requests of a new key (a client's first call
 // is often followed by a second at once) be answered before its first reconcile on small fleets.
 func (l *Limiter) coldCredit(limit Limit) int64 {
-	if l.opts.drift == 0 || !l.opts.coldStart {
+	if l.opts.drift == 0 || !l.opts.coldStart || !l.bansComplete() {
 		return 0
 	}
 	f := l.fleetSize.Load()
@@ -496,6 +505,9 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 			break
 		}
 	}
+	if e != nil && !e.HasLimit(limit.Rate, limit.Burst) {
+		e.SetLimit(limit.Rate, limit.Burst)
+	}
 	lim := central.Limit{Rate: limit.Rate, Burst: limit.Burst}
 	var err error
 	for attempt := 0; ; attempt++ {
@@ -568,6 +580,19 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 				e.Land()
 			}
 			break
+		}
+		if res.Status == central.StatusBanned {
+			// The key's ban is in its bucket: Redis applied this node's report, granted nothing and
+			// took nothing.
+			if e != nil && !direct {
+				l.syncer.Apply(e, seq, u, res, sent)
+				if flying {
+					e.Land()
+				}
+				l.syncer.Watch(e)
+			}
+			st.deny.Add(1)
+			return l.banned(key, limit, res.RetryAfter), nil
 		}
 		allowed := res.Status == central.StatusCovered
 		if e != nil && !direct {
@@ -676,7 +701,7 @@ func (l *Limiter) record(e *local.Entry, n, excused int64) {
 	}
 	for e.AddExcused(n, excused) == local.Gone {
 		rate, burst := e.Limit()
-		if e = l.store.Insert(e.Key(), l.store.Hash(e.Key(), local.LimitID(rate, burst)), rate, burst, 0); e == nil {
+		if e = l.store.Insert(e.Key(), l.store.Hash(e.Key()), rate, burst, 0); e == nil {
 			l.counts[0].unrecorded.Add(n)
 			return
 		}

@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 )
 
-// Entry is one key's local state under one limit. Its counters are cumulative for its incarnation:
+// Entry is one key's local state. Its counters are cumulative for its incarnation:
 //
 //   - total: tokens consumed (admitted, plus unused lease written off when the lease expired);
 //   - charged: tokens Redis has charged to this incarnation (leases taken in advance, and debt);
@@ -20,16 +20,16 @@ type Entry struct {
 	// second; keep the fields in this order.
 	hash    uint64
 	key     string
-	total   atomic.Int64 // tokens consumed by this incarnation
-	mark    atomic.Int64 // total may grow up to mark without asking Redis
-	rate    float64      // the limit's rate, tokens/s
-	burst   int64        // the limit's burst
-	dirty   atomic.Bool  // on the shard's dirty list
-	evicted atomic.Bool  // removed from the store; see tryEvict
-	used    atomic.Bool  // CLOCK reference bit
-	thin    atomic.Bool  // the last synchronous answer left nothing beyond its request (see Thin)
+	total   atomic.Int64  // tokens consumed by this incarnation
+	mark    atomic.Int64  // total may grow up to mark without asking Redis
+	rate    atomic.Uint64 // the limit's rate, tokens/s (float64 bits); see SetLimit
+	burst   atomic.Int64  // the limit's burst
+	dirty   atomic.Bool   // on the shard's dirty list
+	evicted atomic.Bool   // removed from the store; see tryEvict
+	used    atomic.Bool   // CLOCK reference bit
+	thin    atomic.Bool   // the last synchronous answer left nothing beyond its request (see Thin)
 
-	nsPerToken  int64        // refill time of one token, in ns (capped)
+	nsPerToken  atomic.Int64 // refill time of one token at the limit's rate, in ns (capped)
 	charged     atomic.Int64 // tokens Redis has charged to this incarnation (last answer applied)
 	globalMicro atomic.Int64 // global micro-tokens in the last answer
 	denied      atomic.Int64 // tokens this node denied locally (demand it could not serve), cumulative
@@ -59,17 +59,29 @@ type Entry struct {
 	next       *Entry       // dirty-list link; written only by the goroutine that set dirty
 }
 
-// LimitID returns the identity of a limit as the store keys entries by it: two limits with the same
-// rate and burst have the same id.
-func LimitID(rate float64, burst int64) uint64 {
-	return (math.Float64bits(rate)*0x9E3779B97F4A7C15 ^ uint64(burst)*0xC2B2AE3D27D4EB4F) | 1
-}
-
 // Key returns the entry's key.
 func (e *Entry) Key() string { return e.key }
 
-// Limit returns the entry's limit.
-func (e *Entry) Limit() (rate float64, burst int64) { return e.rate, e.burst }
+// Limit returns the entry's limit: the last one [Entry.SetLimit] set.
+func (e *Entry) Limit() (rate float64, burst int64) {
+	return math.Float64frombits(e.rate.Load()), e.burst.Load()
+}
+
+// HasLimit reports whether the entry's limit is (rate, burst). Lock-free, for the hot path.
+func (e *Entry) HasLimit(rate float64, burst int64) bool {
+	return e.rate.Load() == math.Float64bits(rate) && e.burst.Load() == burst
+}
+
+// SetLimit changes the entry's limit. The entry keeps everything else: its incarnation, lease,
+// credit and counters. The lease was charged to the key's one bucket in Redis (the limit is not
+// part of its name), so using it under the new limit grants nothing twice; the new limit sizes the
+// next calls to Redis, which clamp the bucket to the new burst and refill it at the new rate. A
+// reader racing with SetLimit may see the new rate with the old burst for an instant (both valid).
+func (e *Entry) SetLimit(rate float64, burst int64) {
+	e.rate.Store(math.Float64bits(rate))
+	e.burst.Store(burst)
+	e.nsPerToken.Store(int64(min(1e9/rate, maxNsPerToken)))
+}
 
 // Incarnation returns the entry's incarnation, unique within its store.
 func (e *Entry) Incarnation() uint64 {
@@ -517,7 +529,8 @@ func (e *Entry) RefillAt(n int64) int64 {
 	if g >= n*1_000_000 {
 		return at
 	}
-	return at + int64(min(float64(n*1_000_000-g)/e.rate*1e3, 1<<62))
+	rate, _ := e.Limit()
+	return at + int64(min(float64(n*1_000_000-g)/rate*1e3, 1<<62))
 }
 
 // Denied returns the tokens this node denied locally so far.
@@ -571,7 +584,7 @@ func (e *Entry) ResetAfterNanos(burst, rem int64) int64 {
 	if missing <= 0 {
 		return 0
 	}
-	hi, lo := bits.Mul64(uint64(missing), uint64(e.nsPerToken))
+	hi, lo := bits.Mul64(uint64(missing), uint64(e.nsPerToken.Load()))
 	if hi != 0 || lo > 1<<62 {
 		return 1 << 62
 	}

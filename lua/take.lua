@@ -1,5 +1,5 @@
 #!lua
--- take.lua (key layout v4): a one-off take from a global token bucket of reconcile.lua's layout: n
+-- take.lua (key layout v5): a one-off take from a global token bucket of reconcile.lua's layout: n
 -- tokens are taken and counted at once, or denied; nothing is leased and no node record is read or
 -- written. It is for a node that sees a key too rarely to use a lease before it expires, on a fleet
 -- larger than the key's burst (hybrid's direct rule, issue 21): such a decision costs Redis what a
@@ -13,7 +13,11 @@
 -- ARGV[4]  lease advance ms; ARGV[5] active window ms (the bucket's TTL, as reconcile.lua sets it)
 -- ARGV[6]  time override in µs ("0" = Redis TIME; the fleet simulator and tests)
 -- ARGV[7]  the fleet's size (reconcile.lua's ARGV[7]; "0" = unknown)
--- Reply: 6 integers, as reconcile.lua's per key: status (1 taken, 0 denied), 0, tokens in
+-- The limit (ARGV[2], ARGV[3]) is not part of the key: as in reconcile.lua, the bucket is refilled
+-- at this call's rate since its last write and clamped to this call's burst.
+-- A key banned in the bucket's "ban" field (reconcile.lua) is denied with status 2 and the ban's
+-- remaining time as the retry; nothing is written.
+-- Reply: 6 integers, as reconcile.lua's per key: status (1 taken, 0 denied, 2 banned), 0, tokens in
 -- micro-tokens after the call, the key's demand in milli-tokens/s, retry µs (denied: until n could
 -- be taken), time to a full bucket µs.
 local floor, ceil, mmin, mmax = math.floor, math.ceil, math.min, math.max
@@ -46,7 +50,8 @@ local st = rawget(_G, 'struct')
 
 local burst_u = burst * 1000000
 local tokens, ts, consumed, w, next_scan, ttl_set
-local b = redis.call('HGET', KEYS[1], 'b')
+local h = redis.call('HMGET', KEYS[1], 'b', 'ban')
+local b, ban = h[1], tonum(h[2])
 if b then
   if st ~= nil then
     if #b == 48 then tokens, ts, consumed, w, next_scan, ttl_set = st.unpack('<dddddd', b) end
@@ -68,6 +73,16 @@ if now > ts then
     tokens = mmin(tokens + (now - ts) * rate, burst_u)
   end
   ts = now
+end
+-- A burst lowered since the bucket's last write (the limit is not part of the key): clamp.
+if tokens > burst_u then tokens = burst_u end
+-- The key's ban (Redis TIME, ms; under a time override, tests and the fleet simulator, the override).
+if ban ~= nil then
+  local now_ms = ttl_ms or floor(now / 1000)
+  if ban > now_ms then
+    return {2, 0, floor(tokens), floor(w * 1000), mmin((ban - now_ms) * 1000, 1e15),
+      mmin(mmax(ceil((burst_u - tokens) / rate), 0), 1e15)}
+  end
 end
 -- While the key's declared demand is under its rate, reconcile.lua lends nodes the refill of the
 -- coming advance (the bucket may go down to -rate·advance); a one-off take may draw on the same

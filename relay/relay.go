@@ -101,19 +101,13 @@ type Relay struct {
 	inc    atomic.Uint64 // incarnations of the relay's entries
 
 	mu   sync.RWMutex
-	keys map[ident]*entry
+	keys map[string]*entry // by key: a key has one bucket in Redis whatever its limit (central.BucketKey)
 
 	round sync.Mutex // serialises Tick
 	batch []*entry
 	ups   []central.Update
 	outs  []central.State
 	errs  []error
-}
-
-type ident struct {
-	key   string
-	rate  float64
-	burst int64
 }
 
 // entry is one key's state at the relay: its own node record in Redis (upstream) and its children's.
@@ -188,7 +182,7 @@ func New(cfg Config) (*Relay, error) {
 	if cfg.MaxKeys == 0 {
 		cfg.MaxKeys = DefaultMaxKeys
 	}
-	r := &Relay{cfg: cfg, start: time.Now(), keys: make(map[ident]*entry)}
+	r := &Relay{cfg: cfg, start: time.Now(), keys: make(map[string]*entry)}
 	if r.cfg.Fleet == nil {
 		r.cfg.Fleet = r.FleetSize
 	}
@@ -266,7 +260,7 @@ func (r *Relay) Run(ctx context.Context) {
 
 // lookup returns the key's entry, creating it (nil, ErrFull at the cap).
 func (r *Relay) lookup(u central.Update, now int64) (*entry, error) {
-	id := ident{u.Key, u.Limit.Rate, u.Limit.Burst}
+	id := u.Key
 	r.mu.RLock()
 	e := r.keys[id]
 	r.mu.RUnlock()
@@ -415,6 +409,9 @@ func (r *Relay) Take(ctx context.Context, node string, u central.Update) (centra
 func (r *Relay) serve(e *entry, node string, u central.Update, now int64) (central.State, bool) {
 	e.last = now
 	lim := u.Limit
+	// The key's limit is the latest child's (a key has one bucket whatever its limit: the relay's
+	// own round sends it to Redis, which clamps the bucket to it).
+	e.lim = lim
 	burstU := lim.Burst * 1_000_000
 	pool := e.chg - e.cum
 	view := func(status central.Status, charged int64, retry time.Duration) central.State {
@@ -756,7 +753,7 @@ func (r *Relay) Tick(ctx context.Context) error {
 		for _, e := range drop {
 			e.mu.Lock()
 			if now-e.last > int64(r.cfg.ActiveWindow) && e.flight == nil {
-				delete(r.keys, ident{e.key, e.lim.Rate, e.lim.Burst})
+				delete(r.keys, e.key)
 				r.stats.Evicted.Add(1)
 			}
 			e.mu.Unlock()
@@ -818,11 +815,11 @@ func ClientConfig(rdb redis.UniversalClient, prefix, node string) central.Config
 	}
 }
 
-// Children returns how many children's records the relay holds for key under lim (0 when it does
-// not hold the key).
+// Children returns how many children's records the relay holds for key (0 when it does not hold
+// the key); lim is not used (a key has one entry whatever its limit) and is kept for callers.
 func (r *Relay) Children(key string, lim central.Limit) int {
 	r.mu.RLock()
-	e := r.keys[ident{key, lim.Rate, lim.Burst}]
+	e := r.keys[key]
 	r.mu.RUnlock()
 	if e == nil {
 		return 0

@@ -73,6 +73,14 @@ func TestRelayHoldsTheLimitAcrossItsChildren(t *testing.T) {
 			_ = l.Close(context.Background())
 		}
 	}()
+	// Children that have not read the ban list yet give new keys no cold-start credit (issue 23):
+	// start the load once they have, as a service would. (Children without cold-start credit on
+	// this key, WithoutColdStart, were admitted 82–120 of 120 here on main at ec135b0 too.)
+	for _, l := range kids {
+		for deadline := time.Now().Add(5 * time.Second); !l.BansLoaded() && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+		}
+	}
 	limit := hybrid.Limit{Rate: 50, Burst: 20}
 	const run = 2 * time.Second
 	var admitted, denied atomic.Int64
@@ -114,7 +122,7 @@ func TestRelayHoldsTheLimitAcrossItsChildren(t *testing.T) {
 	if got < 0.8*limit.Rate*el {
 		t.Errorf("admitted %v < 80%% of the refill (%.0f): the relays starve their children", got, limit.Rate*el)
 	}
-	fields, err := rdb.HKeys(ctx, central.BucketKey(prefix, "shared", central.Limit{Rate: limit.Rate, Burst: limit.Burst})).Result()
+	fields, err := rdb.HKeys(ctx, central.BucketKey(prefix, "shared")).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,7 +209,7 @@ func TestRelayAnswers(t *testing.T) {
 	// The relay's record in the bucket (reconcile.lua: inc, chg, used, demand, seen as
 	// little-endian float64s) counts everything admitted: the two leasing takes of 1 and the one-off
 	// takes.
-	rec, err := rdb.HGet(ctx, central.BucketKey("rt2", "k", lim), "n:relay").Bytes()
+	rec, err := rdb.HGet(ctx, central.BucketKey("rt2", "k"), "n:relay").Bytes()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -452,7 +460,7 @@ func TestRelayColdCredit(t *testing.T) {
 		t.Errorf("the round reporting 40 keys made %d script calls, want 1", calls)
 	}
 	for i := range 40 {
-		b, err := rdb.HGet(ctx, central.BucketKey(prefix, fmt.Sprintf("new-%d", i), lim), "b").Result()
+		b, err := rdb.HGet(ctx, central.BucketKey(prefix, fmt.Sprintf("new-%d", i)), "b").Result()
 		if err != nil {
 			t.Fatalf("key new-%d not in Redis after the round: %v", i, err)
 		}
