@@ -563,6 +563,9 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 			trace.WithAttributes(attribute.Int64("hybridrate.n", n)))
 		var res central.State
 		if l.opts.upstream != nil {
+			// The key passed the ban check above; a relay may admit a one-off take without Redis
+			// only if that check saw every ban (issue 23, item 6).
+			u.Vetted = u.Inc == 0 && l.bansComplete()
 			// Bounded by the check timeout, as central.Client bounds a take.
 			uctx, cancel := context.WithTimeout(sctx, l.opts.syncTimeout)
 			res, err = l.opts.upstream.Take(uctx, l.nodeID, u)

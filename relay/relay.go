@@ -68,7 +68,10 @@ type Config struct {
 	// where the relay is the one way to Redis for its keys (children that shard keys over relays,
 	// Sharded): then a key the relay does not know has had no consumption for ActiveWindow, and its
 	// bucket is full, unless its owner changed. Each such admission is a cold-start credit of
-	// docs/accuracy.md's bound. 0 (the default) sends a new key's first takes to Redis.
+	// docs/accuracy.md's bound. Only a take whose child vetted the key against a complete copy of
+	// the ban list (central.Update.Vetted, which package hybrid sets) gets it: Redis reads a key's
+	// ban on its first contact, and a relay that answered without Redis would let a banned key
+	// through. 0 (the default) sends a new key's first takes to Redis.
 	ColdCredit int64
 	// Now returns the time on a monotonic clock in nanoseconds; nil means the real clock.
 	Now func() int64
@@ -341,7 +344,7 @@ func (r *Relay) Take(ctx context.Context, node string, u central.Update) (centra
 			e.mu.Unlock()
 			return st, nil
 		}
-		if u.Inc == 0 && r.cold(e, u.N) {
+		if u.Inc == 0 && u.Vetted && r.cold(e, u.N) {
 			// A key the relay has never been charged for nor consumed: admitted on its cold
 			// credit, counted in the next round (see Config.ColdCredit).
 			e.cum += u.N

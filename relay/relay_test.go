@@ -430,7 +430,7 @@ func TestRelayColdCredit(t *testing.T) {
 	if _, err := r.Take(ctx, "a", central.Update{Key: "warm-up", Limit: lim, N: 2}); err != nil {
 		t.Fatal(err) // over the credit: a one-off take (and take.lua loads)
 	}
-	if _, err := r.Take(ctx, "a", central.Update{Key: "warm-up-2", Limit: lim, N: 1}); err != nil {
+	if _, err := r.Take(ctx, "a", central.Update{Key: "warm-up-2", Limit: lim, N: 1, Vetted: true}); err != nil {
 		t.Fatal(err)
 	}
 	clk.add(20 * time.Millisecond)
@@ -439,7 +439,7 @@ func TestRelayColdCredit(t *testing.T) {
 	}
 	before := srv.CommandStats(t)
 	for i := range 40 {
-		st, err := r.Take(ctx, "a", central.Update{Key: fmt.Sprintf("new-%d", i), Limit: lim, N: 1})
+		st, err := r.Take(ctx, "a", central.Update{Key: fmt.Sprintf("new-%d", i), Limit: lim, N: 1, Vetted: true})
 		if err != nil || st.Status != central.StatusCovered {
 			t.Fatalf("take %d: %+v, %v", i, st, err)
 		}
@@ -471,10 +471,29 @@ func TestRelayColdCredit(t *testing.T) {
 	}
 	// A bucket that takes longer than the active window to refill: no cold credit.
 	slow := central.Limit{Rate: 0.01, Burst: 5}
-	if _, err := r.Take(ctx, "a", central.Update{Key: "slow", Limit: slow, N: 1}); err != nil {
+	if _, err := r.Take(ctx, "a", central.Update{Key: "slow", Limit: slow, N: 1, Vetted: true}); err != nil {
 		t.Fatal(err)
 	}
 	if got := r.Stats().Cold.Load() - 1; got != 40 {
 		t.Errorf("a slow-refilling key was admitted on the cold credit")
+	}
+	// A take its child could not vet against a complete ban list goes to Redis, which reads the
+	// key's ban: a banned key is denied, not admitted on the credit.
+	c, err := central.New(relay.ClientConfig(rdb, prefix, "admin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Ban(ctx, "banned", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	st, err := r.Take(ctx, "a", central.Update{Key: "banned", Limit: lim, N: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Status == central.StatusCovered {
+		t.Errorf("a banned key's unvetted first take was admitted: %+v", st)
+	}
+	if got := r.Stats().Cold.Load() - 1; got != 40 {
+		t.Errorf("an unvetted take was admitted on the cold credit")
 	}
 }

@@ -15,16 +15,16 @@ import (
 //
 //	request:  version(1) node_len(1) node count(u16) then per update:
 //	          key_len(u16) key rate(f64) burst(i64) inc(u64) cum(i64) acked(i64) used(i64)
-//	          uacked(i64) demand(f64) want(i64) n(i64)
+//	          uacked(i64) demand(f64) want(i64) n(i64) flags(1: bit 0 vetted)
 //	response: version(1) count(u16) then per answer:
 //	          kind(1: 0 state, 1 error, 2 key cap reached) then for a state:
 //	          status(i8) charged(i64) tokens(i64) demand(f64) retry_ns(i64) reset_ns(i64)
 //	          and for an error: msg_len(u16) msg
 const (
-	wireVersion   = 1
+	wireVersion   = 2
 	maxWireKeys   = 4096 // updates in one request: a node's flush batch
 	maxWireKeyLen = 1024 // longer than any limiter key (hybrid.MaxKeyLen)
-	updateFixed   = 2 + 8*10
+	updateFixed   = 2 + 8*10 + 1
 	stateFixed    = 1 + 1 + 8*5
 )
 
@@ -52,6 +52,11 @@ func appendRequest(b []byte, node string, updates []central.Update) ([]byte, err
 			uint64(u.UAcked), math.Float64bits(u.Demand), uint64(u.Want), uint64(u.N)} {
 			b = binary.LittleEndian.AppendUint64(b, v)
 		}
+		var flags byte
+		if u.Vetted {
+			flags |= 1
+		}
+		b = append(b, flags)
 	}
 	return b, nil
 }
@@ -78,7 +83,7 @@ func parseRequest(b []byte) (node string, updates []central.Update, err error) {
 			return "", nil, fmt.Errorf("%w: update %d", errWire, i)
 		}
 		kl := int(binary.LittleEndian.Uint16(b))
-		if kl > maxWireKeyLen || len(b) < 2+kl+8*10 {
+		if kl > maxWireKeyLen || len(b) < 2+kl+8*10+1 {
 			return "", nil, fmt.Errorf("%w: update %d", errWire, i)
 		}
 		u := &updates[i]
@@ -92,6 +97,11 @@ func parseRequest(b []byte) (node string, updates []central.Update, err error) {
 		u.Limit = central.Limit{Rate: math.Float64frombits(v[0]), Burst: int64(v[1])}
 		u.Inc, u.Cum, u.Acked, u.Used, u.UAcked = v[2], int64(v[3]), int64(v[4]), int64(v[5]), int64(v[6])
 		u.Demand, u.Want, u.N = math.Float64frombits(v[7]), int64(v[8]), int64(v[9])
+		if b[0] > 1 {
+			return "", nil, fmt.Errorf("%w: update %d: flags %#x", errWire, i, b[0])
+		}
+		u.Vetted = b[0]&1 != 0
+		b = b[1:]
 	}
 	if len(b) != 0 {
 		return "", nil, fmt.Errorf("%w: %d trailing bytes", errWire, len(b))

@@ -13,7 +13,7 @@ import (
 func TestWireRoundTrip(t *testing.T) {
 	in := []central.Update{
 		{Key: "a\x00{b}", Limit: central.Limit{Rate: 0.5, Burst: 3}, Inc: 7, Cum: 9, Acked: 8, Used: 6, UAcked: 5, Demand: 1.25, Want: 4, N: 2},
-		{Key: "k", Limit: central.Limit{Rate: 1e6, Burst: 1e6}, N: 1},
+		{Key: "k", Limit: central.Limit{Rate: 1e6, Burst: 1e6}, N: 1, Vetted: true},
 	}
 	b, err := appendRequest(nil, "node-1", in)
 	if err != nil {
