@@ -335,7 +335,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) 
 			}
 			st.local.Add(1)
 			rem := e.Remaining()
-			return Decision{Allowed: true, Limit: limit, Remaining: rem, ResetAfter: time.Duration(e.ResetAfterNanos(limit.Burst, rem)), Source: SourceLocal}, nil
+			return Decision{Allowed: true, Limit: limit, Remaining: rem, ResetAfter: resetAfter(limit, rem), Source: SourceLocal}, nil
 		}
 		if d, ok := l.starved(e, limit, n); ok {
 			st.localDenied.Add(1)

@@ -95,16 +95,20 @@ func (s *Store) Hash(key string, lid uint64) uint64 {
 // LimitID(rate, burst)). It never blocks and never allocates.
 func (s *Store) Lookup(key string, rate float64, burst int64, h uint64) *Entry {
 	t := s.shards[h&(numShards-1)].tab.Load()
-	for i := (h >> shardBits) & t.mask; ; i = (i + 1) & t.mask {
+	for i := home(h) & t.mask; ; i = (i + 1) & t.mask {
 		e := t.slots[i].Load()
 		if e == nil {
 			return nil
 		}
-		if e.hash == h && e.rate == rate && e.burst == burst && e.key == key && e != tomb {
+		if e.hash == uint32(h) && e.rate == rate && e.burst == burst && e.key == key && e != tomb {
 			return e
 		}
 	}
 }
+
+// home returns the slot a key of hash h probes from, before the table's mask: the bits above the
+// shard's of the low 32 bits, the part of the hash an Entry keeps (a rebuild finds the same slot).
+func home(h uint64) uint64 { return uint64(uint32(h)) >> shardBits }
 
 // Len returns the number of keys tracked.
 func (s *Store) Len() int {
@@ -128,7 +132,7 @@ func (s *Store) Insert(key string, h uint64, rate float64, burst, credit int64) 
 	defer sh.mu.Unlock()
 	t := sh.tab.Load()
 	free := -1
-	for i := (h >> shardBits) & t.mask; ; i = (i + 1) & t.mask {
+	for i := home(h) & t.mask; ; i = (i + 1) & t.mask {
 		e := t.slots[i].Load()
 		if e == nil {
 			break
@@ -139,7 +143,7 @@ func (s *Store) Insert(key string, h uint64, rate float64, burst, credit int64) 
 			}
 			continue
 		}
-		if e.hash == h && e.rate == rate && e.burst == burst && e.key == key {
+		if e.hash == uint32(h) && e.rate == rate && e.burst == burst && e.key == key {
 			return e
 		}
 	}
@@ -147,16 +151,16 @@ func (s *Store) Insert(key string, h uint64, rate float64, burst, credit int64) 
 		s.stats.Full.Add(1)
 		return nil
 	}
-	e := &Entry{key: key, hash: h, rate: rate, burst: burst, inc: s.inc.Add(1), store: s,
-		nsPerToken: int64(min(1e9/rate, maxNsPerToken))}
+	e := &Entry{key: key, hash: uint32(h), rate: rate, burst: burst, inc: s.inc.Add(1), store: s}
 	e.mark.Store(max(credit, 0))
 	e.globalMicro.Store(burst * 1_000_000) // until Redis answers, Remaining assumes a full bucket
+	e.setRem()
 	if (sh.live+sh.tombs+1)*4 > len(t.slots)*3 {
 		t = sh.rebuildLocked(sh.live + 1)
 		free = -1
 	}
 	if free < 0 {
-		for i := (h >> shardBits) & t.mask; ; i = (i + 1) & t.mask {
+		for i := home(h) & t.mask; ; i = (i + 1) & t.mask {
 			if t.slots[i].Load() == nil {
 				free = int(i)
 				break
@@ -180,13 +184,13 @@ func (s *Store) Remove(key string, rate float64, burst int64, h uint64) bool {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	t := sh.tab.Load()
-	for i := (h >> shardBits) & t.mask; ; i = (i + 1) & t.mask {
+	for i := home(h) & t.mask; ; i = (i + 1) & t.mask {
 		e := t.slots[i].Load()
 		if e == nil {
 			return false
 		}
-		if e != tomb && e.hash == h && e.rate == rate && e.burst == burst && e.key == key {
-			e.evicted.Store(true)
+		if e != tomb && e.hash == uint32(h) && e.rate == rate && e.burst == burst && e.key == key {
+			e.flags.set(fEvicted)
 			t.slots[i].Store(tomb)
 			sh.live--
 			sh.tombs++
@@ -209,7 +213,7 @@ func (sh *shard) rebuildLocked(want int) *table {
 		if e == nil || e == tomb {
 			continue
 		}
-		for j := (e.hash >> shardBits) & t.mask; ; j = (j + 1) & t.mask {
+		for j := home(uint64(e.hash)) & t.mask; ; j = (j + 1) & t.mask {
 			if t.slots[j].Load() == nil {
 				t.slots[j].Store(e)
 				break
@@ -233,8 +237,8 @@ func (s *Store) evictLocked(sh *shard) bool {
 		if e == nil || e == tomb {
 			continue
 		}
-		if e.used.Load() {
-			e.used.Store(false)
+		if e.flags.has(fUsed) {
+			e.flags.clear(fUsed)
 			continue
 		}
 		if !e.tryEvict() {
@@ -258,7 +262,7 @@ func (s *Store) Dirty() int64 { return s.dirty.Load() }
 
 // markDirty puts e on its shard's dirty list unless it is already there.
 func (s *Store) markDirty(e *Entry) {
-	if e.dirty.Load() || !e.dirty.CompareAndSwap(false, true) {
+	if e.flags.has(fDirty) || !e.flags.setOnce(fDirty) {
 		return
 	}
 	sh := &s.shards[e.hash&(numShards-1)]
@@ -289,7 +293,7 @@ func (s *Store) Collect(buf []*Entry) []*Entry {
 		for e != nil {
 			next := e.next
 			e.next = nil
-			e.dirty.Store(false)
+			e.flags.clear(fDirty)
 			buf = append(buf, e)
 			k++
 			e = next
