@@ -549,6 +549,11 @@ func (e *Entry) RefillAt(n int64) int64 {
 	return at + int64(min(float64(n*1_000_000-g)/e.rate*1e3, 1<<62))
 }
 
+// refillNanos returns the time, in ns, the entry's bucket takes to refill from empty: Burst/Rate.
+func (e *Entry) refillNanos() int64 {
+	return int64(min(float64(e.burst)/e.rate*1e9, 1<<62))
+}
+
 // Denied returns the tokens this node denied locally so far.
 func (e *Entry) Denied() int64 { return e.denied.Load() }
 

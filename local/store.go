@@ -253,6 +253,59 @@ func (s *Store) evictLocked(sh *shard) bool {
 	return false
 }
 
+// Sweep evicts the entries that went idle, and shrinks the tables they leave mostly empty so that
+// their memory can go back to the runtime (and from it to the OS). An entry is evicted when, at
+// time now (the callers' monotonic clock, ns), it
+//   - was not used since the previous Sweep (Sweep clears the CLOCK reference bit of the others),
+//   - is clean: Redis has counted all of its consumption (tryEvict; an unused lease is given up),
+//   - and its last answer from Redis is at least max(idle, Burst/Rate) old, Burst/Rate being the
+//     time its bucket takes to refill from empty: a node that sees the key again asks Redis (or
+//     takes a cold-start credit) about a bucket that refilled meanwhile, as after the first sight.
+//
+// A key used between two sweeps is kept; one idle for two sweeps at an interval of at least idle
+// (and for its refill time) is evicted. It returns the number of entries evicted; they count in
+// Stats.Evictions. Sweep takes each shard's mutex in turn; lookups go on without locking.
+func (s *Store) Sweep(now, idle int64) int {
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		t := sh.tab.Load()
+		for j := range t.slots {
+			e := t.slots[j].Load()
+			if e == nil || e == tomb {
+				continue
+			}
+			if e.flags.has(fUsed) {
+				e.flags.clear(fUsed)
+				continue
+			}
+			if now-e.grantedAt.Load() < max(idle, e.refillNanos()) || !e.tryEvict() {
+				continue
+			}
+			t.slots[j].Store(tomb)
+			sh.live--
+			sh.tombs++
+			n++
+		}
+		if len(t.slots) > minTable && (sh.live*8 < len(t.slots) || sh.tombs > sh.live) {
+			sh.rebuildLocked(sh.live)
+		}
+		sh.mu.Unlock()
+	}
+	s.stats.Evictions.Add(int64(n))
+	return n
+}
+
+// TableSlots returns the slots of the store's tables, for tests and memory estimates (8 bytes each).
+func (s *Store) TableSlots() int {
+	n := 0
+	for i := range s.shards {
+		n += len(s.shards[i].tab.Load().slots)
+	}
+	return n
+}
+
 // Notify returns a channel that receives a value when the first entry becomes dirty after the dirty
 // lists were emptied. The syncer waits on it so that an idle limiter never ticks.
 func (s *Store) Notify() <-chan struct{} { return s.notify }
