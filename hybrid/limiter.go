@@ -234,10 +234,14 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	if o.manual {
 		return l, nil // the fleet simulator steps it (internal/virtual)
 	}
-	l.wg.Add(5)
+	l.wg.Add(6)
 	go func() {
 		defer l.wg.Done()
 		l.syncer.Run(ctx)
+	}()
+	go func() {
+		defer l.wg.Done()
+		l.sweepIdle(ctx)
 	}()
 	go func() {
 		defer l.wg.Done()
@@ -343,6 +347,25 @@ func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) 
 		}
 	}
 	return l.slow(ctx, key, h, limit, n)
+}
+
+// sweepIdle drops idle keys from the local store every WithIdleEviction interval until ctx ends
+// (see local.Store.Sweep); it returns at once when idle eviction is off.
+func (l *Limiter) sweepIdle(ctx context.Context) {
+	d := l.opts.idleEviction
+	if d <= 0 {
+		return
+	}
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			l.store.Sweep(l.mono(), int64(d))
+		}
+	}
 }
 
 // mono returns the time since the limiter started on the monotonic clock, in ns (always positive).
