@@ -49,7 +49,7 @@ type addrs struct{ grpc, http string }
 func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (err error) {
 	// Redis, or an embedded stand-in.
 	redisAddr := cfg.redisAddr
-	hybridOpts := []hybrid.Option{hybrid.WithLogger(log)}
+	hybridOpts := []hybrid.Option{hybrid.WithLogger(log), hybrid.WithMaxKeys(cfg.maxKeys), hybrid.WithIdleEviction(cfg.idleEviction)}
 	strictTimeout := policy.DefaultStrictTimeout
 	if redisAddr == "" {
 		m := miniredis.NewMiniRedis()
