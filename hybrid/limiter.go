@@ -315,7 +315,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) 
 		return Decision{}, limit.Validate() // the same bounds, with the reason
 	}
 	if n < 1 || n > limit.Burst {
-		return Decision{}, fmt.Errorf("%w: n=%d: want 1 to burst (%d)", ErrInvalidCost, n, limit.Burst)
+		return Decision{}, invalidCost(n, limit.Burst)
 	}
 	lid := local.LimitID(limit.Rate, limit.Burst)
 	h := l.store.Hash(key, lid)
@@ -432,6 +432,14 @@ func (l *Limiter) coldCredit(limit Limit) int64 {
 		f = max(l.fleet.Load(), 1)
 	}
 	return min(limit.Burst/f, max(2, int64(l.opts.drift*float64(limit.Burst)/float64(f))))
+}
+
+// invalidCost is AllowN's error for n out of 1 to burst; not inlined, so that formatting it does not
+// widen AllowN's stack frame.
+//
+//go:noinline
+func invalidCost(n, burst int64) error {
+	return fmt.Errorf("%w: n=%d: want 1 to burst (%d)", ErrInvalidCost, n, burst)
 }
 
 func invalidKey(key string) error {
