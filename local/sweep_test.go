@@ -53,7 +53,7 @@ func TestSweepKeepsWhatMustStay(t *testing.T) {
 // sweeps leave it empty, its tables back to their first size, and the heap it took returned to the
 // OS (after debug.FreeOSMemory, which does at once what the runtime's scavenger does over time).
 func TestSweepReturnsMemory(t *testing.T) {
-	const maxKeys = 1 << 18
+	const maxKeys = 1 << 16
 	keys := make([]string, maxKeys)
 	for i := range keys {
 		keys[i] = "user:" + strconv.Itoa(i)
