@@ -274,9 +274,9 @@ func WithKeyPrefix(p string) Option {
 
 // WithMaxKeys caps the number of keys held in local memory (at least 64). When the cap is reached,
 // keys with nothing pending are evicted, least recently used first; their state is in Redis. The
-// default is 1<<20. Each key held costs about 270 bytes of heap (a 256-byte entry and its table
+// default is 1<<20. Each key held costs about 272 bytes of heap (a 256-byte entry and its table
 // slot; the key string is the caller's, kept as passed), so the cap bounds the store at about
-// 270 × n bytes: 283 MB at the default, 28 MB at 100,000 (docs/operations.md, Memory).
+// 272 × n bytes: 285 MB at the default, 28 MB at 100,000 (docs/operations.md, "Sizing Redis").
 func WithMaxKeys(n int) Option {
 	return optionFunc(func(o *options) error {
 		if n < 64 {

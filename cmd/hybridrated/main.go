@@ -213,7 +213,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	if perr != nil {
 		err = errors.Join(err, fmt.Errorf("HYBRIDRATED_MAX_KEYS: %w", perr))
 	}
-	fs.IntVar(&c.maxKeys, "max-keys", maxKeys, "cap on the keys each hybrid limiter holds in local memory (at least 64); about 270 bytes each, so the default holds up to about 283 MB")
+	fs.IntVar(&c.maxKeys, "max-keys", maxKeys, "cap on the keys each hybrid limiter holds in local memory (at least 64); about 272 bytes of heap each (and the key string), so about 285 MB at the default")
 	if err != nil {
 		return c, err
 	}
