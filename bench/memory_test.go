@@ -58,9 +58,8 @@ func BenchmarkBytesPerKey(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				lid := local.LimitID(generous.Rate, generous.Burst)
 				for _, k := range keys {
-					s.Insert(k, s.Hash(k, lid), generous.Rate, generous.Burst, 2)
+					s.Insert(k, s.Hash(k), generous.Rate, generous.Burst, 2)
 				}
 				return s
 			})

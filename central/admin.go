@@ -35,7 +35,7 @@ func (c *Client) PeekBucket(ctx context.Context, key string, lim Limit) (Peek, e
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.FlushTimeout)
 	defer cancel()
 	c.stats.Commands.Add(1)
-	res, err := peekScript.Run(ctx, c.flushRDB, []string{BucketKey(c.cfg.Prefix, key, lim)},
+	res, err := peekScript.Run(ctx, c.flushRDB, []string{BucketKey(c.cfg.Prefix, key)},
 		strconv.FormatFloat(lim.Rate, 'f', -1, 64), strconv.FormatInt(lim.Burst, 10), 0).Result()
 	if err != nil {
 		return Peek{}, fmt.Errorf("central: peek %q: %w", key, err)
@@ -53,16 +53,20 @@ func (c *Client) PeekBucket(ctx context.Context, key string, lim Limit) (Peek, e
 	return Peek{Exists: n[0] == 1, Tokens: n[1], ResetAfter: time.Duration(n[2]) * time.Microsecond}, nil
 }
 
-// DeleteBucket deletes the global bucket of key under lim, with every node's record on it: the next
-// call for it finds a full bucket. It reports whether the bucket existed. Like PeekBucket, it is
+// DeleteBucket deletes the global bucket of key, with every node's record on it: the next call for
+// it finds a full bucket. The key's ban, if any, stays (see [Client.Unban]). lim is not used (a key
+// has one bucket whatever its limit). It reports whether the bucket existed. Like PeekBucket, it is
 // bounded by ctx and FlushTimeout and does not go through the circuit breaker.
 func (c *Client) DeleteBucket(ctx context.Context, key string, lim Limit) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.FlushTimeout)
 	defer cancel()
-	c.stats.Commands.Add(1)
-	n, err := c.flushRDB.Del(ctx, BucketKey(c.cfg.Prefix, key, lim)).Result()
+	res, err := c.runner.Run(ctx, c.flushRDB, bucketBanScript, []string{BucketKey(c.cfg.Prefix, key)}, "reset", "0")
 	if err != nil {
 		return false, fmt.Errorf("central: delete %q: %w", key, err)
+	}
+	n, ok := res.(int64)
+	if !ok {
+		return false, fmt.Errorf("%w: delete %q: %T", ErrBadReply, key, res)
 	}
 	return n > 0, nil
 }

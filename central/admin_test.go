@@ -33,7 +33,11 @@ func TestPeekAndDeleteBucket(t *testing.T) {
 
 		other, err := c.PeekBucket(ctx, "k", Limit{Rate: 0.001, Burst: 20})
 		require.NoError(t, err)
-		assert.False(t, other.Exists, "another limit is another bucket")
+		assert.True(t, other.Exists, "the limit is not part of the bucket's name")
+		assert.InDelta(t, 6_000_000, other.Tokens, 1000, "another limit reads the same bucket")
+		lower, err := c.PeekBucket(ctx, "k", Limit{Rate: 0.001, Burst: 2})
+		require.NoError(t, err)
+		assert.Equal(t, int64(2_000_000), lower.Tokens, "clamped to a lower burst")
 
 		ok, err := c.DeleteBucket(ctx, "k", lim)
 		require.NoError(t, err)

@@ -189,7 +189,7 @@ type BanWatch struct {
 // the whole list again only when the change log no longer reaches back to its last read (10
 // minutes). It blocks; the caller owns the goroutine.
 func (c *Client) WatchBans(ctx context.Context, w BanWatch) {
-	sub := newBanSubscription(c.cfg.Client, BansChannel(c.cfg.Prefix))
+	sub := newBanSubscription(c.flushRDB, BansChannel(c.cfg.Prefix), c.cfg.FlushTimeout)
 	go sub.run(ctx)
 	defer sub.close()
 	t := time.NewTicker(w.Refresh)

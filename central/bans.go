@@ -15,18 +15,38 @@ type BanEvent struct {
 	TTL    time.Duration // remaining ban time when Banned
 }
 
-// Ban bans key on every node for d (1ms to about 31 years), measured by Redis TIME.
+// Ban bans key on every node for d (1ms to about 31 years), measured by Redis TIME. The ban is
+// written twice: into the key's bucket (field [BanField], bucketban.lua), where the scripts read it
+// on every call, so that no node admits the key through Redis while it is banned, whatever its
+// local copy of the ban list holds; and into the ban list, which every node's local copy follows.
 func (c *Client) Ban(ctx context.Context, key string, d time.Duration) error {
 	ms := d.Milliseconds()
 	if ms < 1 || ms > 1e12 {
 		return fmt.Errorf("central: ban duration %v out of range [1ms, 1e12ms]", d)
 	}
+	if err := c.bucketBan(ctx, key, "ban", ms); err != nil {
+		return err
+	}
 	return c.banCall(ctx, "ban", key, ms)
 }
 
-// Unban lifts a ban on every node.
+// Unban lifts a ban on every node: from the ban list, then from the key's bucket.
 func (c *Client) Unban(ctx context.Context, key string) error {
-	return c.banCall(ctx, "unban", key, 0)
+	if err := c.banCall(ctx, "unban", key, 0); err != nil {
+		return err
+	}
+	return c.bucketBan(ctx, key, "unban", 0)
+}
+
+// bucketBan runs bucketban.lua's action ("ban" for ms, "unban") on key's bucket.
+func (c *Client) bucketBan(ctx context.Context, key, action string, ms int64) error {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.FlushTimeout)
+	defer cancel()
+	if _, err := c.runner.Run(ctx, c.flushRDB, bucketBanScript, []string{BucketKey(c.cfg.Prefix, key)},
+		action, strconv.FormatInt(ms, 10)); err != nil {
+		return fmt.Errorf("central: %s %q in its bucket: %w", action, key, err)
+	}
+	return nil
 }
 
 func (c *Client) banCall(ctx context.Context, action, key string, ms int64) error {

@@ -26,7 +26,8 @@ const (
 // each attempt a connection and a line in go-redis's log), it backs off up to a second between
 // attempts.
 type banSubscription struct {
-	rdb     redis.UniversalClient
+	rdb     redis.UniversalClient // bounded (redisx.Bound): its dials and handshakes end on a hung server
+	timeout time.Duration         // bounds a subscription's set-up (dial, handshake, SUBSCRIBE)
 	channel string
 	out     chan any // *redis.Subscription and *redis.Message
 
@@ -36,8 +37,8 @@ type banSubscription struct {
 	done   chan struct{} // closed when run returns
 }
 
-func newBanSubscription(rdb redis.UniversalClient, channel string) *banSubscription {
-	return &banSubscription{rdb: rdb, channel: channel, out: make(chan any, 256), done: make(chan struct{})}
+func newBanSubscription(rdb redis.UniversalClient, channel string, timeout time.Duration) *banSubscription {
+	return &banSubscription{rdb: rdb, timeout: timeout, channel: channel, out: make(chan any, 256), done: make(chan struct{})}
 }
 
 // run subscribes, delivers messages to out and resubscribes after failures, until close.
@@ -79,7 +80,13 @@ func (s *banSubscription) run(ctx context.Context) {
 // receive subscribes ps and forwards its messages until a failure; got reports whether anything
 // was received.
 func (s *banSubscription) receive(ctx context.Context, ps *redis.PubSub) (got bool, err error) {
-	if err := ps.Subscribe(ctx, s.channel); err != nil {
+	// The set-up has a deadline: close cannot interrupt a connection that is still being made (ps has
+	// none yet), and on a hung server its handshake would otherwise wait for the client's ReadTimeout,
+	// holding up Close (issue 26: 4.7s in policy's TestHungClusterBounded).
+	sctx, cancel := context.WithTimeout(ctx, s.timeout)
+	err = ps.Subscribe(sctx, s.channel)
+	cancel()
+	if err != nil {
 		return false, err
 	}
 	pinged := false

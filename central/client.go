@@ -98,7 +98,7 @@ func (l Limit) Valid() bool { return limits.CheckRate(l.Rate, l.Burst) == nil }
 // reconcile.lua documents the model.
 type Update struct {
 	Key    string  // the limiter key (not the Redis key)
-	Limit  Limit   // the limit; part of the bucket's identity (BucketKey)
+	Limit  Limit   // the limit the scripts apply to the key's bucket (not part of its name: BucketKey)
 	Inc    uint64  // incarnation of the node's local entry for Key; 0 for a one-off take without one
 	Cum    int64   // tokens this incarnation has consumed in total (admitted, and unused lease written off)
 	Acked  int64   // the tokens charged to this incarnation by the last answer the node applied
@@ -122,6 +122,9 @@ const (
 	StatusDone Status = -1
 	// StatusStale: a late call from an incarnation the node has replaced; nothing changed.
 	StatusStale Status = -2
+	// StatusBanned: the key is banned (its bucket holds the ban: see [Client.Ban]). What the node
+	// reported was applied; nothing was granted or taken, and RetryAfter is the ban's remaining time.
+	StatusBanned Status = 2
 )
 
 // State is Redis's answer for one key.
@@ -155,17 +158,16 @@ type Stats struct {
 
 // Client talks to Redis for package hybrid. Create it with [New]; it is safe for concurrent use.
 type Client struct {
-	cfg           Config
-	cluster       *redis.ClusterClient  // non-nil when Config.Client is a cluster client
-	syncRDB       redis.UniversalClient // Config.Client, with socket timeouts of SyncTimeout where possible
-	flushRDB      redis.UniversalClient // Config.Client, with socket timeouts of FlushTimeout where possible
-	enforced      bool                  // socket deadlines follow our timeouts
-	hooksBypassed bool                  // syncRDB/flushRDB are copies without the client's hooks
-	guard         *redisx.Guard
-	checks        *redisx.Breaker // the takes' breaker: takes that time out at SyncTimeout open it
-	runner        redisx.Runner   // counts into stats; remembers a server that rejects the #!lua line
-	stats         Stats
-	keyArgs       []any // the global ARGV values
+	cfg      Config
+	cluster  *redis.ClusterClient  // flushRDB, when Config.Client is a cluster client
+	syncRDB  redis.UniversalClient // the takes' client: Config.Client bounded by SyncTimeout (redisx.Bound)
+	flushRDB redis.UniversalClient // the other calls' client: Config.Client bounded by FlushTimeout
+	bounded  redisx.Bounded        // flushRDB's bounding: closed by Close when it is a client of our own
+	guard    *redisx.Guard
+	checks   *redisx.Breaker // the takes' breaker: takes that time out at SyncTimeout open it
+	runner   redisx.Runner   // counts into stats; remembers a server that rejects the #!lua line
+	stats    Stats
+	keyArgs  []any // the global ARGV values
 }
 
 // The client's scripts.
@@ -173,6 +175,7 @@ var (
 	reconcileScript = redisx.NewScript(lua.Reconcile())
 	takeScript      = redisx.NewScript(lua.Take())
 	banScript       = redisx.NewScript(lua.Ban())
+	bucketBanScript = redisx.NewScript(lua.BucketBan())
 )
 
 // New validates cfg and returns a client. It does no I/O.
@@ -199,20 +202,26 @@ func New(cfg Config) (*Client, error) {
 	}
 	checks := cfg.Breaker
 	checks.OnStateChange = cfg.OnCheckBreaker
-	c := &Client{
-		cfg:    cfg,
-		guard:  redisx.NewGuard(redisx.NewBreaker(cfg.Breaker, cfg.Now), cfg.Client),
-		checks: redisx.NewBreaker(checks, cfg.Now),
-	}
-	c.runner.Commands, c.runner.Loads = &c.stats.Commands, &c.stats.ScriptLoads
 	// go-redis applies a context deadline to the socket only with ContextTimeoutEnabled; otherwise a
 	// hung Redis holds a call for the client's ReadTimeout (3s by default), far beyond our timeouts.
-	// redisx.Bound gives copies of a *redis.Client with our own socket timeouts; a cluster client
-	// cannot be copied that way: see TimeoutsEnforced.
-	syncB, flushB := redisx.Bound(cfg.Client, cfg.SyncTimeout), redisx.Bound(cfg.Client, cfg.FlushTimeout)
-	c.syncRDB, c.flushRDB = syncB.Client, flushB.Client
-	c.enforced, c.hooksBypassed = flushB.Enforced, flushB.HooksBypassed
-	if rc, ok := cfg.Client.(*redis.ClusterClient); ok {
+	// redisx.Bound gives copies of a *redis.Client with our own socket timeouts, sharing its pool,
+	// and for a cluster client one new client with ContextTimeoutEnabled, which the Client owns
+	// (Close): each call's own deadline (SyncTimeout or FlushTimeout) then bounds it.
+	flushB := redisx.Bound(cfg.Client, max(cfg.FlushTimeout, cfg.SyncTimeout))
+	syncRDB := flushB.Client
+	if !flushB.Owned {
+		syncRDB = redisx.Bound(cfg.Client, cfg.SyncTimeout).Client
+	}
+	c := &Client{
+		cfg:      cfg,
+		syncRDB:  syncRDB,
+		flushRDB: flushB.Client,
+		bounded:  flushB,
+		guard:    redisx.NewGuard(redisx.NewBreaker(cfg.Breaker, cfg.Now), flushB.Client),
+		checks:   redisx.NewBreaker(checks, cfg.Now),
+	}
+	c.runner.Commands, c.runner.Loads = &c.stats.Commands, &c.stats.ScriptLoads
+	if rc, ok := flushB.Client.(*redis.ClusterClient); ok {
 		c.cluster = rc
 	}
 	c.keyArgs = []any{cfg.NodeID, cfg.PruneAge.Milliseconds(), cfg.Recount.Milliseconds(),
@@ -234,15 +243,21 @@ func validNodeID(id string) bool {
 }
 
 // TimeoutsEnforced reports whether a hung Redis is abandoned after SyncTimeout / FlushTimeout. It is
-// true for a *redis.Client (including a Sentinel failover client) and for a cluster client created
-// with ContextTimeoutEnabled: true; otherwise calls wait up to the client's own ReadTimeout.
-func (c *Client) TimeoutsEnforced() bool { return c.enforced }
+// true for a *redis.Client (including a Sentinel failover client) and a *redis.ClusterClient, with
+// any options; false only for another implementation of redis.UniversalClient.
+func (c *Client) TimeoutsEnforced() bool { return c.bounded.Enforced }
 
-// HooksBypassed reports whether the limiter's calls skip hooks added to the client with AddHook: it
-// uses shallow copies of a *redis.Client created without ContextTimeoutEnabled, to bound its calls by
-// its own timeouts, and go-redis does not copy hooks. Create the client with ContextTimeoutEnabled:
-// true to keep them.
-func (c *Client) HooksBypassed() bool { return c.hooksBypassed }
+// HooksBypassed reports whether the client's calls skip hooks added to Config.Client with AddHook: a
+// client created without ContextTimeoutEnabled is used through shallow copies with our own timeouts
+// (a *redis.Client) or through a new client with ContextTimeoutEnabled built from its options (a
+// cluster client), to bound its calls, and go-redis copies no hooks. Create the client with
+// ContextTimeoutEnabled: true to keep them.
+func (c *Client) HooksBypassed() bool { return c.bounded.HooksBypassed }
+
+// Close closes the cluster client New created for itself when Config.Client is a cluster client
+// without ContextTimeoutEnabled (see [Client.HooksBypassed]); it never closes Config.Client. The
+// Client must not be used after Close.
+func (c *Client) Close() error { return c.bounded.Close() }
 
 // Preload loads the scripts into Redis (every master of a Cluster) and so opens a pooled
 // connection, off the request path. Bounded by FlushTimeout.
@@ -252,7 +267,7 @@ func (c *Client) Preload(ctx context.Context) error {
 	if err := c.runner.Load(ctx, c.flushRDB, reconcileScript); err != nil {
 		return fmt.Errorf("central: preload: %w", err)
 	}
-	for _, sc := range []*redisx.Script{banScript, takeScript, fleetScript} {
+	for _, sc := range []*redisx.Script{banScript, bucketBanScript, takeScript, fleetScript} {
 		if err := c.runner.Load(ctx, c.flushRDB, sc); err != nil {
 			return fmt.Errorf("central: preload: %w", err)
 		}
@@ -332,7 +347,7 @@ func (c *Client) Take(ctx context.Context, u Update) (State, error) {
 	caller := ctx
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.SyncTimeout)
 	defer cancel()
-	keys := []string{BucketKey(c.cfg.Prefix, u.Key, u.Limit)}
+	keys := []string{BucketKey(c.cfg.Prefix, u.Key)}
 	script, args := reconcileScript, []any(nil)
 	if u.Inc == 0 {
 		// A one-off take (no local entry, or hybrid's direct rule): take.lua, which costs Redis what
@@ -515,7 +530,7 @@ func (c *Client) group(updates []Update, valid []int) [][]int {
 	bySlot := make(map[int][]int)
 	var order []int
 	for _, i := range valid {
-		s := redisx.Slot(BucketKey(c.cfg.Prefix, updates[i].Key, updates[i].Limit))
+		s := redisx.Slot(BucketKey(c.cfg.Prefix, updates[i].Key))
 		if _, ok := bySlot[s]; !ok {
 			order = append(order, s)
 		}
@@ -537,7 +552,7 @@ func (c *Client) pipeline(ctx context.Context, updates []Update, groups [][]int)
 		args = append(args, c.keyArgs...)
 		c.scriptTime(args)
 		for k, i := range g {
-			keys[k] = BucketKey(c.cfg.Prefix, updates[i].Key, updates[i].Limit)
+			keys[k] = BucketKey(c.cfg.Prefix, updates[i].Key)
 			args = appendArgs(args, updates[i])
 		}
 		cmds[gi] = c.runner.EvalSha(ctx, pipe, reconcileScript, keys, args...)
@@ -587,7 +602,7 @@ func decodeStates(res any, out []State, errs []error) error {
 		}
 		// The script clamps both durations to 1e15µs (about 31 years); a larger value would overflow
 		// time.Duration into a negative wait (found by FuzzDecodeStates).
-		if v[0] < -2 || v[0] > 1 || v[1] < 0 || v[3] < 0 || v[4] < 0 || v[5] < 0 || v[4] > 1e15 || v[5] > 1e15 {
+		if v[0] < -2 || v[0] > 2 || v[1] < 0 || v[3] < 0 || v[4] < 0 || v[5] < 0 || v[4] > 1e15 || v[5] > 1e15 {
 			return fmt.Errorf("%w: values out of range %v", ErrBadReply, v)
 		}
 		errs[k] = nil

@@ -21,7 +21,7 @@ func TestBreakerCountsRefusedNotBadKey(t *testing.T) {
 	ctx := context.Background()
 	c := newTestClient(t, rdb, "a")
 	lim := Limit{Rate: 1, Burst: 10}
-	require.NoError(t, rdb.Set(ctx, BucketKey(c.cfg.Prefix, "string", lim), "x", 0).Err())
+	require.NoError(t, rdb.Set(ctx, BucketKey(c.cfg.Prefix, "string"), "x", 0).Err())
 	u := Update{Key: "string", Limit: lim, Inc: 1, Want: 1, N: 1}
 	for range 20 {
 		_, err := c.Take(ctx, u)

@@ -151,7 +151,8 @@ func FuzzDecodeStates(f *testing.F) {
 	f.Add(good(1, 5, 6_000_000, 1000, 0, 8_000_000), uint8(1))
 	f.Add(good(0, 5, -250_000, 3000, 500_000, 1_000_000, -1, 9, 10_000_000, 1, 0, 0), uint8(2))
 	f.Add(good(1, 5, 6_000_000, 1, 0), uint8(1))               // short
-	f.Add(good(2, 5, 6_000_000, 1, 0, 8_000_000), uint8(1))    // status out of range
+	f.Add(good(2, 5, 6_000_000, 1, 0, 8_000_000), uint8(1))    // banned
+	f.Add(good(3, 5, 6_000_000, 1, 0, 8_000_000), uint8(1))    // status out of range
 	f.Add(good(1, 5, 6_000_000, -1, 0, 8_000_000), uint8(1))   // negative demand
 	f.Add(good(0, 5, 6_000_000, 1, 1e16, 8_000_000), uint8(1)) // a retry-after beyond the script's clamp
 	f.Add(good(0, 5, 6_000_000, 1, math.MaxInt64, math.MaxInt64), uint8(1))
@@ -191,7 +192,7 @@ func FuzzDecodeStates(f *testing.F) {
 		reply := make([]any, 0, replyWidth*n)
 		for k := range n {
 			v := ints[replyWidth*k : replyWidth*k+replyWidth]
-			reply = append(reply, abs(v[0])%4-2, abs(v[1]), v[2], abs(v[3]), abs(v[4])%1_000_000_000_000_001, abs(v[5])%1_000_000_000_000_001)
+			reply = append(reply, abs(v[0])%5-2, abs(v[1]), v[2], abs(v[3]), abs(v[4])%1_000_000_000_000_001, abs(v[5])%1_000_000_000_000_001)
 		}
 		out = make([]State, n)
 		errs = make([]error, n)
@@ -226,7 +227,7 @@ func checkState(t *testing.T, st State, vals []any) {
 		v[j] = x
 	}
 	switch {
-	case st.Status < -2 || st.Status > 1 || int64(st.Status) != v[0]:
+	case st.Status < -2 || st.Status > 2 || int64(st.Status) != v[0]:
 		t.Fatalf("status %d from %v", st.Status, v)
 	case st.Charged != v[1] || st.Tokens != v[2] || st.Demand != float64(v[3])/1000 || st.Demand < 0:
 		t.Fatalf("state %+v from %v", st, v)
@@ -296,9 +297,9 @@ func FuzzSlot(f *testing.F) {
 		if !redisx.ValidPrefix(prefix) {
 			return
 		}
-		rk := BucketKey(prefix, key, Limit{Rate: 2.5, Burst: 7})
+		rk := BucketKey(prefix, key)
 		head := prefix + ":" + Version + ":b:{"
-		if !strings.HasPrefix(rk, head) || !strings.HasSuffix(rk, "}:2.5:7") || rk[len(head):len(rk)-len("}:2.5:7")] != key {
+		if !strings.HasPrefix(rk, head) || !strings.HasSuffix(rk, "}") || rk[len(head):len(rk)-len("}")] != key {
 			t.Fatalf("BucketKey(%q, %q) = %q: the key cannot be recovered", prefix, key, rk)
 		}
 		slot := redisx.Slot(rk)

@@ -15,9 +15,11 @@ import (
 // when their layout does. v2: leases (reconcile.lua), buckets per (key, limit), and disjoint
 // namespaces for buckets and the limiter's own structures. v3: the same model in cheaper records
 // (hexadecimal numbers in the bucket field, node records packed with struct.pack where Redis has
-// it). v4: the bucket field packed with struct.pack too (reconcile.lua). The keys of package strict
-// ("<prefix>:v1:{tag}:…", strict.Version) never share a name with them.
-const Version = "v4"
+// it). v4: the bucket field packed with struct.pack too (reconcile.lua). v5: one bucket per key,
+// whatever its limit (the limit travels in the scripts' arguments, so a changed rate or burst keeps
+// the key's consumption), with the key's ban in the bucket (field "x", see [BanField]). The keys of
+// package strict ("<prefix>:v1:{tag}:…", strict.Version) never share a name with them.
+const Version = "v5"
 
 // internalVersion is the layout version of the limiter's own structures (the ban list and its
 // change log). Their layout has not changed since v3, so they keep their v3 names: bans survive an
@@ -27,7 +29,7 @@ const internalVersion = "v3"
 // ErrBadPrefix is returned for a key prefix that is empty or contains a '{', '}' or whitespace.
 var ErrBadPrefix = redisx.NewError(redisx.ClassInvalid, "central: key prefix must be non-empty and contain no braces or spaces")
 
-// The namespaces: buckets under "<prefix>:v4:b:", the limiter's own structures under "<prefix>:v3:x:".
+// The namespaces: buckets under "<prefix>:v5:b:", the limiter's own structures under "<prefix>:v3:x:".
 // User keys only ever appear after "b:"; no user key can reach the "x:" namespace, and a bucket's
 // name never starts like an internal one (the versions differ, and so do "b:" and "x:").
 const (
@@ -35,15 +37,19 @@ const (
 	internalSpace = ":" + internalVersion + ":x:"
 )
 
-// BucketKey returns the Redis key of the global bucket for key under lim:
-// "<prefix>:v4:b:{<key>}:<rate>:<burst>". The key is the hash tag, so in a Cluster every bucket of one
-// key lives in one slot. Any key is accepted, including one with braces or NUL bytes: two different
-// (key, limit) pairs always give two different Redis keys, and none of them can equal [BansKey] or
-// any other key of the limiter's own. The same key used with two limits has two buckets: each limit
-// is enforced on its own (docs/accuracy.md, "One key, two limits").
-func BucketKey(prefix, key string, lim Limit) string {
-	return prefix + bucketSpace + "{" + key + "}:" + strconv.FormatFloat(lim.Rate, 'g', -1, 64) + ":" +
-		strconv.FormatInt(lim.Burst, 10)
+// BucketKey returns the Redis key of the global bucket for key: "<prefix>:v5:b:{<key>}". The key is
+// the hash tag, so in a Cluster a bucket and everything of its key live in one slot. Any key is
+// accepted, including one with braces or NUL bytes: two different keys always give two different
+// Redis keys, and none of them can equal [BansKey] or any other key of the limiter's own.
+//
+// The limit is not part of the name: it travels in each call's arguments (reconcile.lua, take.lua),
+// so a key whose limit changes keeps its bucket and the consumption in it. Each call refills the
+// bucket at the rate it sends, from the bucket's last write, and clamps it to the burst it sends:
+// nodes that send different limits for one key (a rolling deploy, a policy reload on some nodes
+// first) count in one bucket, and the limit of the latest call applies (docs/accuracy.md, "One key,
+// two limits").
+func BucketKey(prefix, key string) string {
+	return prefix + bucketSpace + "{" + key + "}"
 }
 
 // BansKey returns the Redis key of the ban list, in the limiter's internal namespace.
@@ -64,6 +70,10 @@ type Bucket struct {
 
 // BucketField is the hash field of a bucket's state; see [ParseBucket].
 const BucketField = "b"
+
+// BanField is the hash field of a bucket that holds its key's ban, if any: the ban's deadline in ms
+// of Redis TIME, in decimal (bucketban.lua; [Client.Ban]).
+const BanField = "ban"
 
 // bucketPacked is the length of a bucket field packed with struct.pack("<dddddd").
 const bucketPacked = 48
@@ -106,3 +116,8 @@ func ParseBucket(b string) (Bucket, error) {
 
 // FleetKey returns the Redis key of the registry of live nodes under prefix (fleet.lua).
 func FleetKey(prefix string) string { return prefix + internalSpace + "{fleet}" }
+
+// InternalKey returns "<prefix>:v3:x:<name>": a key in the limiter's own namespace, which no user
+// key can reach, for tools that keep their own records next to the limiter's (package observe's
+// fleet reports). The names "{bans}", "bans" and "{fleet}" are taken.
+func InternalKey(prefix, name string) string { return prefix + internalSpace + name }

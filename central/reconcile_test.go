@@ -82,7 +82,7 @@ func TestScriptLeaseScenarios(t *testing.T) {
 		ctx := context.Background()
 		c := newTestClient(t, rdb, "a")
 		nd := &node{c: c, key: "k", lim: Limit{Rate: 0.5, Burst: 10}, inc: 1}
-		rk := BucketKey("t", "k", nd.lim)
+		rk := BucketKey("t", "k")
 		type step struct {
 			at           int64 // µs after t0
 			use, want, n int64
@@ -177,7 +177,7 @@ func TestScriptDebtFloorAndRetry(t *testing.T) {
 		assert.Equal(t, StatusDenied, st.Status)
 		assert.Equal(t, 2500*time.Millisecond, st.RetryAfter, "(5 - -20) / 10 per second")
 		assert.Equal(t, 4*time.Second, st.ResetAfter, "(20 - -20) / 10")
-		assert.Equal(t, int64(70), bucketField(t, rdb, BucketKey("t", "d", nd.lim), 2), "accounting keeps every consumed token")
+		assert.Equal(t, int64(70), bucketField(t, rdb, BucketKey("t", "d"), 2), "accounting keeps every consumed token")
 	})
 }
 
@@ -199,7 +199,7 @@ func TestScriptLeaseAdvance(t *testing.T) {
 		assert.Equal(t, StatusDone, st.Status)
 		assert.Equal(t, int64(25), st.Charged, "burst + demand·Advance")
 		assert.Equal(t, int64(0), st.Tokens, "nothing more can be lent: the bucket is at -5, the advance 5")
-		assert.Equal(t, int64(-5_000_000), bucketField(t, rdb, BucketKey("t", "adv", nd.lim), 0), "lent below zero")
+		assert.Equal(t, int64(-5_000_000), bucketField(t, rdb, BucketKey("t", "adv"), 0), "lent below zero")
 		st = nd.call(t, 25, 40, 1) // the lease spent, one more now: the node is known, the advance is lent
 		assert.Equal(t, StatusDenied, st.Status)
 		assert.Equal(t, 100*time.Millisecond, st.RetryAfter, "the advance (5) covers the bucket's -5 only: one token refills in 0.1 s")
@@ -229,7 +229,7 @@ func TestScriptLeaseAdvance(t *testing.T) {
 		assert.Equal(t, int64(0), st.Tokens, "the lend is not what could be lent")
 		st = hot.call(t, 20, 80, 1) // the lease spent, one more now
 		assert.Equal(t, StatusCovered, st.Status, "the lend covers one token")
-		assert.Equal(t, int64(-1_000_000), bucketField(t, rdb, BucketKey("t", "over", nd.lim), 0), "lent one token below zero")
+		assert.Equal(t, int64(-1_000_000), bucketField(t, rdb, BucketKey("t", "over"), 0), "lent one token below zero")
 		st = hot.call(t, 1, 80, 1) // and one more
 		assert.Equal(t, StatusDenied, st.Status, "no further than the lend")
 		assert.Equal(t, 100*time.Millisecond, st.RetryAfter, "the bucket's -1 is the lend: a token refills in 0.1 s")
@@ -244,13 +244,13 @@ func TestScriptLeaseAdvance(t *testing.T) {
 		minor.call(t, 0, 0, 0) // its first call declares its demand
 		st = minor.call(t, 0, 80, 0)
 		assert.Equal(t, int64(1), st.Charged, "its share: 20·0.5/20.5 rounds to 0, at least 1")
-		assert.Equal(t, int64(-2_000_000), bucketField(t, rdb, BucketKey("t", "over", nd.lim), 0))
+		assert.Equal(t, int64(-2_000_000), bucketField(t, rdb, BucketKey("t", "over"), 0))
 		// Debt floors at -(Burst + Rate·Advance): a lent bucket's debt is never forgiven.
 		st = nd.call(t, 100, 0, 0)
 		assert.Equal(t, int64(-25_000_000), st.Tokens, "floor -30, plus what the demand takes of the advance, 5")
 		// The bucket outlives every lease it lent: its TTL is at least the active window (20 s here),
 		// not only twice the refill of burst and advance (2·30/10 s + 1 s = 7 s).
-		ttl, err := rdb.PTTL(context.Background(), BucketKey("t", "adv", nd.lim)).Result()
+		ttl, err := rdb.PTTL(context.Background(), BucketKey("t", "adv")).Result()
 		require.NoError(t, err)
 		assert.InDelta(t, 20*time.Second, ttl, float64(2*time.Second))
 		// A zero advance is the plain model.
@@ -296,7 +296,7 @@ func TestScriptIsIdempotent(t *testing.T) {
 			assert.Equal(t, int64(45), st.Charged)
 			assert.Equal(t, int64(55_000_000), st.Tokens)
 		}
-		assert.Equal(t, int64(45), bucketField(t, rdb, BucketKey("t", "i", lim), 2), "30 + 10 + the 5 taken")
+		assert.Equal(t, int64(45), bucketField(t, rdb, BucketKey("t", "i"), 2), "30 + 10 + the 5 taken")
 	})
 }
 
@@ -317,7 +317,7 @@ func TestScriptIncarnations(t *testing.T) {
 		st = two.call(t, 0, 0, 0)
 		assert.Equal(t, int64(65_000_000), st.Tokens)
 		// After the key expired in Redis, a node's acked seeds what was charged.
-		require.NoError(t, rdb.Del(context.Background(), BucketKey("t", "n", lim)).Err())
+		require.NoError(t, rdb.Del(context.Background(), BucketKey("t", "n")).Err())
 		st = two.call(t, 3, 0, 0)
 		assert.Equal(t, int64(97_000_000), st.Tokens, "only the 3 beyond acked charged to a fresh bucket")
 	})
@@ -335,7 +335,7 @@ func TestScriptPrunesDepartedNodes(t *testing.T) {
 		a := &node{c: newTestClient(t, rdb, "a"), key: "act", lim: lim, inc: 1, cum: 1, acked: 1, uacked: 1}
 		a.c.at(t0 + 200_000_000)
 		a.call(t, 1, 0, 0)
-		fields, err := rdb.HKeys(context.Background(), BucketKey("t", "act", lim)).Result()
+		fields, err := rdb.HKeys(context.Background(), BucketKey("t", "act")).Result()
 		require.NoError(t, err)
 		var nodes []string
 		for _, f := range fields {
@@ -439,7 +439,7 @@ func TestOneBadKeyCostsOnlyThatKey(t *testing.T) {
 		ctx := context.Background()
 		c := newTestClient(t, rdb, "a")
 		lim := Limit{Rate: 1, Burst: 100}
-		require.NoError(t, rdb.Set(ctx, BucketKey("t", "poisoned", lim), "x", 0).Err())
+		require.NoError(t, rdb.Set(ctx, BucketKey("t", "poisoned"), "x", 0).Err())
 		var ups []Update
 		for _, k := range []string{"ok1", "poisoned", "ok2"} {
 			ups = append(ups, Update{Key: k, Limit: lim, Inc: 1, Cum: 5, Used: 5})
@@ -452,7 +452,7 @@ func TestOneBadKeyCostsOnlyThatKey(t *testing.T) {
 		assert.Contains(t, errs[1].Error(), "WRONGTYPE")
 		assert.NoError(t, errs[2])
 		for _, k := range []string{"ok1", "ok2"} {
-			assert.Equal(t, int64(5), bucketField(t, rdb, BucketKey("t", k, lim), 2), k)
+			assert.Equal(t, int64(5), bucketField(t, rdb, BucketKey("t", k), 2), k)
 		}
 		assert.Equal(t, redisx.BreakerClosed, c.Breaker().State(), "a bad key says nothing about Redis")
 	})
@@ -462,13 +462,12 @@ func TestOneBadKeyCostsOnlyThatKey(t *testing.T) {
 // any other structure of the limiter's own (issue 11, item 1).
 func TestUserKeysCannotReachInternalStructures(t *testing.T) {
 	internal := []string{BansKey("hr"), BansChannel("hr")}
-	lim := Limit{Rate: 1, Burst: 1}
 	for _, k := range []string{"bans", "{bans}", "x:bans", "ts", "nt", "tk", "t", "s", "c", "w", "b", "x",
 		"n:a", "hr:v3:x:{bans}", "}:1:1", "bans}:1:1"} {
 		for _, in := range internal {
-			assert.NotEqual(t, in, BucketKey("hr", k, lim), k)
+			assert.NotEqual(t, in, BucketKey("hr", k), k)
 		}
-		assert.True(t, strings.HasPrefix(BucketKey("hr", k, lim), "hr:v4:b:{"), k)
+		assert.True(t, strings.HasPrefix(BucketKey("hr", k), "hr:v5:b:{"), k)
 	}
 	for _, in := range internal {
 		assert.True(t, strings.HasPrefix(in, "hr:v3:x:"), in)
@@ -552,13 +551,11 @@ func TestBreakerOpensAndFailsFast(t *testing.T) {
 }
 
 func TestKeysAndSlots(t *testing.T) {
-	assert.Equal(t, "hr:v4:b:{user:1}:2.5:10", BucketKey("hr", "user:1", Limit{Rate: 2.5, Burst: 10}))
-	assert.NotEqual(t, BucketKey("hr", "k", Limit{Rate: 10, Burst: 10}), BucketKey("hr", "k", Limit{Rate: 100, Burst: 10}),
-		"one key under two limits: two buckets")
+	assert.Equal(t, "hr:v5:b:{user:1}", BucketKey("hr", "user:1"), "the limit is not part of the name")
 	assert.Equal(t, uint16(0x31C3), redisx.CRC16("123456789"), "CRC-16/XMODEM check value")
 	assert.Equal(t, redisx.Slot("bar"), redisx.Slot("x{bar}y"))
 	assert.Equal(t, redisx.Slot("a{}b"), int(redisx.CRC16("a{}b")&16383), "empty tag hashes the whole key")
-	assert.NotEqual(t, BucketKey("hr", "a}b", Limit{1, 1}), BucketKey("hr", "a", Limit{1, 1}), "different keys stay different")
+	assert.NotEqual(t, BucketKey("hr", "a}b"), BucketKey("hr", "a"), "different keys stay different")
 	for _, p := range []string{"", "a{", "b}", "c d"} {
 		assert.False(t, redisx.ValidPrefix(p), p)
 	}

@@ -27,7 +27,7 @@ func TestTakeMatchesReconcile(t *testing.T) {
 		c, err := New(cfg)
 		require.NoError(t, err)
 		lim := Limit{Rate: 2, Burst: 4}
-		key := BucketKey("t", "k", lim)
+		key := BucketKey("t", "k")
 		for i := range 4 {
 			st, err := c.Take(ctx, Update{Key: "k", Limit: lim, Want: 1, N: 1})
 			require.NoError(t, err)

@@ -14,17 +14,19 @@ import (
 	"github.com/hybridrate/hybridrate/internal/redisx"
 )
 
-// bounded returns rdb, or a shallow copy of it with socket timeouts of timeout when go-redis would
-// ignore a call's deadline on the socket (a client without ContextTimeoutEnabled): without it, a call
-// to a hung Redis waits for the client's ReadTimeout (3s by default), not for WithTimeout's.
-// A client that cannot be bounded so (a cluster client without ContextTimeoutEnabled) is logged.
-func bounded(rdb redis.UniversalClient, timeout time.Duration, log *slog.Logger) redis.UniversalClient {
+// bounded returns rdb bounded by timeout (redisx.Bound): rdb itself when go-redis applies a call's
+// deadline to the socket (a client created with ContextTimeoutEnabled); otherwise a shallow copy of a
+// *redis.Client with socket timeouts of timeout, or a new cluster client with ContextTimeoutEnabled
+// built from a cluster client's options, which the Limiter owns (owned is then true: Close closes
+// it). Without it, a call to a hung Redis waits for the client's ReadTimeout (3s or 5s by default),
+// not for WithTimeout's. A client of another type, which cannot be bounded so, is logged.
+func bounded(rdb redis.UniversalClient, timeout time.Duration, log *slog.Logger) (_ redis.UniversalClient, owned bool) {
 	b := redisx.Bound(rdb, timeout)
 	if !b.Enforced {
-		log.Warn("concurrency: this Redis client ignores context deadlines; a hung Redis holds calls for the client's ReadTimeout. " +
-			"Create cluster clients with ContextTimeoutEnabled: true so that WithTimeout bounds every call")
+		log.Warn("concurrency: this Redis client type is neither a *redis.Client nor a *redis.ClusterClient; " +
+			"a hung Redis may hold calls beyond WithTimeout unless it applies context deadlines")
 	}
-	return b.Client
+	return b.Client, b.Owned
 }
 
 // fault is what a failed Redis call means for the failure policy and the breaker.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -78,15 +79,17 @@ type Stats struct {
 // Create a Limiter with [New]; the zero Limiter is not usable. A Limiter is safe for concurrent use.
 // Most callers want [Limiter.TryAcquire] and a deferred [Lease.Release].
 type Limiter struct {
-	rdb    redis.UniversalClient
-	o      options
-	script *script
-	br     breaker
-	fb     fallback
-	stats  Stats
-	tag    string        // this Limiter's random lease-id prefix
-	seq    atomic.Uint64 // lease numbers
-	closed atomic.Bool
+	rdb     redis.UniversalClient // the caller's client bounded by WithTimeout (bounded)
+	owned   bool                  // rdb is a client of our own, which Close closes
+	cleanup runtime.Cleanup       // closes an rdb of our own if the Limiter is dropped without Close
+	o       options
+	script  *script
+	br      breaker
+	fb      fallback
+	stats   Stats
+	tag     string        // this Limiter's random lease-id prefix
+	seq     atomic.Uint64 // lease numbers
+	closed  atomic.Bool
 
 	releaseLog logEvery // release failures: at most one line per logInterval
 
@@ -122,15 +125,23 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	}
 	var b [8]byte
 	_, _ = crand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
-	return &Limiter{
-		rdb:     bounded(rdb, o.timeout, o.logger),
+	brdb, owned := bounded(rdb, o.timeout, o.logger)
+	l := &Limiter{
+		rdb:     brdb,
+		owned:   owned,
 		o:       o,
 		script:  newScript(),
 		br:      newBreaker(o.logger),
 		tag:     hex.EncodeToString(b[:]),
 		held:    make(map[*Lease]heldInfo),
 		sweepAt: minSweep,
-	}, nil
+	}
+	if owned {
+		// Close releases the client of our own; for a caller that never calls Close, it is closed
+		// once the Limiter is unreachable.
+		l.cleanup = runtime.AddCleanup(l, func(c redis.UniversalClient) { _ = c.Close() }, brdb)
+	}
+	return l, nil
 }
 
 // Stats returns the Limiter's counters.
@@ -368,12 +379,20 @@ func (l *Limiter) releaseRedis(ctx context.Context, rkey, id string) error {
 // Close makes TryAcquire and Acquire return ErrClosed, then releases every Redis lease of this
 // Limiter not released yet, so that a clean shutdown gives its slots back at once instead of after
 // their TTL: call it once the work those leases guard has stopped. It returns the first release
-// error (the other slots come back at their TTL). Close starts and leaves no goroutine; calling it
-// again does nothing.
+// error (the other slots come back at their TTL). Last, it closes the cluster client New built for
+// itself from a cluster client created without ContextTimeoutEnabled (see [WithTimeout]; never the
+// caller's client): an Extend after Close then fails with ErrUnavailable. Close starts and leaves no
+// goroutine; calling it again does nothing.
 func (l *Limiter) Close(ctx context.Context) error {
 	if !l.closed.CompareAndSwap(false, true) {
 		return nil
 	}
+	defer func() {
+		if l.owned {
+			l.cleanup.Stop()
+			_ = l.rdb.Close()
+		}
+	}()
 	l.mu.Lock()
 	held := l.held
 	l.held = make(map[*Lease]heldInfo)

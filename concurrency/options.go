@@ -139,9 +139,12 @@ func WithNodes(n int) Option {
 
 // WithTimeout bounds each Redis call, from 1ms to 10s; a call that takes longer counts as a failure
 // and the failure policy decides. The default is DefaultTimeout (50ms). The bound holds on a hung
-// Redis whatever the options of a *redis.Client (a Sentinel failover client too): one created
-// without ContextTimeoutEnabled is used through a shallow copy with socket timeouts of d, which does
-// not run the client's hooks. A cluster client needs ContextTimeoutEnabled: true.
+// Redis whatever the client's options: a *redis.Client (a Sentinel failover client too) created
+// without ContextTimeoutEnabled is used through a shallow copy with socket timeouts of d, sharing its
+// connection pool; a *redis.ClusterClient created without it, through a new cluster client built
+// from its options with ContextTimeoutEnabled and socket timeouts of d, with connections of its own,
+// which [Limiter.Close] closes. Neither runs the hooks added to the client (AddHook): create the
+// client with ContextTimeoutEnabled: true to keep them, and it is used as is.
 func WithTimeout(d time.Duration) Option {
 	return optionFunc(func(o *options) error {
 		if d < time.Millisecond || d > 10*time.Second {

@@ -1,6 +1,7 @@
 package dashboard
 
 import (
+	"context"
 	"embed"
 	"encoding/json"
 	"io/fs"
@@ -19,12 +20,31 @@ type Source interface {
 	Snapshot(span time.Duration) observe.Snapshot
 }
 
+// FleetSource is what the fleet view draws from: an *observe.Fleet.
+type FleetSource interface {
+	View(ctx context.Context) (observe.FleetView, error)
+}
+
+// Option configures a [Handler].
+type Option func(*handler)
+
+type handler struct{ fleet FleetSource }
+
+// WithFleet adds the fleet view: every live instance's counters, read from Redis through f, at
+// "/api/fleet", and the page's Fleet section. Without it the page shows this instance only.
+func WithFleet(f FleetSource) Option { return func(h *handler) { h.fleet = f } }
+
 // DefaultSpan is the span the page shows unless asked otherwise (?span=seconds).
 const DefaultSpan = 5 * time.Minute
 
 // Handler returns the dashboard: the page at "/" (index.html, app.js, style.css) and the data at
-// "/api/snapshot" (?span=seconds, default 300). Mount it under a prefix with http.StripPrefix.
-func Handler(src Source) http.Handler {
+// "/api/snapshot" (?span=seconds, default 300) and, with [WithFleet], "/api/fleet" (404 without
+// it). Mount it under a prefix with http.StripPrefix.
+func Handler(src Source, opts ...Option) http.Handler {
+	var h handler
+	for _, o := range opts {
+		o(&h)
+	}
 	sub, _ := fs.Sub(static, "static") // cannot fail: a fixed, valid directory of the embedded tree
 	mux := http.NewServeMux()
 	mux.Handle("GET /", http.FileServerFS(sub))
@@ -41,6 +61,20 @@ func Handler(src Source) http.Handler {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
 		_ = json.NewEncoder(w).Encode(src.Snapshot(span))
+	})
+	mux.HandleFunc("GET /api/fleet", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "no-store")
+		if h.fleet == nil {
+			http.Error(w, "no fleet view: this instance publishes no report", http.StatusNotFound)
+			return
+		}
+		v, err := h.fleet.View(r.Context())
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(v)
 	})
 	return mux
 }

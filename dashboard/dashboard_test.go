@@ -1,7 +1,9 @@
 package dashboard_test
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -54,4 +56,35 @@ func TestHandlerServesPageAndSnapshot(t *testing.T) {
 	require.NoError(t, err)
 	resp2.Body.Close()
 	assert.Equal(t, http.StatusBadRequest, resp2.StatusCode)
+}
+
+type fleetView struct{ err error }
+
+func (f fleetView) View(context.Context) (observe.FleetView, error) {
+	return observe.FleetView{Self: "pod-1-ab", Instances: []observe.FleetMember{{Report: observe.Report{ID: "pod-1-ab", Instance: "pod-1"}}}}, f.err
+}
+
+func TestHandlerServesTheFleetWhenGiven(t *testing.T) {
+	status := func(h http.Handler) (int, string) {
+		srv := httptest.NewServer(h)
+		defer srv.Close()
+		resp, err := http.Get(srv.URL + "/api/fleet")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(b)
+	}
+	code, _ := status(dashboard.Handler(&fixed{}))
+	assert.Equal(t, http.StatusNotFound, code, "no fleet: the page hides its Fleet section")
+	code, body := status(dashboard.Handler(&fixed{}, dashboard.WithFleet(fleetView{})))
+	assert.Equal(t, http.StatusOK, code)
+	var v observe.FleetView
+	require.NoError(t, json.Unmarshal([]byte(body), &v))
+	assert.Equal(t, "pod-1-ab", v.Self)
+	require.Len(t, v.Instances, 1)
+	assert.Equal(t, "pod-1", v.Instances[0].Instance)
+	code, body = status(dashboard.Handler(&fixed{}, dashboard.WithFleet(fleetView{err: errors.New("redis down")})))
+	assert.Equal(t, http.StatusBadGateway, code)
+	assert.Contains(t, body, "redis down")
 }

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/hybridrate/hybridrate/central"
-	"github.com/hybridrate/hybridrate/local"
 )
 
 // ErrUnavailable is returned by [Limiter.WaitN] when Redis cannot answer a decision that needs it
@@ -169,7 +168,7 @@ func (l *Limiter) Refund(ctx context.Context, key string, limit Limit, n int64) 
 	if err := l.check(ctx, key, limit, n); err != nil {
 		return 0, err
 	}
-	e := l.store.Lookup(key, limit.Rate, limit.Burst, l.store.Hash(key, local.LimitID(limit.Rate, limit.Burst)))
+	e := l.store.Lookup(key, l.store.Hash(key))
 	if e == nil {
 		return 0, nil
 	}
@@ -205,7 +204,7 @@ func (l *Limiter) Peek(ctx context.Context, key string, limit Limit) (Decision, 
 	burstMicro := limit.Burst * 1_000_000
 	var micro int64 // the estimate, micro-tokens
 	src := SourceLocal
-	e := l.store.Lookup(key, limit.Rate, limit.Burst, l.store.Hash(key, local.LimitID(limit.Rate, limit.Burst)))
+	e := l.store.Lookup(key, l.store.Hash(key))
 	if e != nil && e.GrantedAt() != 0 {
 		g, _ := e.Global()
 		if elapsed := l.mono() - e.GrantedAt(); elapsed > 0 && g < burstMicro {
@@ -227,7 +226,7 @@ func (l *Limiter) Peek(ctx context.Context, key string, limit Limit) (Decision, 
 	return d, nil
 }
 
-// Reset is an administrative operation: it deletes the global bucket of key under limit in Redis,
+// Reset is an administrative operation: it deletes the global bucket of key in Redis (whatever its limit),
 // with every node's record on it, so that the next decision anywhere finds a full bucket, and drops
 // this node's entry for the key (its unused lease and any consumption not yet reported are
 // forgotten, as the bucket they belong to is). A ban is not lifted (see Unban).
@@ -242,7 +241,7 @@ func (l *Limiter) Reset(ctx context.Context, key string, limit Limit) error {
 	if err := l.check(ctx, key, limit, 1); err != nil {
 		return err
 	}
-	l.store.Remove(key, limit.Rate, limit.Burst, l.store.Hash(key, local.LimitID(limit.Rate, limit.Burst)))
+	l.store.Remove(key, l.store.Hash(key))
 	l.deny.Forget(key)
 	l.fallback.Remove(key)
 	if _, err := l.central.DeleteBucket(ctx, key, central.Limit{Rate: limit.Rate, Burst: limit.Burst}); err != nil {

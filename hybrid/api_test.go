@@ -257,7 +257,7 @@ func TestResetStartsAFullBucket(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: p.m.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	limit := hybrid.Limit{Rate: 1e-3, Burst: 3}
-	bucket := central.BucketKey(hybrid.DefaultKeyPrefix, "k", central.Limit{Rate: limit.Rate, Burst: limit.Burst})
+	bucket := central.BucketKey(hybrid.DefaultKeyPrefix, "k")
 
 	require.Equal(t, 3, allowed(t, p.lim, "k", limit, 1, 4))
 	require.NoError(t, p.lim.Flush(ctx))

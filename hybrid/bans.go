@@ -15,6 +15,7 @@ import (
 // each at most once per banCheckEvery, and the bans found join the local copy.
 type banWatch struct {
 	total atomic.Int64 // entries in Redis's ban list, as last read
+	known atomic.Bool  // the ban list has been read at least once (total is its size)
 
 	mu     sync.Mutex          // guards seen and queue
 	seen   map[string]struct{} // keys queued since the last reset
@@ -59,6 +60,34 @@ func (w *banWatch) reset() {
 
 // incomplete reports whether Redis holds more bans than the local copy can.
 func (l *Limiter) bansIncomplete() bool { return l.bans.total.Load() > int64(l.opts.maxBans) }
+
+// bansComplete reports whether the local copy of the ban list is known to hold every ban: the list
+// has been read and fits. Until then, a key missing from the copy may be banned, so a new key gets
+// no cold-start credit: its first decision goes to Redis, whose scripts read the key's ban in its
+// bucket (central.Client.Ban), and a banned key is never admitted once its ban is in Redis.
+func (l *Limiter) bansComplete() bool { return l.bans.known.Load() && !l.bansIncomplete() }
+
+// BansLoaded reports whether the limiter has read the ban list from Redis since it started (a few
+// milliseconds after New while Redis is up). Until it has, and while Redis holds more bans than its
+// local copy keeps (Stats: BanListSize above Bans), a key this limiter has not seen gets no
+// cold-start credit: its first decision goes to Redis, which reads the key's ban, so that a banned
+// key is never admitted once its ban is in Redis. A process that wants its first decisions local
+// can wait for it before serving.
+func (l *Limiter) BansLoaded() bool { return l.bans.known.Load() }
+
+// onBanTotal records the size of Redis's ban list after a read.
+func (l *Limiter) onBanTotal(n int64) {
+	l.bans.total.Store(n)
+	l.bans.known.Store(true)
+}
+
+// banned answers a decision Redis refused because key is banned (central.StatusBanned): the ban
+// joins the local copy, so that the key's next decisions are denied without I/O.
+func (l *Limiter) banned(key string, limit Limit, retry time.Duration) Decision {
+	retry = max(retry, time.Millisecond)
+	l.deny.Ban(key, l.opts.now().Add(retry))
+	return Decision{Limit: limit, RetryAfter: retry, ResetAfter: retry, Source: SourceDenyCache}
+}
 
 // checkBans checks the queued keys in Redis until ctx ends; see banWatch.
 func (l *Limiter) checkBans(ctx context.Context, onErr func(error)) {

@@ -14,7 +14,7 @@
 //
 // # How it decides
 //
-// Redis holds the global bucket of each (key, limit) pair, refilled by Redis TIME. A node takes
+// Redis holds the global bucket of each key (whatever its limit: see [Limit]), refilled by Redis TIME. A node takes
 // tokens from it in advance, as a lease sized to its own demand on the key (over LeaseHorizon,
 // within its demand-weighted share of the burst, plus up to a second of the key's demand drawn on
 // its coming refill while it is under its rate: WithLeaseAdvance), and

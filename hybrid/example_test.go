@@ -32,6 +32,11 @@ func Example() {
 		panic(err)
 	}
 	defer lim.Close(ctx)
+	// A new limiter reads the ban list first (milliseconds); until then a new key's first decision
+	// goes to Redis, which knows its bans.
+	for !lim.BansLoaded() {
+		time.Sleep(time.Millisecond)
+	}
 
 	limit := hybrid.Limit{Rate: 1, Burst: 3} // 1 token per second, bursts of 3
 	for i := 0; i < 4; i++ {
@@ -69,6 +74,9 @@ func ExampleLimiter_AllowN() {
 	}
 	ctx := context.Background()
 	defer lim.Close(ctx)
+	for !lim.BansLoaded() { // see Example
+		time.Sleep(time.Millisecond)
+	}
 
 	// Weighted cost: an export costs 10 tokens of a 100-per-minute budget. A new key's first tokens
 	// come from its cold-start credit (drift·Burst = 10 tokens), without waiting for Redis.

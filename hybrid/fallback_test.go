@@ -49,6 +49,7 @@ func TestFallbackShareCountsLiveNodes(t *testing.T) {
 		lim, err := hybrid.New(srv.Client(t), hybrid.WithFleetBeat(20*time.Millisecond),
 			hybrid.WithCheckTimeout(time.Second), hybrid.WithFailurePolicy(hybrid.LocalFallback))
 		require.NoError(t, err)
+		awaitBans(t, lim)
 		_, err = lim.Allow(ctx, "k", limit)
 		require.NoError(t, err)
 		require.NoError(t, lim.Flush(ctx))

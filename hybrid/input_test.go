@@ -156,8 +156,9 @@ func TestNewDoesNoIOAndRedisDownAtStart(t *testing.T) {
 	}
 }
 
-// TestColdStartWithRedisDown: a key this node has never seen is admitted from its cold-start credit
-// (max(2, drift·Burst/A) tokens, at most Burst) without waiting for Redis, then the failure policy decides.
+// TestColdStartWithRedisDown: with Redis down from the start, the limiter never read the ban list,
+// so a key it has never seen gets no cold-start credit (it could be banned: issue 23, item 6) and
+// the failure policy decides. (Until issue 23 it got max(2, drift·Burst/A) tokens of credit.)
 func TestColdStartWithRedisDown(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
@@ -177,8 +178,10 @@ func TestColdStartWithRedisDown(t *testing.T) {
 			sources = append(sources, d.Source)
 		}
 	}
-	assert.Equal(t, []hybrid.Source{hybrid.SourceLocal, hybrid.SourceLocal, hybrid.SourceLocal, hybrid.SourceLocal}, sources,
-		"four tokens of cold-start credit, then fail-closed")
+	// A limiter that could not read the ban list does not know which keys are banned: it grants no
+	// cold-start credit (issue 23, item 6), and the failure policy decides from the first request.
+	assert.False(t, lim.BansLoaded())
+	assert.Empty(t, sources, "no cold-start credit before the ban list is read: fail-closed")
 }
 
 func TestLocalFallbackEnforcesShare(t *testing.T) {

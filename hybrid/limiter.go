@@ -117,7 +117,11 @@ type Limiter struct {
 
 // New returns a limiter that keeps its global state in rdb (a *redis.Client, a Sentinel failover
 // client or a *redis.ClusterClient) and starts its background loop. It does no Redis I/O: a Redis
-// that is down at start behaves like one that goes down later.
+// that is down at start behaves like one that goes down later. A client created without
+// ContextTimeoutEnabled, whose calls go-redis would not end at their deadline, is used through copies
+// with the limiter's own socket timeouts or, for a cluster client, through a cluster client of the
+// limiter's own built from its options with ContextTimeoutEnabled, which Close closes; neither runs
+// the client's hooks (docs/operations.md, "Cluster clients and timeouts"). rdb is never closed.
 func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	if rdb == nil || isNilClient(rdb) {
 		return nil, ErrNilClient
@@ -162,14 +166,17 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	}
 	store, err := local.New(local.Config{MaxKeys: o.maxKeys})
 	if err != nil {
+		_ = cc.Close()
 		return nil, fmt.Errorf("hybrid: %w", err)
 	}
 	deny, err := denycache.New(denycache.Config{MaxBans: o.maxBans, MaxDenied: maxDenied})
 	if err != nil {
+		_ = cc.Close()
 		return nil, fmt.Errorf("hybrid: %w", err)
 	}
 	fb, err := lru.New[string, *fallbackBucket](maxFallback)
 	if err != nil {
+		_ = cc.Close()
 		return nil, fmt.Errorf("hybrid: %w", err)
 	}
 	l := &Limiter{
@@ -201,8 +208,10 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		Fleet:     func() int64 { return self.fleetSize.Load() },
 		LeaseLife: LeaseLife,
 		Now:       l.mono,
-		OnState: func(e *local.Entry, _ central.State) {
-			if l.bansIncomplete() {
+		OnState: func(e *local.Entry, st central.State) {
+			if st.Status == central.StatusBanned {
+				l.deny.Ban(e.Key(), l.opts.now().Add(max(st.RetryAfter, time.Millisecond)))
+			} else if l.bansIncomplete() {
 				l.bans.add(e.Key()) // it may be banned beyond the local copy: check it
 			}
 			_, active := e.Global()
@@ -216,23 +225,28 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		OnError: func(err error) { logs.failed(&logs.reconcile, err) },
 	})
 	if err != nil {
+		_ = cc.Close()
 		return nil, fmt.Errorf("hybrid: %w", err)
 	}
 	if cc.HooksBypassed() {
-		o.logger.Info("hybridrate: the limiter's Redis calls bypass hooks added to this client (it uses copies with its own timeouts); " +
+		o.logger.Info("hybridrate: the limiter's Redis calls bypass hooks added to this client (it uses copies, or for a cluster client a client of its own, with its own timeouts); " +
 			"create the client with ContextTimeoutEnabled: true to keep hooks such as tracing")
 	}
 	if !cc.TimeoutsEnforced() {
-		o.logger.Warn("hybridrate: this Redis client ignores context deadlines; a hung Redis holds calls for the client's ReadTimeout. " +
-			"Create cluster clients with ContextTimeoutEnabled: true so that WithCheckTimeout and WithFlushTimeout bound every call")
+		o.logger.Warn("hybridrate: this Redis client type is neither a *redis.Client nor a *redis.ClusterClient; " +
+			"a hung Redis may hold calls beyond WithCheckTimeout and WithFlushTimeout unless it applies context deadlines")
 	}
 	if l.metrics, err = newMetrics(l); err != nil {
+		_ = cc.Close()
 		return nil, fmt.Errorf("hybrid: metrics: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	l.cancel = cancel
 	if o.manual {
-		return l, nil // the fleet simulator steps it (internal/virtual)
+		// The fleet simulator steps it (internal/virtual), with no ban list to watch: the (empty)
+		// list is complete, and cold-start credit is granted as in production once it is read.
+		l.bans.known.Store(true)
+		return l, nil
 	}
 	l.wg.Add(6)
 	go func() {
@@ -263,7 +277,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 			l.opts.logger.Warn("hybridrate: preloading scripts", slog.Any("error", err))
 		}
 		l.central.WatchBans(ctx, central.BanWatch{Refresh: l.opts.banRefresh, Page: banPage, Sweep: banSweep,
-			OnEvent: l.onBan, OnLoad: l.onBanList, OnTotal: l.bans.total.Store,
+			OnEvent: l.onBan, OnLoad: l.onBanList, OnTotal: l.onBanTotal,
 			OnError: func(err error) { logs.failed(&logs.bans, err) }})
 	}()
 	return l, nil
@@ -295,9 +309,9 @@ func (l *Limiter) Allow(ctx context.Context, key string, limit Limit) (Decision,
 // A denial is not an error: err is non-nil only when no decision could be made — invalid input
 // (ErrInvalidKey, ErrInvalidLimit, ErrInvalidCost), a closed limiter (ErrClosed) or a cancelled
 // ctx. Keys are 1 to MaxKeyLen bytes of anything (braces and NUL bytes included); n is 1 to
-// limit.Burst. The same key should always be used with the same limit; when it changes, the newest
-// limit applies from the next reconcile on. limit.OnFailure does not select the bucket: it only says
-// what this call gets while Redis cannot answer (see [Limit]).
+// limit.Burst. A key has one bucket whatever its limit: a call with a new limit for a key changes
+// the key's limit without resetting its consumption (see [Limit]). limit.OnFailure does not select
+// the bucket either: it only says what this call gets while Redis cannot answer.
 //
 // Most calls are answered from local state without I/O or allocation. A call that must ask Redis
 // waits at most the check timeout (WithCheckTimeout) and ctx.
@@ -317,8 +331,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) 
 	if n < 1 || n > limit.Burst {
 		return Decision{}, invalidCost(n, limit.Burst)
 	}
-	lid := local.LimitID(limit.Rate, limit.Burst)
-	h := l.store.Hash(key, lid)
+	h := l.store.Hash(key)
 	st := &l.counts[h&(numStripes-1)]
 	if !l.deny.Empty() {
 		if d, ok := l.denied(key, limit); ok {
@@ -326,7 +339,10 @@ func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) 
 			return d, nil
 		}
 	}
-	if e := l.store.Lookup(key, limit.Rate, limit.Burst, h); e != nil {
+	if e := l.store.Lookup(key, h); e != nil {
+		if !e.HasLimit(limit.Rate, limit.Burst) {
+			e.SetLimit(limit.Rate, limit.Burst) // the key's limit changed: same entry, same bucket
+		}
 		if e.TryTake(n) == local.Taken {
 			// Close sets closed before its final flush. A call that took tokens locally and still
 			// sees closed false took them before Close began (Go's atomics are sequentially
@@ -419,12 +435,14 @@ const starvedTrust = time.Second
 // Burst/F) tokens, rounded down, with F the live limiters of the fleet registry, so that the
 // fleet's cold-start credits on one key add up to one burst at most whatever the fleet's size
 // (docs/accuracy.md); 0 when that is under a token (the key's first request here asks Redis), in
-// strict mode or WithoutColdStart. Before the registry's first answer (a node's first
+// strict mode or WithoutColdStart, and while the local copy of the ban list is not known to hold
+// every ban (bansComplete: not read yet, or Redis holds more bans than it keeps), so that a banned
+// key's first decision goes to Redis. Before the registry's first answer (a node's first
 // milliseconds, or Redis down at start) F is the largest number of nodes Redis's answers showed
 // sharing a key, at least 1. Two tokens let the first requests of a new key (a client's first call
 // is often followed by a second at once) be answered before its first reconcile on small fleets.
 func (l *Limiter) coldCredit(limit Limit) int64 {
-	if l.opts.drift == 0 || !l.opts.coldStart {
+	if l.opts.drift == 0 || !l.opts.coldStart || !l.bansComplete() {
 		return 0
 	}
 	f := l.fleetSize.Load()
@@ -518,6 +536,9 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 			break
 		}
 	}
+	if e != nil && !e.HasLimit(limit.Rate, limit.Burst) {
+		e.SetLimit(limit.Rate, limit.Burst)
+	}
 	lim := central.Limit{Rate: limit.Rate, Burst: limit.Burst}
 	var err error
 	for attempt := 0; ; attempt++ {
@@ -590,6 +611,19 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 				e.Land()
 			}
 			break
+		}
+		if res.Status == central.StatusBanned {
+			// The key's ban is in its bucket: Redis applied this node's report, granted nothing and
+			// took nothing.
+			if e != nil && !direct {
+				l.syncer.Apply(e, seq, u, res, sent)
+				if flying {
+					e.Land()
+				}
+				l.syncer.Watch(e)
+			}
+			st.deny.Add(1)
+			return l.banned(key, limit, res.RetryAfter), nil
 		}
 		allowed := res.Status == central.StatusCovered
 		if e != nil && !direct {
@@ -698,7 +732,7 @@ func (l *Limiter) record(e *local.Entry, n, excused int64) {
 	}
 	for e.AddExcused(n, excused) == local.Gone {
 		rate, burst := e.Limit()
-		if e = l.store.Insert(e.Key(), l.store.Hash(e.Key(), local.LimitID(rate, burst)), rate, burst, 0); e == nil {
+		if e = l.store.Insert(e.Key(), l.store.Hash(e.Key()), rate, burst, 0); e == nil {
 			l.counts[0].unrecorded.Add(n)
 			return
 		}
@@ -807,6 +841,7 @@ func (l *Limiter) Close(ctx context.Context) error {
 	if merr := l.metrics.close(); merr != nil && err == nil {
 		err = merr
 	}
+	_ = l.central.Close() // the cluster client it may have created for itself; never rdb
 	if err != nil {
 		return fmt.Errorf("hybrid: close: final flush: %w", err)
 	}

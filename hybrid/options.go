@@ -444,10 +444,21 @@ func WithInstance(name string) Option {
 // Limit is a token bucket: Rate tokens per second refill a bucket that holds at most Burst tokens.
 // Rate must be finite, from 1e-9 (one token in 31.7 years) to 1e9; Burst from 1 to 1e9.
 //
+// A key has one bucket whatever its limit: the limit is not part of the bucket's identity (neither
+// in Redis, "<prefix>:v5:b:{key}", nor in this process). To change a key's limit without resetting
+// it, call with the same key and the new Limit: the key keeps its consumption, its tokens are
+// clamped to the new Burst and refill at the new Rate from the change on, and this node's lease
+// and credit are kept (they were charged to the same bucket, so nothing is granted twice). Nodes
+// that use different limits for one key at the same time (a rolling deploy, a reload that reaches
+// some nodes first) count in that one bucket: each call to Redis applies the limit it carries, so
+// the latest call's limit refills the bucket and each node's lease is sized by the limit it sent
+// (docs/accuracy.md, "One key, two limits"). Two limits that must be enforced separately need two
+// keys (package policy puts the rule's name in its keys).
+//
 // OnFailure is what the limit does while Redis cannot answer; the zero value, DefaultFailure, is the
-// limiter's default (WithFailurePolicy). The bucket is kept per key, Rate and Burst only: calls for
-// one key and bucket with different OnFailure share the same tokens, locally and in Redis, and each
-// call's own OnFailure decides when Redis is away. So one [Limiter] can serve limits of every policy.
+// limiter's default (WithFailurePolicy). Calls for one key with different OnFailure share the same
+// tokens, locally and in Redis, and each call's own OnFailure decides when Redis is away. So one
+// [Limiter] can serve limits of every policy.
 type Limit struct {
 	Rate      float64
 	Burst     int64

@@ -56,6 +56,7 @@ func newPinned(t *testing.T, opts ...hybrid.Option) *pinned {
 		_ = rdb.Close()
 	})
 	p.lim = lim
+	awaitBans(t, lim) // from then on, new keys get cold-start credit
 	return p
 }
 

@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 )
 
-// Entry is one key's local state under one limit. Its counters are cumulative for its incarnation:
+// Entry is one key's local state. Its counters are cumulative for its incarnation:
 //
 //   - total: tokens consumed (admitted, plus unused lease written off when the lease expired);
 //   - charged: tokens Redis has charged to this incarnation (leases taken in advance, and debt);
@@ -18,14 +18,14 @@ type Entry struct {
 	// The hot path (Lookup, TryTake, Remaining) reads only the first 64 bytes, hash to remBase: one
 	// cache line, as an Entry is exactly 256 bytes (a size class whose objects are 64-byte aligned;
 	// TestEntryLayout pins both). docs/design.md says what each field costs.
-	hash    uint32       // low 32 bits of the store's hash: shard, slot and a tag compared first
-	flags   flags        // fDirty, fEvicted, fUsed, fThin
-	key     string       // compared on lookup
-	total   atomic.Int64 // tokens consumed by this incarnation
-	mark    atomic.Int64 // total may grow up to mark without asking Redis
-	rate    float64      // the limit's rate, tokens/s
-	burst   int64        // the limit's burst
-	remBase atomic.Int64 // globalMicro/1e6 + charged, kept by setRem: Remaining is remBase − total
+	hash    uint32        // low 32 bits of the store's hash: shard, slot and a tag compared first
+	flags   flags         // fDirty, fEvicted, fUsed, fThin
+	key     string        // compared on lookup
+	total   atomic.Int64  // tokens consumed by this incarnation
+	mark    atomic.Int64  // total may grow up to mark without asking Redis
+	rate    atomic.Uint64 // the limit's rate, tokens/s (float64 bits); see SetLimit
+	burst   atomic.Int64  // the limit's burst
+	remBase atomic.Int64  // globalMicro/1e6 + charged, kept by setRem: Remaining is remBase − total
 
 	charged     atomic.Int64 // tokens Redis has charged to this incarnation (last answer applied)
 	globalMicro atomic.Int64 // global micro-tokens in the last answer
@@ -78,17 +78,28 @@ func (f *flags) setOnce(bit uint32) bool { return f.v.Or(bit)&bit == 0 }
 // published).
 func (e *Entry) setRem() { e.remBase.Store(e.globalMicro.Load()/1_000_000 + e.charged.Load()) }
 
-// LimitID returns the identity of a limit as the store keys entries by it: two limits with the same
-// rate and burst have the same id.
-func LimitID(rate float64, burst int64) uint64 {
-	return (math.Float64bits(rate)*0x9E3779B97F4A7C15 ^ uint64(burst)*0xC2B2AE3D27D4EB4F) | 1
-}
-
 // Key returns the entry's key.
 func (e *Entry) Key() string { return e.key }
 
-// Limit returns the entry's limit.
-func (e *Entry) Limit() (rate float64, burst int64) { return e.rate, e.burst }
+// Limit returns the entry's limit: the last one [Entry.SetLimit] set.
+func (e *Entry) Limit() (rate float64, burst int64) {
+	return math.Float64frombits(e.rate.Load()), e.burst.Load()
+}
+
+// HasLimit reports whether the entry's limit is (rate, burst). Lock-free, for the hot path.
+func (e *Entry) HasLimit(rate float64, burst int64) bool {
+	return e.rate.Load() == math.Float64bits(rate) && e.burst.Load() == burst
+}
+
+// SetLimit changes the entry's limit. The entry keeps everything else: its incarnation, lease,
+// credit and counters. The lease was charged to the key's one bucket in Redis (the limit is not
+// part of its name), so using it under the new limit grants nothing twice; the new limit sizes the
+// next calls to Redis, which clamp the bucket to the new burst and refill it at the new rate. A
+// reader racing with SetLimit may see the new rate with the old burst for an instant (both valid).
+func (e *Entry) SetLimit(rate float64, burst int64) {
+	e.rate.Store(math.Float64bits(rate))
+	e.burst.Store(burst)
+}
 
 // Incarnation returns the entry's incarnation, unique within its store.
 func (e *Entry) Incarnation() uint64 {
@@ -546,12 +557,14 @@ func (e *Entry) RefillAt(n int64) int64 {
 	if g >= n*1_000_000 {
 		return at
 	}
-	return at + int64(min(float64(n*1_000_000-g)/e.rate*1e3, 1<<62))
+	rate, _ := e.Limit()
+	return at + int64(min(float64(n*1_000_000-g)/rate*1e3, 1<<62))
 }
 
 // refillNanos returns the time, in ns, the entry's bucket takes to refill from empty: Burst/Rate.
 func (e *Entry) refillNanos() int64 {
-	return int64(min(float64(e.burst)/e.rate*1e9, 1<<62))
+	rate, burst := e.Limit()
+	return int64(min(float64(burst)/rate*1e9, 1<<62))
 }
 
 // Denied returns the tokens this node denied locally so far.

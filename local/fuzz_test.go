@@ -42,7 +42,7 @@ func FuzzStore(f *testing.F) {
 			n = min(n, len(data))
 			key := string(data[:n])
 			data = data[n:]
-			h := s.Hash(key, LimitID(10, 10))
+			h := s.Hash(key)
 			switch op {
 			case 0: // insert, and give it an allowance as a reconcile would
 				e := s.Insert(key, h, 10, 10, 1)
@@ -59,11 +59,11 @@ func FuzzStore(f *testing.F) {
 				c := e.Next(1)
 				e.Grant(Answer{Seq: c.Seq, Charged: e.Charged(), Credit: 3, Global: 3_000_000, Active: 1, At: 1})
 			case 1: // a local take
-				if e := s.Lookup(key, 10, 10, h); e != nil {
+				if e := s.Lookup(key, h); e != nil {
 					e.TryTake(1)
 				}
 			case 2: // an admission by the failure policy
-				if e := s.Lookup(key, 10, 10, h); e != nil {
+				if e := s.Lookup(key, h); e != nil {
 					e.Add(1)
 				}
 			case 3: // a reconcile: collect the dirty entries and acknowledge them
@@ -82,7 +82,7 @@ func FuzzStore(f *testing.F) {
 					t.Fatalf("Collect missed %q with %d unacknowledged tokens", e.Key(), e.Total()-e.Charged())
 				}
 			case 4: // a lookup
-				if e := s.Lookup(key, 10, 10, h); e != nil && e.Key() != key {
+				if e := s.Lookup(key, h); e != nil && e.Key() != key {
 					t.Fatalf("Lookup(%q) returned the entry of %q", key, e.Key())
 				}
 			}
@@ -90,7 +90,7 @@ func FuzzStore(f *testing.F) {
 				t.Fatalf("%d keys in a store capped at %d", l, maxKeys)
 			}
 			for k, e := range known {
-				if e.Total() > e.Charged() && (e.Evicted() || s.Lookup(k, 10, 10, s.Hash(k, LimitID(10, 10))) != e) {
+				if e.Total() > e.Charged() && (e.Evicted() || s.Lookup(k, s.Hash(k)) != e) {
 					t.Fatalf("%q was evicted with %d unacknowledged tokens", k, e.Total()-e.Charged())
 				}
 			}

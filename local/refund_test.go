@@ -89,7 +89,7 @@ func TestRefundAfterReportNeverGoesBelowZeroOrBurned(t *testing.T) {
 func TestRefundOfAnEvictedEntryGivesNothing(t *testing.T) {
 	s := newStore(t, 64)
 	e := insert(t, s, "k")
-	require.True(t, s.Remove("k", 100, 100, hash(s, "k")))
+	require.True(t, s.Remove("k", hash(s, "k")))
 	assert.Equal(t, int64(0), e.Refund(1, 0))
 }
 
@@ -100,12 +100,12 @@ func TestRemoveDropsTheEntryWhateverItHolds(t *testing.T) {
 	e := insert(t, s, "k")
 	other := insert(t, s, "other")
 	e.Add(5) // pending: eviction would keep it, Remove does not
-	assert.True(t, s.Remove("k", 100, 100, hash(s, "k")))
-	assert.False(t, s.Remove("k", 100, 100, hash(s, "k")), "already gone")
+	assert.True(t, s.Remove("k", hash(s, "k")))
+	assert.False(t, s.Remove("k", hash(s, "k")), "already gone")
 	assert.True(t, e.Evicted())
 	assert.NotEqual(t, Taken, e.TryTake(1))
-	assert.Nil(t, s.Lookup("k", 100, 100, hash(s, "k")))
-	assert.Same(t, other, s.Lookup("other", 100, 100, hash(s, "other")))
+	assert.Nil(t, s.Lookup("k", hash(s, "k")))
+	assert.Same(t, other, s.Lookup("other", hash(s, "other")))
 	assert.Equal(t, 1, s.Len())
 	fresh := insert(t, s, "k")
 	assert.NotSame(t, e, fresh)

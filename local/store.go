@@ -83,24 +83,21 @@ func newTable(size int) *table {
 // Stats returns the store's counters.
 func (s *Store) Stats() *Stats { return &s.stats }
 
-// Hash returns the hash the store uses for key under the limit lid ([LimitID]); [Store.Lookup] and
-// [Store.Insert] take it so callers hash once.
-func (s *Store) Hash(key string, lid uint64) uint64 {
-	h := maphash.String(s.seed, key) ^ lid
-	h ^= h >> 29 // mix the limit's bits into the shard and slot bits
-	return h
-}
+// Hash returns the hash the store uses for key; [Store.Lookup] and [Store.Insert] take it so callers
+// hash once.
+func (s *Store) Hash(key string) uint64 { return maphash.String(s.seed, key) }
 
-// Lookup returns the entry for key under the limit (rate, burst), or nil; h is Hash(key,
-// LimitID(rate, burst)). It never blocks and never allocates.
-func (s *Store) Lookup(key string, rate float64, burst int64, h uint64) *Entry {
+// Lookup returns the entry for key, or nil; h is Hash(key). It never blocks and never allocates.
+// A key has one entry whatever its limit, as it has one bucket in Redis (central.BucketKey): the
+// entry's limit is the one it was last given ([Entry.SetLimit]).
+func (s *Store) Lookup(key string, h uint64) *Entry {
 	t := s.shards[h&(numShards-1)].tab.Load()
 	for i := home(h) & t.mask; ; i = (i + 1) & t.mask {
 		e := t.slots[i].Load()
 		if e == nil {
 			return nil
 		}
-		if e.hash == uint32(h) && e.rate == rate && e.burst == burst && e.key == key && e != tomb {
+		if e.hash == uint32(h) && e.key == key && e != tomb {
 			return e
 		}
 	}
@@ -122,10 +119,13 @@ func (s *Store) Len() int {
 	return n
 }
 
-// Insert returns the entry for key under the limit (rate, burst), creating it if needed with an
+// Insert returns the entry for key, creating it if needed under the limit (rate, burst) with an
 // allowance of credit tokens (its cold-start credit: 0 sends every take to Redis until a reconcile
-// answers). h is Hash(key, LimitID(rate, burst)). It returns nil when the shard is at its cap and
-// every key in it has pending consumption; the caller then decides without local state.
+// answers). h is Hash(key). An entry that exists is returned as it is, with its limit, lease and
+// credit (the caller sets a changed limit with [Entry.SetLimit]): a key whose limit changes keeps
+// its entry, so no second cold-start credit or lease is granted for it. It returns nil when the
+// shard is at its cap and every key in it has pending consumption; the caller then decides without
+// local state.
 func (s *Store) Insert(key string, h uint64, rate float64, burst, credit int64) *Entry {
 	sh := &s.shards[h&(numShards-1)]
 	sh.mu.Lock()
@@ -143,7 +143,7 @@ func (s *Store) Insert(key string, h uint64, rate float64, burst, credit int64) 
 			}
 			continue
 		}
-		if e.hash == uint32(h) && e.rate == rate && e.burst == burst && e.key == key {
+		if e.hash == uint32(h) && e.key == key {
 			return e
 		}
 	}
@@ -151,7 +151,8 @@ func (s *Store) Insert(key string, h uint64, rate float64, burst, credit int64) 
 		s.stats.Full.Add(1)
 		return nil
 	}
-	e := &Entry{key: key, hash: uint32(h), rate: rate, burst: burst, inc: s.inc.Add(1), store: s}
+	e := &Entry{key: key, hash: uint32(h), inc: s.inc.Add(1), store: s}
+	e.SetLimit(rate, burst)
 	e.mark.Store(max(credit, 0))
 	e.globalMicro.Store(burst * 1_000_000) // until Redis answers, Remaining assumes a full bucket
 	e.setRem()
@@ -175,11 +176,10 @@ func (s *Store) Insert(key string, h uint64, rate float64, burst, credit int64) 
 	return e
 }
 
-// Remove drops the entry for key under the limit (rate, burst) whatever it holds, and reports
-// whether there was one; h is Hash(key, LimitID(rate, burst)). Its pending consumption and unused
-// lease are forgotten (the caller reset the key's bucket). A concurrent TryTake on the removed entry
-// either completed before, or reports Gone.
-func (s *Store) Remove(key string, rate float64, burst int64, h uint64) bool {
+// Remove drops the entry for key whatever it holds, and reports whether there was one; h is
+// Hash(key). Its pending consumption and unused lease are forgotten (the caller reset the key's
+// bucket). A concurrent TryTake on the removed entry either completed before, or reports Gone.
+func (s *Store) Remove(key string, h uint64) bool {
 	sh := &s.shards[h&(numShards-1)]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -189,7 +189,7 @@ func (s *Store) Remove(key string, rate float64, burst int64, h uint64) bool {
 		if e == nil {
 			return false
 		}
-		if e != tomb && e.hash == uint32(h) && e.rate == rate && e.burst == burst && e.key == key {
+		if e != tomb && e.hash == uint32(h) && e.key == key {
 			e.flags.set(fEvicted)
 			t.slots[i].Store(tomb)
 			sh.live--

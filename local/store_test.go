@@ -21,10 +21,7 @@ func newStore(t *testing.T, maxKeys int) *Store {
 	return s
 }
 
-// lid is the limit every test entry uses.
-var lid = LimitID(100, 100)
-
-func hash(s *Store, key string) uint64 { return s.Hash(key, lid) }
+func hash(s *Store, key string) uint64 { return s.Hash(key) }
 
 func insert(t *testing.T, s *Store, key string) *Entry {
 	t.Helper()
@@ -57,12 +54,12 @@ func TestInsertLookupGrow(t *testing.T) {
 	assert.Equal(t, n, s.Len())
 	for i := range n {
 		k := "key-" + strconv.Itoa(i)
-		e := s.Lookup(k, 100, 100, hash(s, k))
+		e := s.Lookup(k, hash(s, k))
 		require.NotNil(t, e, k)
 		assert.Equal(t, k, e.Key())
 	}
-	assert.Nil(t, s.Lookup("absent", 100, 100, hash(s, "absent")))
-	assert.Nil(t, s.Lookup("", 100, 100, hash(s, "")), "the tombstone's empty key never matches")
+	assert.Nil(t, s.Lookup("absent", hash(s, "absent")))
+	assert.Nil(t, s.Lookup("", hash(s, "")), "the tombstone's empty key never matches")
 }
 
 func TestTakeWithinMark(t *testing.T) {
@@ -99,15 +96,22 @@ func TestColdStartCredit(t *testing.T) {
 	assert.True(t, e.Pending(), "the credit used is debt for the first reconcile")
 }
 
-func TestLimitIsPartOfTheIdentity(t *testing.T) {
+func TestLimitIsNotPartOfTheIdentity(t *testing.T) {
 	s := newStore(t, 1024)
-	a := s.Insert("k", s.Hash("k", LimitID(100, 10)), 100, 10, 0)
-	b := s.Insert("k", s.Hash("k", LimitID(10, 10)), 10, 10, 0)
+	a := s.Insert("k", s.Hash("k"), 100, 10, 2)
 	require.NotNil(t, a)
-	require.NotNil(t, b)
-	assert.NotSame(t, a, b, "one key under two limits has two entries")
-	assert.Same(t, a, s.Lookup("k", 100, 10, s.Hash("k", LimitID(100, 10))))
-	assert.Same(t, b, s.Lookup("k", 10, 10, s.Hash("k", LimitID(10, 10))))
+	require.Equal(t, Taken, a.TryTake(2))
+	b := s.Insert("k", s.Hash("k"), 10, 20, 2)
+	assert.Same(t, a, b, "one key under two limits has one entry (one bucket in Redis)")
+	assert.Equal(t, Exhaust, b.TryTake(1), "no second cold-start credit for a key whose limit changed")
+	rate, burst := b.Limit()
+	assert.Equal(t, 100.0, rate, "Insert keeps the entry's limit: the caller sets a new one")
+	assert.Equal(t, int64(10), burst)
+	b.SetLimit(10, 20)
+	assert.True(t, b.HasLimit(10, 20))
+	assert.False(t, b.HasLimit(100, 10))
+	assert.Same(t, a, s.Lookup("k", s.Hash("k")))
+	assert.Equal(t, int64(2), a.Total(), "the counters survive the change")
 }
 
 func TestExpireWritesOffTheUnusedLease(t *testing.T) {
@@ -231,7 +235,7 @@ func TestEvictionSkipsPendingEntries(t *testing.T) {
 	pending := map[string]*Entry{}
 	for i := 0; len(pending) < 64 && i < 100_000; i++ {
 		k := "p" + strconv.Itoa(i)
-		if s.Lookup(k, 100, 100, hash(s, k)) != nil {
+		if s.Lookup(k, hash(s, k)) != nil {
 			continue
 		}
 		e := s.Insert(k, hash(s, k), 100, 100, 0)
@@ -286,7 +290,7 @@ func TestConcurrentTakesAndEvictionsLoseNothing(t *testing.T) {
 			for i := range 5000 {
 				k := "c" + strconv.Itoa((g*7919+i)%300)
 				h := hash(s, k)
-				e := s.Lookup(k, 100, 100, h)
+				e := s.Lookup(k, h)
 				if e == nil {
 					if e = s.Insert(k, h, 100, 100, 0); e == nil {
 						continue
@@ -327,7 +331,7 @@ func TestHotPathAllocatesNothing(t *testing.T) {
 	grant(e, math.MaxInt32, 0, 0)
 	h := hash(s, "hot")
 	allocs := testing.AllocsPerRun(1000, func() {
-		if s.Lookup("hot", 100, 100, hash(s, "hot")).TryTake(1) != Taken {
+		if s.Lookup("hot", hash(s, "hot")).TryTake(1) != Taken {
 			t.Fatal("take failed")
 		}
 		_ = h
@@ -342,7 +346,7 @@ func TestDirectCountsWithinAWindow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := s.Insert("k", s.Hash("k", LimitID(1, 2)), 1, 2, 0)
+	e := s.Insert("k", s.Hash("k"), 1, 2, 0)
 	const w = int64(8e9)
 	for i, c := range []struct{ at, want int64 }{{1, 1}, {2e9, 2}, {8e9, 3}, {8e9 + 2, 1}, {9e9, 2}} {
 		if got := e.Direct(c.at, w); got != c.want {

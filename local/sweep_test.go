@@ -26,7 +26,7 @@ func settle(s *Store, at int64) {
 func TestSweepKeepsWhatMustStay(t *testing.T) {
 	s := newStore(t, 1<<10)
 	idle, busy, pending := insert(t, s, "idle"), insert(t, s, "busy"), insert(t, s, "pending")
-	slow := s.Insert("slow", s.Hash("slow", LimitID(0.01, 100)), 0.01, 100, 0) // refills in 10,000 s
+	slow := s.Insert("slow", hash(s, "slow"), 0.01, 100, 0) // refills in 10,000 s
 	require.NotNil(t, slow)
 	for _, e := range []*Entry{idle, busy, pending, slow} {
 		e.Add(1)
@@ -40,10 +40,10 @@ func TestSweepKeepsWhatMustStay(t *testing.T) {
 	assert.Equal(t, 1, s.Sweep(4*sec, sec))
 	assert.True(t, idle.Evicted())
 	assert.Equal(t, Gone, idle.Add(1), "consumption on an evicted entry is not recorded there: the caller looks the key up again")
-	assert.Nil(t, s.Lookup("idle", 100, 100, hash(s, "idle")))
+	assert.Nil(t, s.Lookup("idle", hash(s, "idle")))
 	for _, e := range []*Entry{busy, pending, slow} {
 		assert.False(t, e.Evicted(), e.Key())
-		assert.Same(t, e, s.Lookup(e.Key(), e.rate, e.burst, s.Hash(e.Key(), LimitID(e.rate, e.burst))))
+		assert.Same(t, e, s.Lookup(e.Key(), hash(s, e.Key())))
 	}
 	assert.Equal(t, int64(1), s.Stats().Evictions.Load())
 	assert.Equal(t, 3, s.Len())

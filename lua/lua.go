@@ -32,6 +32,13 @@ var ban string
 // Ban returns the source of the ban-list script (ban, unban, list); ban.lua documents its contract.
 func Ban() string { return ban }
 
+//go:embed bucketban.lua
+var bucketBan string
+
+// BucketBan returns the source of the script that keeps a key's ban in its bucket, where the
+// reconcile and take scripts read it; bucketban.lua documents its contract.
+func BucketBan() string { return bucketBan }
+
 //go:embed strict.lua
 var strict string
 

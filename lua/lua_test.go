@@ -10,7 +10,7 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestScriptsStartWithShebangAndHeader(t *testing.T) {
-	for name, src := range map[string]string{"reconcile": Reconcile(), "ban": Ban(), "concurrency": Concurrency()} {
+	for name, src := range map[string]string{"reconcile": Reconcile(), "ban": Ban(), "bucketban": BucketBan(), "take": Take(), "concurrency": Concurrency()} {
 		if !strings.HasPrefix(src, "#!lua\n") {
 			t.Errorf("%s: want a #!lua first line so Redis Cluster enforces declared keys", name)
 		}

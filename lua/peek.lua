@@ -1,4 +1,4 @@
--- peek.lua (key layout v4): read one global token bucket, refilled to now, without changing it.
+-- peek.lua (key layout v5): read one global token bucket, refilled to now, without changing it.
 --
 -- KEYS[1]  bucket key (reconcile.lua documents its fields; only "b" is read)
 -- ARGV[1]  rate (tokens/s), ARGV[2] burst, ARGV[3] time override in µs ("0" = use Redis TIME; tests only)
@@ -34,6 +34,7 @@ else
   tokens, ts = tonumber(t), tonumber(s, 16)
 end
 if now > ts and tokens < burst_u then tokens = math.min(tokens + (now - ts) * rate, burst_u) end
+if tokens > burst_u then tokens = burst_u end -- a burst lowered since the last write (reconcile.lua)
 tokens = math.floor(tokens)
 local full = math.ceil((burst_u - tokens) / rate)
 if full > 1e15 then full = 1e15 end

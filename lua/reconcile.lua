@@ -1,5 +1,5 @@
 #!lua
--- reconcile.lua (key layout v4): lease tokens of global token buckets to nodes, and apply what the
+-- reconcile.lua (key layout v5): lease tokens of global token buckets to nodes, and apply what the
 -- nodes consumed beyond their leases.
 --
 -- One call handles one or more buckets (all KEYS must share a cluster slot). Each bucket is a hash
@@ -18,6 +18,17 @@
 --   n:<node>  this node's record: inc, chg, used, demand (tokens/s), seen (ms); packed with
 --             struct.pack('<ddddd') where Redis's Lua has struct, else the text
 --             "inc:chg:used:demand:seen".
+--   ban the key's ban, if any: its deadline in ms of Redis TIME, in decimal (written by
+--       bucketban.lua when the key is banned, deleted when it is unbanned; the ban list under
+--       "<prefix>:v3:x:" keeps the same ban for the nodes' local copies). Read with the bucket in the
+--       same HMGET, so that the first call for a key sees its ban whatever a node's local copy holds.
+--
+-- The limit is not part of the key (layout v5): each call sends its own rate and burst, and the
+-- bucket is refilled at the call's rate since its last write and clamped to the call's burst. A
+-- changed limit so keeps the key's consumption (tokens above a lowered burst are dropped; a raised
+-- burst fills at the rate from then on), and nodes that send different limits for one key count in
+-- one bucket: the latest call's limit refills it, and each node's lease is sized by the limit it
+-- sent.
 -- Every value is an integer below 2^53 but w and demand, so a double holds it exactly.
 --
 -- Cost (what this layout is for): in Redis 7.0's Lua, tonumber of a decimal is glibc's strtod (about
@@ -66,7 +77,9 @@
 --   instead of ten, and one struct.unpack instead of ten tonumber (docs/benchmarks.md).
 -- Reply: 6 integers per key, in KEYS order:
 --   status: 1 n covered (a lease of at least n is held, and n is counted), 0 n denied, -1 background
---           call done, -2 a late call from a replaced incarnation (nothing changed),
+--           call done, -2 a late call from a replaced incarnation (nothing changed), 2 the key is
+--           banned (the report was applied, nothing was granted, n is denied; retry: the ban's
+--           remaining time),
 --           -3 this key failed (the second element is the error message; other keys are unaffected)
 --   chg, tokens in micro-tokens that could be lent now (floor, after the call: the bucket, plus the
 --   advance while the key is under its rate, at most a burst), the key's demand in milli-tokens/s,
@@ -220,7 +233,7 @@ local function process(i, key)
   end
   if bad then error('hybridrate: bad ' .. bad .. ' for key ' .. i, 0) end
 
-  local h = rcall('HMGET', key, 'b', field)
+  local h = rcall('HMGET', key, 'b', field, 'ban')
   local burst_u = burst * 1000000
   local tokens, ts, consumed, w, next_scan, ttl_set
   if h[1] then tokens, ts, consumed, w, next_scan, ttl_set = unbucket(h[1]) end
@@ -237,6 +250,11 @@ local function process(i, key)
     end
     ts = now
   end
+  -- A burst lowered since the bucket's last write (the limit is not part of the key): clamp.
+  if tokens > burst_u then tokens = burst_u end
+  -- The key's ban: until then, nothing is granted or taken.
+  local ban = tonum(h[3])
+  if ban ~= nil and ban <= ttl_ms then ban = nil end
   -- Keep the key while a full refill (of a burst and the advance) takes, twice, plus a second, and
   -- at least the active window: a lease is used for at most a lease life (half the window), and the
   -- bucket that lent it must outlive it (its debt, its count of admitted tokens).
@@ -244,6 +262,9 @@ local function process(i, key)
   local ttl = mmin(mmax(ceil(2000 * (burst + adv_max) / rate) + 1000, window_ms), 1e12)
 
   if inc == 0 then
+    if ban then
+      return 2, 0, floor(tokens), floor(w * 1000), clamp((ban - ttl_ms) * 1000), clamp(ceil((burst_u - tokens) / rate))
+    end
     -- A one-off take: by a node without local state for the key (its key cap is full of keys with
     -- consumption not yet counted), or by a node that sees the key too rarely for a token of it on
     -- a fleet larger than the burst (issue 21). n is taken and counted now, nothing is leased, no
@@ -324,6 +345,12 @@ local function process(i, key)
     elseif demand > 0 then
       lend = mmin(adv_max, floor(rate / demand + 0.5))
     end
+  end
+  if ban then
+    -- Banned: the report above is applied (consumption is never forgotten), nothing is granted, and
+    -- the node is told for how long (it denies the key locally until then).
+    target, status, granted, retry = 0, 2, false, clamp((ban - ttl_ms) * 1000)
+    if ttl < ban - ttl_ms then ttl = ban - ttl_ms end -- the bucket keeps the ban as long as it lasts
   end
   if target > have then
     -- Each node's lease is at most its demand-weighted share of what can be lent (burst + advance).

@@ -1,5 +1,5 @@
 #!lua
--- take.lua (key layout v4): a one-off take from a global token bucket of reconcile.lua's layout: n
+-- take.lua (key layout v5): a one-off take from a global token bucket of reconcile.lua's layout: n
 -- tokens are taken and counted at once, or denied; nothing is leased and no node record is read or
 -- written. It is for a node that sees a key too rarely to use a lease before it expires, on a fleet
 -- larger than the key's burst (hybrid's direct rule, issue 21): such a decision costs Redis what a
@@ -13,7 +13,11 @@
 -- ARGV[4]  lease advance ms; ARGV[5] active window ms (the bucket's TTL, as reconcile.lua sets it)
 -- ARGV[6]  time override in µs ("0" = Redis TIME; the fleet simulator and tests)
 -- ARGV[7]  the fleet's size (reconcile.lua's ARGV[7]; "0" = unknown)
--- Reply: 6 integers, as reconcile.lua's per key: status (1 taken, 0 denied), 0, tokens in
+-- The limit (ARGV[2], ARGV[3]) is not part of the key: as in reconcile.lua, the bucket is refilled
+-- at this call's rate since its last write and clamped to this call's burst.
+-- A key banned in the bucket's "ban" field (reconcile.lua) is denied with status 2 and the ban's
+-- remaining time as the retry; nothing is written.
+-- Reply: 6 integers, as reconcile.lua's per key: status (1 taken, 0 denied, 2 banned), 0, tokens in
 -- micro-tokens after the call, the key's demand in milli-tokens/s, retry µs (denied: until n could
 -- be taken), time to a full bucket µs.
 local floor, ceil, mmin, mmax = math.floor, math.ceil, math.min, math.max
@@ -33,16 +37,21 @@ if not (window_ms ~= nil and window_ms >= 1 and window_ms <= 1e10) then
 end
 if not (now ~= nil and now >= 0 and now <= 1e17) then return redis.error_reply('ERR hybridrate: bad time override') end
 if not (fleet_n ~= nil and fleet_n >= 0 and fleet_n <= 1e9) then return redis.error_reply('ERR hybridrate: bad fleet size') end
-local t = redis.call('TIME')
-local real = tonum(t[1]) * 1000000 + tonum(t[2])
-if now == 0 then now = real end
--- The key's TTL is kept on Redis's own clock, which expires keys (as reconcile.lua's x field).
-local ttl_ms = floor(real / 1000)
+-- The key's TTL is kept on Redis's own clock, which expires keys (as reconcile.lua's x field): with
+-- Redis TIME, the TTL is refreshed when half of it has passed; under a time override the script
+-- reads no clock and refreshes it on every write, as a central bucket does (ttl_ms nil).
+local ttl_ms
+if now == 0 then
+  local t = redis.call('TIME')
+  now = tonum(t[1]) * 1000000 + tonum(t[2])
+  ttl_ms = floor(now / 1000)
+end
 local st = rawget(_G, 'struct')
 
 local burst_u = burst * 1000000
 local tokens, ts, consumed, w, next_scan, ttl_set
-local b = redis.call('HGET', KEYS[1], 'b')
+local h = redis.call('HMGET', KEYS[1], 'b', 'ban')
+local b, ban = h[1], tonum(h[2])
 if b then
   if st ~= nil then
     if #b == 48 then tokens, ts, consumed, w, next_scan, ttl_set = st.unpack('<dddddd', b) end
@@ -65,7 +74,16 @@ if now > ts then
   end
   ts = now
 end
-local reset = function(t) return mmin(mmax(ceil((burst_u - t) / rate), 0), 1e15) end
+-- A burst lowered since the bucket's last write (the limit is not part of the key): clamp.
+if tokens > burst_u then tokens = burst_u end
+-- The key's ban (Redis TIME, ms; under a time override, tests and the fleet simulator, the override).
+if ban ~= nil then
+  local now_ms = ttl_ms or floor(now / 1000)
+  if ban > now_ms then
+    return {2, 0, floor(tokens), floor(w * 1000), mmin((ban - now_ms) * 1000, 1e15),
+      mmin(mmax(ceil((burst_u - tokens) / rate), 0), 1e15)}
+  end
+end
 -- While the key's declared demand is under its rate, reconcile.lua lends nodes the refill of the
 -- coming advance (the bucket may go down to -rate·advance); a one-off take may draw on the same
 -- advance, on the same condition (fleet_n: see reconcile.lua), so that it is not denied while
@@ -76,13 +94,19 @@ if fleet_n <= burst + adv_max and w < rate * 1.25 then adv = mmin(adv_max, floor
 if tokens + adv * 1000000 < n * 1000000 then
   -- A denial writes nothing: the refill is recomputed from the stored time next call.
   return {0, 0, floor(tokens), floor(w * 1000), mmin(ceil((n * 1000000 - adv * 1000000 - tokens) / rate), 1e15),
-    reset(tokens)}
+    mmin(mmax(ceil((burst_u - tokens) / rate), 0), 1e15)}
 end
 tokens = floor(tokens - n * 1000000)
 consumed = consumed + n
 local ttl = mmin(mmax(ceil(2000 * (burst + adv_max) / rate) + 1000, window_ms), 1e12)
-local refresh = ttl_set < 0 or ttl_ms - ttl_set > ttl / 2 or ttl_ms < ttl_set
-if refresh then ttl_set = ttl_ms end
+local refresh = true
+if ttl_ms == nil then
+  ttl_set = 0 -- unknown on Redis's clock: the next call with Redis TIME refreshes the TTL
+elseif ttl_set < 0 or ttl_ms - ttl_set > ttl / 2 or ttl_ms < ttl_set then
+  ttl_set = ttl_ms
+else
+  refresh = false
+end
 if st ~= nil then
   b = st.pack('<dddddd', tokens, ts, consumed, w, next_scan, ttl_set)
 else
@@ -90,4 +114,4 @@ else
 end
 redis.call('HSET', KEYS[1], 'b', b)
 if refresh then redis.call('PEXPIRE', KEYS[1], ttl) end
-return {1, 0, tokens, floor(w * 1000), 0, reset(tokens)}
+return {1, 0, tokens, floor(w * 1000), 0, mmin(mmax(ceil((burst_u - tokens) / rate), 0), 1e15)}

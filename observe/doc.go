@@ -35,6 +35,16 @@
 // The hybrid limiters' own metrics (package hybrid: decisions by source, reconcile rounds, Redis
 // errors by class, breaker state) come from their WithMeterProvider option.
 //
+// # Fleet
+//
+// A [Fleet] publishes the window's counters to Redis (one small report per instance, with a TTL,
+// every few seconds, in the limiter's own namespace) and reads every live instance's, for the
+// dashboard's fleet view: per-rule deny trends in steps aligned on the clock, added up across
+// instances, and the most denied subjects, one id per subject across the fleet when every instance
+// has the same Config.HashKey. Reports carry hashed ids only; Config.RevealSubjects keeps readable
+// values in the memory of the process that saw them. docs/operations.md ("The fleet view: what
+// Redis holds") lists the keys and their cost.
+//
 // # Cost
 //
 // An Observer adds about 0.6 µs and no allocation to a check on the 2-core machine of

@@ -57,8 +57,15 @@ type Config struct {
 	// seconds, from 10s to 1h; the default is 5 minutes.
 	Window time.Duration
 	// HashKey keys the HMAC that turns a denied request's dimension values into Event.Key; the
-	// default is a random key per Observer (keys are comparable within one process only).
+	// default is a random key per Observer (keys are comparable within one process only). Give
+	// every instance of a fleet the same HashKey to give one subject the same key on each of them
+	// (the fleet view then adds up a subject's denials across instances).
 	HashKey []byte
+	// RevealSubjects, when positive, keeps in memory the readable dimension values of up to that
+	// many denied subjects (the newest), so that the dashboard shows "api_key=abc…" next to a hashed
+	// key that this process saw denied. The values never leave the process: fleet reports in Redis
+	// carry only the hashed keys. Values are cut at 64 bytes. The default, 0, keeps none.
+	RevealSubjects int
 	// OnDecision, when set, is called after every check, on the request's goroutine: keep it fast.
 	// The Event and its Result.Decisions are valid only during the call.
 	OnDecision func(ev *Event)
@@ -126,6 +133,7 @@ type Observer struct {
 	tiers    labels
 	win      *window
 	reg      metric.Registration
+	reveal   *subjects // nil unless Config.RevealSubjects > 0
 	rulesMu  sync.Mutex
 	rulesFor *policy.Policy      // guarded by rulesMu: the policy whose dims rulesDim holds
 	rulesDim map[string][]string // guarded by rulesMu: rule id → dimensions
@@ -154,6 +162,9 @@ func New(c Checker, cfg Config) (*Observer, error) {
 	case cfg.MaxLabels < 0:
 		return nil, fmt.Errorf("observe: MaxLabels %d: want at least 1", cfg.MaxLabels)
 	}
+	if cfg.RevealSubjects < 0 || cfg.RevealSubjects > MaxRevealSubjects {
+		return nil, fmt.Errorf("observe: RevealSubjects %d: want 0 to %d", cfg.RevealSubjects, MaxRevealSubjects)
+	}
 	switch {
 	case cfg.Window == 0:
 		cfg.Window = DefaultWindow
@@ -168,6 +179,9 @@ func New(c Checker, cfg Config) (*Observer, error) {
 	if len(o.key) == 0 {
 		o.key = make([]byte, 32)
 		_, _ = rand.Read(o.key)
+	}
+	if cfg.RevealSubjects > 0 {
+		o.reveal = newSubjects(cfg.RevealSubjects)
 	}
 	o.routes.max, o.tiers.max = cfg.MaxLabels, cfg.MaxLabels
 	o.win = newWindow(int(cfg.Window / time.Second))
@@ -417,6 +431,9 @@ func (o *Observer) record(ctx context.Context, req *policy.Request, start time.T
 		}
 		key = o.subjectKey(req, rule)
 		rec.rule, rec.key, rec.shadow = rule, key, res.Allowed
+		if o.reveal != nil {
+			o.reveal.add(key, func() string { return o.readable(req, rule) })
+		}
 	}
 	rec.route, rec.tier = route, tier
 	o.win.add(start, &rec)
@@ -486,6 +503,43 @@ func (o *Observer) subjectKey(req *policy.Request, rule string) string {
 	mac := hmac.New(sha256.New, o.key)
 	mac.Write([]byte(b.String()))
 	return hex.EncodeToString(mac.Sum(nil)[:8])
+}
+
+// maxRevealLen bounds each dimension value kept by Config.RevealSubjects, in bytes.
+const maxRevealLen = 64
+
+// readable returns rule's dimension values in req as "dim=value, dim=value", each value cut at
+// maxRevealLen bytes (and made valid UTF-8).
+func (o *Observer) readable(req *policy.Request, rule string) string {
+	var b strings.Builder
+	for i, d := range o.ruleDims(rule) {
+		v := ""
+		if req.Dims != nil {
+			v, _ = req.Dims.Dimension(d)
+		}
+		if d == policy.DimMethod && v == "" {
+			v = req.Method
+		}
+		if len(v) > maxRevealLen {
+			v = v[:maxRevealLen] + "…"
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(d)
+		b.WriteByte('=')
+		b.WriteString(strings.ToValidUTF8(v, "\ufffd"))
+	}
+	return b.String()
+}
+
+// Subject returns the readable dimension values of the denied subject whose hashed key is key, when
+// Config.RevealSubjects is on and this process saw it denied recently.
+func (o *Observer) Subject(key string) (string, bool) {
+	if o.reveal == nil {
+		return "", false
+	}
+	return o.reveal.get(key)
 }
 
 var builtinDims = []string{policy.DimAPIKey, policy.DimUser, policy.DimIP, policy.DimTenant, policy.DimRoute}

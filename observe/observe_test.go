@@ -63,13 +63,16 @@ func newFixture(t *testing.T, cfg observe.Config) *fixture {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, HybridOptions: []hybrid.Option{
+	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, StrictTimeout: time.Second, HybridOptions: []hybrid.Option{
 		hybrid.WithCheckTimeout(time.Second), hybrid.WithMeterProvider(mp), hybrid.WithInstance("node-1")}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = enf.Close(context.Background()) })
 	p, err := policy.Parse([]byte(testPolicy), "test.yaml")
 	require.NoError(t, err)
-	cfg.MeterProvider, cfg.Instance = mp, "node-1"
+	cfg.MeterProvider = mp
+	if cfg.Instance == "" {
+		cfg.Instance = "node-1"
+	}
 	obs, err := observe.New(enf, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = obs.Close() })

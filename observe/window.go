@@ -179,6 +179,9 @@ type KeyCount struct {
 	Rule   string `json:"rule"`
 	Shadow bool   `json:"shadow"` // would-be denials: the requests were admitted
 	N      int64  `json:"n"`
+	// Subject is the key's readable dimension values ("api_key=abc"), when Config.RevealSubjects is
+	// on and this process saw the key denied; empty otherwise.
+	Subject string `json:"subject,omitempty"`
 }
 
 // SourceCount counts the counter decisions of one source and outcome.
@@ -203,6 +206,8 @@ type Snapshot struct {
 	UntrackedKeys int64         `json:"untrackedKeys"`
 	Sources       []SourceCount `json:"sources"` // counter decisions by source and outcome
 	Health        Health        `json:"health"`
+	// Trend is the span's checks and denials per rule, in about 30 steps of TrendStep(Span).
+	Trend Trend `json:"trend"`
 }
 
 // Health is the state of the Redis paths, when the wrapped Checker is a *policy.Enforcer.
@@ -294,6 +299,7 @@ func (o *Observer) Snapshot(span time.Duration) Snapshot {
 	if len(s.TopKeys) > 10 {
 		s.TopKeys = s.TopKeys[:10]
 	}
+	o.reveal.annotate(s.TopKeys)
 	for k, n := range sources {
 		k.N = n
 		s.Sources = append(s.Sources, k)
@@ -303,6 +309,8 @@ func (o *Observer) Snapshot(span time.Duration) Snapshot {
 		return a.Source+a.Outcome < b.Source+b.Outcome
 	})
 	s.Health = o.Health()
+	step := TrendStep(s.Span)
+	s.Trend = o.win.trend(now, step, int((s.Span+step-1)/step))
 	return s
 }
 
@@ -325,4 +333,38 @@ func (o *Observer) Health() Health {
 	h.Strict = &sh
 	h.OK = h.OK && sh.Breaker == "closed"
 	return h
+}
+
+// topKeys returns the n most denied hashed keys of the window's seconds from from to now (keys past
+// the per-second cap not included). Subject is left empty: what is published never carries it.
+func (o *Observer) topKeys(from, now time.Time, n int) []KeyCount {
+	keys := map[KeyCount]int64{}
+	for i := range o.win.slots {
+		sl := &o.win.slots[i]
+		sl.mu.Lock()
+		if sl.sec >= from.Unix() && sl.sec <= now.Unix() {
+			for k, c := range sl.keys {
+				if k.Key != Other {
+					keys[k] += c
+				}
+			}
+		}
+		sl.mu.Unlock()
+	}
+	out := make([]KeyCount, 0, len(keys))
+	for k, c := range keys {
+		k.N = c
+		out = append(out, k)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		if a.N != b.N {
+			return a.N > b.N
+		}
+		return a.Key+a.Rule < b.Key+b.Rule
+	})
+	if len(out) > n {
+		out = out[:n]
+	}
+	return out
 }

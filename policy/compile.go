@@ -20,7 +20,8 @@ type compiled struct {
 	enforced    []*crule // hybrid ones first (most dimensions first, then file order), then strict ones
 	nHybrid     int      // enforced[:nHybrid] are hybrid
 	shadow      []*crule
-	needRoute   bool // some rule matches on routes
+	needRoute   bool              // some rule matches on routes
+	byID        map[string]*crule // every rule by id, when the policy has Select set
 }
 
 // crule is a compiled rule.
@@ -97,6 +98,12 @@ func (e *Enforcer) compileLocked(p *Policy, norm *normalized) (*compiled, error)
 			for _, us := range cr.byTier {
 				withFailure(us, cr.failure)
 			}
+		}
+		if p.Select {
+			if c.byID == nil {
+				c.byID = make(map[string]*crule, len(norm.rules))
+			}
+			c.byID[cr.id] = cr
 		}
 		switch {
 		case cr.shadow:

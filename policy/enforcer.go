@@ -211,16 +211,22 @@ func (e *Enforcer) SetPolicy(p *Policy) error {
 	return nil
 }
 
-// Close stops the hybrid limiter, flushing its pending consumption to Redis within ctx. Check
-// returns ErrClosed afterwards. Close is safe to call more than once.
+// Close stops the hybrid limiter, flushing its pending consumption to Redis within ctx, and closes
+// the strict rules' limiter (which releases the cluster client it may have built for itself: see
+// strict.WithTimeout; Config.Redis is never closed). Check returns ErrClosed afterwards. Close is
+// safe to call more than once.
 func (e *Enforcer) Close(ctx context.Context) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if !e.closed.CompareAndSwap(false, true) || e.lim == nil {
+	if !e.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	err := e.lim.Close(ctx)
-	e.lim = nil
+	var err error
+	if e.lim != nil {
+		err = e.lim.Close(ctx)
+		e.lim = nil
+	}
+	e.closeStrict()
 	return err
 }
 

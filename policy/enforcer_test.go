@@ -88,22 +88,15 @@ func (e *env) snapshot(t *testing.T, pattern string) map[string]string {
 // consumed returns the tokens a hybrid counter has consumed in total, as Redis knows it.
 func (e *env) consumed(t *testing.T, key string) int64 {
 	t.Helper()
-	// The bucket's key includes the limit (central.BucketKey): sum over every limit used with key.
-	ctx := context.Background()
-	names, err := e.rdb.Keys(ctx, "hr:"+central.Version+":b:{"+key+"}:*").Result()
-	require.NoError(t, err)
-	var total int64
-	for _, n := range names {
-		b, err := e.rdb.HGet(ctx, n, "b").Result()
-		if errors.Is(err, redis.Nil) {
-			continue
-		}
-		require.NoError(t, err)
-		st, err := central.ParseBucket(b)
-		require.NoError(t, err)
-		total += st.Consumed
+	// One bucket per key, whatever its limit (central.BucketKey).
+	b, err := e.rdb.HGet(context.Background(), central.BucketKey("hr", key), central.BucketField).Result()
+	if errors.Is(err, redis.Nil) {
+		return 0
 	}
-	return total
+	require.NoError(t, err)
+	st, err := central.ParseBucket(b)
+	require.NoError(t, err)
+	return st.Consumed
 }
 
 func req(method, route string, kv ...string) *policy.Request {

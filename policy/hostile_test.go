@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/policy"
 )
 
@@ -159,5 +160,56 @@ func TestDeniedRequestKeepsNoHybridCharge(t *testing.T) {
 		assert.False(t, res.Allowed)
 		assert.Equal(t, "per-key", res.Rule)
 		assert.Zero(t, e.enf.Stats().Unrefunded.Load())
+	})
+}
+
+// TestReloadKeepsEachSubjectsConsumption is issue 23's second defect: the rate and burst were part
+// of a hybrid bucket's Redis key, so a subject denied under burst 3 got 4 fresh admissions after a
+// reload raised the burst to 4 (rate 1/s → 0.1/s). The bucket is now the subject's whatever its
+// limit: its tokens are clamped to the new burst and refill at the new rate, and the subject stays
+// denied. Strict rules keep their state too (their keys never held the limit).
+func TestReloadKeepsEachSubjectsConsumption(t *testing.T) {
+	t.Parallel()
+	hybridRule := func(rate float64, burst int64) *policy.Policy {
+		return &policy.Policy{Rules: []policy.Rule{{ID: "per-key", Dimensions: []string{"api_key"}, Rate: rate, Burst: burst}}}
+	}
+	for name, opts := range map[string][]hybrid.Option{
+		"exact (every decision in Redis)": nil,
+		"leases (library defaults)":       {hybrid.WithCheckTimeout(time.Second)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, policy.Config{MaxMemo: -1, HybridOptions: opts}, hybridRule(1, 3))
+			allowed := func(n int) (got int) {
+				for i := 0; i < n; i++ {
+					if e.check(t, req("GET", "/", "api_key", "k1")).Allowed {
+						got++
+					}
+				}
+				return got
+			}
+			require.Equal(t, 3, allowed(5), "burst 3")
+			require.NoError(t, e.enf.SetPolicy(hybridRule(0.1, 4)))
+			assert.Zero(t, allowed(5), "burst 3 → 4: the subject's consumption is kept, not reset")
+			res := e.check(t, req("GET", "/", "api_key", "k1"))
+			require.NotEmpty(t, res.Decisions)
+			assert.Equal(t, int64(4), res.Decisions[0].Limit, "the new limit is in force")
+			for _, l := range e.enf.Limiters() {
+				require.NoError(t, l.Flush(context.Background()))
+			}
+			assert.Equal(t, int64(3), e.consumed(t, "per-key:api_key=k1"), "one bucket, counted once")
+		})
+	}
+	t.Run("strict", func(t *testing.T) {
+		t.Parallel()
+		gcra := func(limit int64) *policy.Policy {
+			return &policy.Policy{Rules: []policy.Rule{{ID: "per-key", Algorithm: policy.GCRA, Dimensions: []string{"api_key"}, Limit: limit, Period: time.Hour}}}
+		}
+		e := newEnv(t, policy.Config{MaxMemo: -1}, gcra(3))
+		for i := 0; i < 3; i++ {
+			require.True(t, e.check(t, req("GET", "/", "api_key", "k1")).Allowed)
+		}
+		require.NoError(t, e.enf.SetPolicy(gcra(4)))
+		assert.False(t, e.check(t, req("GET", "/", "api_key", "k1")).Allowed, "limit 3 → 4 per hour: consumption kept")
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -56,4 +57,70 @@ func TestHungRedisBounded(t *testing.T) {
 		_, err := enf.Check(ctx, &policy.Request{})
 		return err == nil && enf.StrictHealth().Breaker == "closed"
 	}, 10*time.Second, 20*time.Millisecond, "strict rules reach Redis again after SIGCONT")
+}
+
+// TestHungClusterBounded: TestHungRedisBounded on a Redis Cluster with every master stopped with
+// SIGSTOP, for cluster clients with go-redis's defaults (ContextTimeoutEnabled false, ReadTimeout
+// 5s), with no read timeout at all, and with ContextTimeoutEnabled: every Check returns within 10
+// times StrictTimeout (it took the client's 5s ReadTimeout, or forever, before the strict and hybrid
+// limiters used a cluster client of their own), and Close leaves the caller's client open.
+func TestHungClusterBounded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	t.Parallel()
+	cl := redistest.StartCluster(t, 3, 0)
+	for _, tc := range []struct {
+		name string
+		opt  func(*redis.ClusterOptions)
+	}{
+		{"defaults", func(*redis.ClusterOptions) {}},
+		{"no read timeout", func(o *redis.ClusterOptions) { o.ReadTimeout = -1 }},
+		{"context timeouts", func(o *redis.ClusterOptions) { o.ContextTimeoutEnabled = true }},
+	} {
+		t.Run(tc.name, func(t *testing.T) { // one at a time: they share the cluster
+			rdb := cl.Client(t, tc.opt)
+			const timeout = 50 * time.Millisecond
+			enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, StrictTimeout: timeout,
+				Prefix: "hung" + string(rune('a'+len(tc.name)))})
+			require.NoError(t, err)
+			require.NoError(t, enf.SetPolicy(&policy.Policy{Rules: []policy.Rule{
+				{ID: "h", Rate: 1000, Burst: 1000, OnFailure: hybrid.FailOpen},
+				{ID: "s", Algorithm: policy.GCRA, Rate: 1000, Burst: 1000, OnFailure: hybrid.FailOpen},
+			}}))
+			ctx := context.Background()
+			res, err := enf.Check(ctx, &policy.Request{})
+			require.NoError(t, err)
+			require.True(t, res.Allowed)
+
+			masters := cl.Nodes() // 3 masters, no replicas
+			for _, m := range masters {
+				m.Pause(t)
+			}
+			const bound = 10 * timeout // a tenth of the 5s ReadTimeout; room for a loaded machine and -race
+			for i := range 6 {         // through the strict breaker's opening and beyond
+				start := time.Now()
+				res, err := enf.Check(ctx, &policy.Request{})
+				took := time.Since(start)
+				t.Logf("Check %d on a hung cluster: %v", i, took)
+				require.NoError(t, err)
+				assert.True(t, res.Allowed, "fail open")
+				assert.Less(t, took, bound, "Check %d on a hung cluster", i)
+			}
+			start := time.Now()
+			cctx, cancel := context.WithTimeout(ctx, time.Second)
+			_ = enf.Close(cctx) // the hybrid limiter's final flush fails: the cluster is still hung
+			cancel()
+			t.Logf("Close on a hung cluster: %v", time.Since(start))
+			// Within its context, after the hybrid limiter's background calls in flight end (each within
+			// the flush timeout, 500ms).
+			assert.Less(t, time.Since(start), time.Second+hybrid.DefaultFlushTimeout+250*time.Millisecond, "Close on a hung cluster")
+
+			for _, m := range masters {
+				m.Resume(t)
+			}
+			cl.WaitHealthy(t, 30*time.Second)
+			require.NoError(t, rdb.Ping(ctx).Err(), "the caller's client is not closed")
+		})
+	}
 }

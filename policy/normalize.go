@@ -38,8 +38,12 @@ func (p *Policy) normalize(env *checkEnv) (*normalized, error) {
 	if len(p.Domain) > MaxValueLen {
 		return nil, p.errorf("domain", "domain of %d bytes: at most %d", len(p.Domain), MaxValueLen)
 	}
-	if len(p.Rules) > MaxRules {
-		return nil, p.errorf("rules", "%d rules: at most %d", len(p.Rules), MaxRules)
+	maxRules := MaxRules
+	if p.Select {
+		maxRules = MaxSelectRules
+	}
+	if len(p.Rules) > maxRules {
+		return nil, p.errorf("rules", "%d rules: at most %d", len(p.Rules), maxRules)
 	}
 	if p.StrictTag != "" && !knownDim(p.StrictTag, env) {
 		return nil, p.errorf("strict_tag", "strict_tag %q: %s", p.StrictTag, dimHint(p.StrictTag, env))
@@ -109,6 +113,10 @@ func (p *Policy) normalize(env *checkEnv) (*normalized, error) {
 			continue
 		}
 		if nr.algo != Hybrid && !r.Shadow {
+			if p.Select {
+				// One rule per request: reset the sums, so each rule is checked on its own.
+				strictUnits, strictTiered = 0, 0
+			}
 			if r.Tiered {
 				strictTiered += maxUnits(nr.byTier)
 			} else {

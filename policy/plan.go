@@ -38,6 +38,20 @@ func (e *Enforcer) makePlan(c *compiled, req *Request, buf []planned) (plan, []p
 	}
 	counters := buf
 	var err error
+	if c.byID != nil || c.src.Select {
+		// One rule, named by the request: the tree that named it has decided that it applies.
+		r := c.byID[req.Rule]
+		if r == nil {
+			return pl, counters, nil
+		}
+		if counters, err = e.planRule(c, r, req, &pl, counters); err != nil || pl.missing != "" {
+			return pl, counters, err
+		}
+		if !r.shadow {
+			pl.nEnforced = len(counters)
+		}
+		return pl, counters, nil
+	}
 	for _, r := range c.enforced {
 		if r.matches(req.Method, route, routeOK, pl.tier) {
 			if counters, err = e.planRule(c, r, req, &pl, counters); err != nil || pl.missing != "" {

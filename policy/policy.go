@@ -143,14 +143,20 @@ const (
 	DimTenant = "tenant"  // the tenant (organisation, account)
 	DimRoute  = "route"   // the route pattern, e.g. "GET /v1/items/{id}"
 	DimMethod = "method"  // the HTTP method
+	// DimDescriptor is a whole Envoy rate-limit descriptor, its entries' keys and values in order:
+	// the dimension the rules compiled from envoyproxy/ratelimit's configuration count per (see
+	// [UpstreamConfig]).
+	DimDescriptor = "descriptor"
 )
 
-var builtinDims = map[string]bool{DimAPIKey: true, DimUser: true, DimIP: true, DimTenant: true, DimRoute: true, DimMethod: true}
+var builtinDims = map[string]bool{DimAPIKey: true, DimUser: true, DimIP: true, DimTenant: true, DimRoute: true, DimMethod: true, DimDescriptor: true}
 
 // Limits on policies, checked when a policy is set.
 const (
 	// MaxRules is the largest number of rules in a policy.
 	MaxRules = 256
+	// MaxSelectRules is the largest number of rules in a policy with Select set.
+	MaxSelectRules = 1 << 16
 	// MaxDimensions is the largest number of dimensions of one rule.
 	MaxDimensions = 8
 	// MaxValueLen is the longest dimension value, in bytes, that a rule counts under as it is
@@ -191,8 +197,15 @@ type Policy struct {
 	DefaultTier string
 	// Tiers are the plans whose quotas tiered rules apply, by name (e.g. "free", "pro").
 	Tiers map[string]Tier
-	// Rules are the rules, at most MaxRules, with distinct ids.
+	// Rules are the rules, at most MaxRules (MaxSelectRules with Select), with distinct ids.
 	Rules []Rule
+	// Select makes each request name the one rule it is checked against (Request.Rule) instead of
+	// being matched against every rule: the form envoyproxy/ratelimit's descriptor trees compile to
+	// ([UpstreamConfig.Policy]), where the tree, not the rules, decides which limit applies. A
+	// request that names no rule, or a rule the policy does not have, is admitted with no Decisions.
+	// Since one rule applies per request, the bound on the strict counters of one request holds
+	// whatever the number of strict rules.
+	Select bool
 
 	file      string         // where the policy was parsed from, for error positions
 	positions map[string]pos // top-level keys' positions

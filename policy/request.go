@@ -37,6 +37,9 @@ type Request struct {
 	// rules only from the memo of their recent denials (a strict script cannot look without
 	// counting), shadow rules are not consulted, and nothing is remembered.
 	CheckOnly bool
+	// Rule names the one rule the request is checked against when the policy has Select set
+	// (package sidecar sets it from envoyproxy/ratelimit's descriptor tree); ignored otherwise.
+	Rule string
 	// Tier is the request's tier name; empty or unknown means the policy's DefaultTier.
 	Tier string
 	// Dims gives the request's dimension values; nil means none (every dimension is missing).

@@ -49,6 +49,10 @@ func newStrictClient(cfg *Config) (*strict.Limiter, error) {
 	return s, nil
 }
 
+// closeStrict closes the strict rules' client: it releases the cluster client strict.New may have
+// built for itself, never Config.Redis.
+func (e *Enforcer) closeStrict() { _ = e.strict.Close() }
+
 // allowStrict runs checks, the strict counters of one request under hash tag tag, in one atomic
 // script call: every one counts, or none does.
 func (e *Enforcer) allowStrict(ctx context.Context, tag string, checks []strict.Check) (strict.MultiResult, error) {

@@ -61,6 +61,15 @@ type Config struct {
 	FleetBeat time.Duration
 	// MaxKeys bounds the keys held (DefaultMaxKeys).
 	MaxKeys int
+	// ColdCredit, if positive, admits the first one-off take of a key the relay has not seen (or
+	// dropped after ActiveWindow without calls) without asking Redis, if it asks for at most
+	// ColdCredit tokens and the key's bucket refills within ActiveWindow (Rate·ActiveWindow ≥
+	// Burst); the admission is reported in the next round, batched with other keys. Set it only
+	// where the relay is the one way to Redis for its keys (children that shard keys over relays,
+	// Sharded): then a key the relay does not know has had no consumption for ActiveWindow, and its
+	// bucket is full, unless its owner changed. Each such admission is a cold-start credit of
+	// docs/accuracy.md's bound. 0 (the default) sends a new key's first takes to Redis.
+	ColdCredit int64
 	// Now returns the time on a monotonic clock in nanoseconds; nil means the real clock.
 	Now func() int64
 }
@@ -77,6 +86,7 @@ type Stats struct {
 	Burned     atomic.Int64 // pool tokens written off at the end of their lease life
 	Evicted    atomic.Int64 // keys dropped after ActiveWindow without calls
 	FullDenied atomic.Int64 // calls refused with ErrFull
+	Cold       atomic.Int64 // one-off takes admitted on the cold credit (Config.ColdCredit)
 }
 
 // Relay serves leases to hybrid limiters (its children) from pools it holds in Redis's buckets.
@@ -91,19 +101,13 @@ type Relay struct {
 	inc    atomic.Uint64 // incarnations of the relay's entries
 
 	mu   sync.RWMutex
-	keys map[ident]*entry
+	keys map[string]*entry // by key: a key has one bucket in Redis whatever its limit (central.BucketKey)
 
 	round sync.Mutex // serialises Tick
 	batch []*entry
 	ups   []central.Update
 	outs  []central.State
 	errs  []error
-}
-
-type ident struct {
-	key   string
-	rate  float64
-	burst int64
 }
 
 // entry is one key's state at the relay: its own node record in Redis (upstream) and its children's.
@@ -178,7 +182,7 @@ func New(cfg Config) (*Relay, error) {
 	if cfg.MaxKeys == 0 {
 		cfg.MaxKeys = DefaultMaxKeys
 	}
-	r := &Relay{cfg: cfg, start: time.Now(), keys: make(map[ident]*entry)}
+	r := &Relay{cfg: cfg, start: time.Now(), keys: make(map[string]*entry)}
 	if r.cfg.Fleet == nil {
 		r.cfg.Fleet = r.FleetSize
 	}
@@ -195,6 +199,11 @@ func New(cfg Config) (*Relay, error) {
 	}
 	return r, nil
 }
+
+// Close releases the cluster client central.New built for itself when Config.Central.Client is a
+// cluster client created without ContextTimeoutEnabled (central.Client.Close); it never closes that
+// client. Call it after Run has returned; the Relay must not be used after Close.
+func (r *Relay) Close() error { return r.client.Close() }
 
 // Stats returns the relay's counters.
 func (r *Relay) Stats() *Stats { return &r.stats }
@@ -251,7 +260,7 @@ func (r *Relay) Run(ctx context.Context) {
 
 // lookup returns the key's entry, creating it (nil, ErrFull at the cap).
 func (r *Relay) lookup(u central.Update, now int64) (*entry, error) {
-	id := ident{u.Key, u.Limit.Rate, u.Limit.Burst}
+	id := u.Key
 	r.mu.RLock()
 	e := r.keys[id]
 	r.mu.RUnlock()
@@ -332,11 +341,19 @@ func (r *Relay) Take(ctx context.Context, node string, u central.Update) (centra
 			e.mu.Unlock()
 			return st, nil
 		}
-		if u.Inc == 0 && e.chg-e.cum <= 0 && e.takeRate > 0 && r.demand(e, now)*r.cfg.LeaseLife.Seconds() < directBelow {
-			// A key this relay's children ask for less than directBelow times a lease life: no pool
-			// worth holding (it would be written off unused, and the round that reports it costs
-			// Redis a second call). The take goes to Redis as a one-off take (take.lua, a central
-			// bucket's price), counted there at once; as hybrid's direct rule does for a node.
+		if u.Inc == 0 && r.cold(e, u.N) {
+			// A key the relay has never been charged for nor consumed: admitted on its cold
+			// credit, counted in the next round (see Config.ColdCredit).
+			e.cum += u.N
+			e.used += u.N
+			e.mu.Unlock()
+			r.stats.Cold.Add(1)
+			return central.State{Status: central.StatusCovered, Tokens: 0, ResetAfter: 0}, nil
+		}
+		if u.Inc == 0 && e.chg-e.cum <= 0 && r.direct(e, now) {
+			// No pool worth holding (see direct): the take goes to Redis as a one-off take
+			// (take.lua, a central bucket's price), counted there at once; as hybrid's direct rule
+			// does for a node.
 			e.mu.Unlock()
 			r.stats.SyncCalls.Add(1)
 			r.stats.Upstream.Add(1)
@@ -392,6 +409,9 @@ func (r *Relay) Take(ctx context.Context, node string, u central.Update) (centra
 func (r *Relay) serve(e *entry, node string, u central.Update, now int64) (central.State, bool) {
 	e.last = now
 	lim := u.Limit
+	// The key's limit is the latest child's (a key has one bucket whatever its limit: the relay's
+	// own round sends it to Redis, which clamps the bucket to it).
+	e.lim = lim
 	burstU := lim.Burst * 1_000_000
 	pool := e.chg - e.cum
 	view := func(status central.Status, charged int64, retry time.Duration) central.State {
@@ -550,6 +570,11 @@ func (r *Relay) update(e *entry, now int64, need int64) central.Update {
 			want = min(want, int64(math.Ceil(2*e.takes)))
 		}
 	}
+	if e.sentAt == 0 && e.chg == 0 && e.takes <= directFirst {
+		// The first report of a key seen once or twice (its cold credit): a pool for it would most
+		// likely be written off unused; a child that needs more asks, as for any key.
+		want = 0
+	}
 	want = min(max(want, need), e.lim.Burst)
 	// reconcile.lua requires Used ≤ Cum. A child's record seeded from what an earlier relay (or an
 	// evicted entry) charged it can report admissions this entry never handed on: they are charged.
@@ -591,6 +616,33 @@ func (r *Relay) apply(e *entry, up central.Update, st central.State, now int64) 
 		e.retryAt = now + int64(st.RetryAfter)
 	}
 }
+
+// direct reports whether a one-off take the entry's pool cannot cover (locked) goes to Redis as a
+// one-off take rather than through a pool:
+//   - in the key's first window, its first directFirst takes: most keys of a flood of new keys
+//     (per-request ids, scanners) are never asked for again, and a pool for one of them costs
+//     reconcile.lua's set-up, a node record, and a round to report it, where a one-off take costs
+//     what a central bucket's call does;
+//   - afterwards, a key this relay's children ask for fewer than directBelow tokens a lease life:
+//     a pool would be written off unused.
+func (r *Relay) direct(e *entry, now int64) bool {
+	if e.takeRate == 0 && e.sentAt == 0 {
+		return e.takes <= directFirst // e.takes counts this take already (serve)
+	}
+	return e.takeRate > 0 && r.demand(e, now)*r.cfg.LeaseLife.Seconds() < directBelow
+}
+
+// cold reports whether a one-off take of n tokens is admitted on the relay's cold credit (locked):
+// the key's first contact at this relay (nothing charged, consumed or reported), within
+// Config.ColdCredit, on a bucket that refills within ActiveWindow.
+func (r *Relay) cold(e *entry, n int64) bool {
+	return r.cfg.ColdCredit > 0 && n <= r.cfg.ColdCredit && e.sentAt == 0 && e.chg == 0 && e.cum == 0 &&
+		e.lim.Rate*r.cfg.ActiveWindow.Seconds() >= float64(e.lim.Burst)
+}
+
+// directFirst is how many one-off takes of a new key go to Redis directly before the relay asks for
+// a pool (direct).
+const directFirst = 2
 
 // idleAfter is how long a key must see no calls to count as idle: an idle key's round reports
 // what it must without asking for a pool.
@@ -638,6 +690,11 @@ func (r *Relay) due(e *entry, now int64) bool {
 		return true
 	}
 	if now < e.retryAt {
+		return false
+	}
+	if e.sentAt == 0 && e.chg == 0 {
+		// Redis has never charged the relay on this key (its takes went to Redis directly, or were
+		// denied): no pool to refill and no record whose demand Redis should know.
 		return false
 	}
 	d := r.demand(e, now)
@@ -696,7 +753,7 @@ func (r *Relay) Tick(ctx context.Context) error {
 		for _, e := range drop {
 			e.mu.Lock()
 			if now-e.last > int64(r.cfg.ActiveWindow) && e.flight == nil {
-				delete(r.keys, ident{e.key, e.lim.Rate, e.lim.Burst})
+				delete(r.keys, e.key)
 				r.stats.Evicted.Add(1)
 			}
 			e.mu.Unlock()
@@ -758,11 +815,11 @@ func ClientConfig(rdb redis.UniversalClient, prefix, node string) central.Config
 	}
 }
 
-// Children returns how many children's records the relay holds for key under lim (0 when it does
-// not hold the key).
+// Children returns how many children's records the relay holds for key (0 when it does not hold
+// the key); lim is not used (a key has one entry whatever its limit) and is kept for callers.
 func (r *Relay) Children(key string, lim central.Limit) int {
 	r.mu.RLock()
-	e := r.keys[ident{key, lim.Rate, lim.Burst}]
+	e := r.keys[key]
 	r.mu.RUnlock()
 	if e == nil {
 		return 0

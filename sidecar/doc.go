@@ -34,4 +34,18 @@
 // constrained descriptor, and Retry-After when over the limit. When no decision can be made (Redis
 // failing under a rule without a failure policy that answers, say), the call fails with gRPC status
 // Unavailable (503 over HTTP); Envoy's failure_mode_deny decides what the proxy does then.
+//
+// # Upstream's configuration
+//
+// With Config.Upstream set, the Server answers as envoyproxy/ratelimit does, from upstream's own
+// configuration files (policy.ParseUpstream, policy.NewUpstreamConfig), whose Policy the Checker
+// enforces: each descriptor's limit is the one the descriptor tree names (policy.UpstreamConfig's
+// Lookup, upstream's GetLimit); a limit named in the replaces of another limit of the request is
+// dropped; an unlimited one answers OK with limit_remaining 4294967295; a descriptor no limit
+// matches, or of an unknown domain, answers OK with no current_limit. The others are checked under
+// their rule and answer with the configured limit (name, requests_per_unit, unit), the remaining
+// count (0 when over) and duration_until_reset in whole seconds to the end of the epoch-aligned
+// window; a shadow_mode limit never denies. An empty domain or no descriptors is InvalidArgument.
+// The RateLimit-* headers come only with Config.UpstreamHeaders, and Config.UpstreamShadow makes the
+// overall code OK. docs/sidecar.md lists what still differs from upstream.
 package sidecar

@@ -60,7 +60,28 @@ type Config struct {
 	MeterProvider metric.MeterProvider
 	// Instance is the hybridrate.instance attribute; the default is hybrid.DefaultInstance().
 	Instance string
+	// Upstream, when set, makes the Server answer as envoyproxy/ratelimit does (see "Upstream's
+	// configuration" in the package documentation): it returns the configuration in force, whose
+	// Policy the Checker enforces, or nil while none is loaded.
+	Upstream func() *policy.UpstreamConfig
+	// UpstreamShadow is upstream's SHADOW_MODE: the overall code is OK even when a descriptor is
+	// OVER_LIMIT (the statuses still say which). Only with Upstream.
+	UpstreamShadow bool
+	// UpstreamHeaders, when set, adds upstream's rate-limit headers (LIMIT_RESPONSE_HEADERS_ENABLED)
+	// under these names. Only with Upstream.
+	UpstreamHeaders *HeaderNames
+	// Now is the clock of duration_until_reset in upstream's answers; nil means time.Now.
+	Now func() time.Time
 }
+
+// HeaderNames are the names of upstream's optional response headers.
+type HeaderNames struct {
+	Limit, Remaining, Reset string
+}
+
+// DefaultHeaderNames are upstream's defaults (LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER,
+// LIMIT_RESET_HEADER).
+var DefaultHeaderNames = HeaderNames{Limit: "RateLimit-Limit", Remaining: "RateLimit-Remaining", Reset: "RateLimit-Reset"}
 
 // Server answers rate-limit requests with a policy. Create it with [New]. It implements Envoy's
 // RateLimitServiceServer; it is safe for concurrent use.
@@ -86,6 +107,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Instance == "" {
 		cfg.Instance = hybrid.DefaultInstance()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	keys := map[string]string{"remote_address": policy.DimIP}
 	for k, v := range cfg.Keys {
@@ -153,6 +177,9 @@ func (s *Server) decide(ctx context.Context, api string, req *rlsv3.RateLimitReq
 		s.reqs.Add(ctx, 1, s.opts[[2]string{api, code}])
 		s.lat.Record(ctx, time.Since(start).Seconds(), s.opts[[2]string{api, ""}])
 	}()
+	if s.cfg.Upstream != nil {
+		return s.decideUpstream(ctx, req)
+	}
 	switch {
 	case req == nil || len(req.Descriptors) == 0:
 		return nil, fmt.Errorf("%w: no descriptors", errBadRequest)

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -40,7 +41,7 @@ var (
 func IsTransport(err error) bool { return redisx.IsTransport(err) }
 
 // Version is the layout version embedded in every key: "<prefix>:v1:{tag}:rule:alg". The hybrid
-// limiter's keys ("<prefix>:v4:b:…" and "<prefix>:v3:x:…", central.Version) never share a name with these.
+// limiter's keys ("<prefix>:v5:b:…" and "<prefix>:v3:x:…", central.Version) never share a name with these.
 const Version = "v1"
 
 // Bounds of rules and requests, checked in Go before anything is sent and again by the scripts.
@@ -195,9 +196,11 @@ type Stats struct {
 //
 // A call is not idempotent: a command that go-redis re-sends after a read timeout or a dropped
 // connection may be counted twice (never admitted twice). A *redis.Client without
-// ContextTimeoutEnabled is used through a copy whose socket timeouts are [WithTimeout]'s, so a read
-// times out only once the call's deadline has passed, and is not re-sent; a client with MaxRetries
-// -1 keeps every charge single after a dropped connection too.
+// ContextTimeoutEnabled is used through a copy whose socket timeouts are [WithTimeout]'s, and a
+// cluster client without it through a client of the Limiter's own with ContextTimeoutEnabled (see
+// [WithTimeout]), so a read times out only once the call's deadline has passed, and is not re-sent;
+// a client with MaxRetries -1 (MaxRedirects -1 for a cluster client) keeps every charge single
+// after a dropped connection too.
 //
 // # Clock
 //
@@ -205,13 +208,15 @@ type Stats struct {
 // TTL of at least the time its state matters (the time to full refill, or the rest of the window), so
 // idle subjects cost no memory.
 type Limiter struct {
-	rdb    redis.UniversalClient
-	opts   options
-	guard  *redisx.Guard
-	runner redisx.Runner                                    // counts into stats.Calls
-	clock  atomic.Int64                                     // test-only time override in µs; 0 means Redis TIME
-	sleep  func(ctx context.Context, d time.Duration) error // WaitN's sleeper; tests replace it
-	stats  Stats
+	rdb     redis.UniversalClient // the caller's client bounded by WithTimeout (redisx.Bound)
+	bounded redisx.Bounded        // rdb's bounding: Close closes rdb when it is a client of our own
+	cleanup runtime.Cleanup       // closes an rdb of our own if the Limiter is dropped without Close
+	opts    options
+	guard   *redisx.Guard
+	runner  redisx.Runner                                    // counts into stats.Calls
+	clock   atomic.Int64                                     // test-only time override in µs; 0 means Redis TIME
+	sleep   func(ctx context.Context, d time.Duration) error // WaitN's sleeper; tests replace it
+	stats   Stats
 }
 
 // New returns a Limiter that keeps its counters in rdb: a *redis.Client, a *redis.ClusterClient or
@@ -228,11 +233,28 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		}
 	}
 	// A client without ContextTimeoutEnabled ignores the call's deadline on the socket: the calls go
-	// on a copy with socket timeouts of o.timeout (redisx.Bound), so a hung Redis costs a call no more.
-	l := &Limiter{rdb: redisx.Bound(rdb, o.timeout).Client, opts: o,
-		guard: redisx.NewGuard(redisx.NewBreaker(o.breaker, o.now), rdb), sleep: sleepCtx}
+	// on a copy with socket timeouts of o.timeout, or on a cluster client of our own with
+	// ContextTimeoutEnabled (redisx.Bound), so a hung Redis costs a call no more.
+	b := redisx.Bound(rdb, o.timeout)
+	l := &Limiter{rdb: b.Client, bounded: b, opts: o,
+		guard: redisx.NewGuard(redisx.NewBreaker(o.breaker, o.now), b.Client), sleep: sleepCtx}
 	l.runner.Commands = &l.stats.Calls
+	if b.Owned {
+		// A Limiter was never closed before it could own a client: close that client once the
+		// Limiter is unreachable, for callers that never call Close.
+		l.cleanup = runtime.AddCleanup(l, func(c redis.UniversalClient) { _ = c.Close() }, b.Client)
+	}
 	return l, nil
+}
+
+// Close releases what the Limiter holds beyond rdb: for a cluster client created without
+// ContextTimeoutEnabled, the cluster client (and its connections) that New built from its options to
+// bound every call (see [WithTimeout]). It never closes rdb, and for any other client it does
+// nothing. The Limiter must not be used after Close. A Limiter that is dropped without Close
+// releases the same once the garbage collector finds it unreachable.
+func (l *Limiter) Close() error {
+	l.cleanup.Stop()
+	return l.bounded.Close()
 }
 
 // BreakerState is the state of the circuit breaker; its String method returns "closed", "open" or

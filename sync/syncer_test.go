@@ -123,7 +123,7 @@ func setup(t *testing.T, f *fakeCentral, now func() int64) (*local.Store, *Synce
 // entry inserts key with a cold-start credit of credit tokens.
 func entry(t *testing.T, st *local.Store, key string, credit int64) *local.Entry {
 	t.Helper()
-	e := st.Insert(key, st.Hash(key, local.LimitID(lim.Rate, lim.Burst)), lim.Rate, lim.Burst, credit)
+	e := st.Insert(key, st.Hash(key), lim.Rate, lim.Burst, credit)
 	require.NotNil(t, e)
 	return e
 }
@@ -606,7 +606,7 @@ func TestBusyKeysJoinARoundThatGoes(t *testing.T) {
 	f, c, st, s := busySetup(t)
 	keys := map[string]*local.Entry{}
 	for _, k := range []string{"due", "soon", "later"} {
-		keys[k] = st.Insert(k, st.Hash(k, local.LimitID(1000, 2000)), 1000, 2000, 1)
+		keys[k] = st.Insert(k, st.Hash(k), 1000, 2000, 1)
 		require.NotNil(t, keys[k])
 	}
 	// Two seconds at 50 requests a second on every key, a round whenever one is due.
@@ -663,7 +663,7 @@ func goMark(s *Syncer, d float64) int64 {
 // topping up more than a renewal at lowWater would. A key that turns urgent sends one at once.
 func TestBusyRenewalGoesNearItsUrgentMark(t *testing.T) {
 	f, c, st, s := busySetup(t)
-	e := st.Insert("k", st.Hash("k", local.LimitID(1000, 2000)), 1000, 2000, 1)
+	e := st.Insert("k", st.Hash("k"), 1000, 2000, 1)
 	require.NotNil(t, e)
 	for range 100 { // two seconds at 50 requests a second
 		if e.TryTake(1) != local.Taken {

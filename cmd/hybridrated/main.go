@@ -16,6 +16,10 @@
 //	HTTP  127.0.0.1:8080  POST /v1/check (JSON), GET /metrics (Prometheus), /healthz, /readyz,
 //	                      /dashboard/ (live denials)
 //
+// Started with envoyproxy/ratelimit's environment (RUNTIME_ROOT, REDIS_URL, ...) and no command
+// line, it serves upstream's configuration directory on upstream's ports and answers as upstream
+// does (compat.go; docs/sidecar.md, "Migrating from envoyproxy/ratelimit").
+//
 // Every flag can also be set in the environment: -redis as HYBRIDRATED_REDIS, -redis-tls as
 // HYBRIDRATED_REDIS_TLS=true, and so on. Several -redis addresses are a Redis Cluster (or Sentinels,
 // with -sentinel-master). -redis-user names a Redis ACL user; -redis-tls (and -redis-tls-ca,
@@ -24,8 +28,9 @@
 // keys before they reach Redis from HYBRIDRATED_HASH_KEY. Logs go to stderr at -log-level (debug,
 // info, warn, error), as text or, with -log-format json, JSON. -relay also serves leases to the
 // limiters of other processes (package relay, at /hybridrate/relay/v1 on the HTTP address), and
-// -upstream URL makes this one's hybrid rules take their leases from such a relay instead of Redis
-// (docs/operations.md, "Relays").
+// -upstream URL makes this one's hybrid rules take their leases from such a relay instead of Redis;
+// several comma-separated URLs shard the keys over those relays, each key to one of them
+// (relay.Sharded; every process must list the same URLs) (docs/operations.md, "Relays").
 //
 // A changed policy file takes effect within -reload, or at once on SIGHUP; an invalid one is logged
 // with its line and the previous policy stays. Reloads are counted (hybridrate.policy.reloads, by
@@ -39,6 +44,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -57,6 +63,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/observe"
 	"github.com/hybridrate/hybridrate/relay"
 )
 
@@ -119,8 +126,13 @@ type config struct {
 	redisTLSKey     string           // its key
 	redisTLSServer  string           // the server name to verify; empty: the host of the address
 	relay           bool             // also serve as a relay (package relay) at relay.Path on the HTTP address
+	relayOwner      bool             // the relay's children shard keys over the relays: cold credit for new keys
 	upstream        string           // the hybrid rules take their leases from the relay at this URL
+	fleetInterval   time.Duration    // how often this instance's fleet report is written to Redis; 0: none
+	revealSubjects  int              // denied subjects whose readable values the dashboard keeps; 0: none
+	dashboardKey    []byte           // HMAC key of the dashboard's subject ids; nil: hashKey, else random
 	hup             <-chan os.Signal // SIGHUP: reload the policy file now; nil in tests that do not send it
+	compat          *compat          // envoyproxy/ratelimit's start-up (compat.go); nil: the native one
 }
 
 // newLogger returns the logger -log-level and -log-format ask for, writing to w.
@@ -139,6 +151,9 @@ func (c config) tlsConfig() (*tls.Config, error) {
 		return nil, nil
 	}
 	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.redisTLSServer}
+	if c.compat != nil && c.compat.skipVerify {
+		tc.InsecureSkipVerify = true // REDIS_TLS_SKIP_HOSTNAME_VERIFICATION, as upstream does
+	}
 	if c.redisTLSCA != "" {
 		pem, err := os.ReadFile(c.redisTLSCA)
 		if err != nil {
@@ -164,6 +179,9 @@ func (c config) tlsConfig() (*tls.Config, error) {
 
 // parseConfig reads flags, with defaults from the environment (HYBRIDRATED_<FLAG>).
 func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
+	if wantsCompat(args, getenv) {
+		return parseCompat(getenv)
+	}
 	var c config
 	fs := flag.NewFlagSet("hybridrated", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -187,9 +205,12 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.StringVar(&c.redisTLSServer, "redis-tls-server-name", env("redis-tls-server-name", ""), "server name to verify in Redis's certificate; empty: the address's host")
 	logLevel := fs.String("log-level", env("log-level", "info"), "log level: debug, info, warn or error")
 	logFormat := fs.String("log-format", env("log-format", "text"), "log format: text or json")
-	fs.StringVar(&c.instance, "instance", env("instance", ""), "instance label of the metrics; empty: the host name")
+	fs.StringVar(&c.instance, "instance", env("instance", ""), "instance label of the metrics and of the dashboard's fleet view; empty: the host name")
+	reveal := fs.String("dashboard-reveal", env("dashboard-reveal", "0"), "keep the readable values of up to this many denied subjects in memory, to show them on this instance's dashboard next to their hashed ids (never written to Redis); 0: off")
+	dashKeyFile := fs.String("dashboard-hash-key-file", env("dashboard-hash-key-file", ""), "file holding the HMAC key of the dashboard's subject ids (also HYBRIDRATED_DASHBOARD_HASH_KEY); the same key on every instance gives a subject the same id fleet-wide; empty: HYBRIDRATED_HASH_KEY, else a random key per process")
+	fs.BoolVar(&c.relayOwner, "relay-owner", env("relay_owner", "") == "true", "with -relay: every child sends each key to one relay (children list all relays in -upstream), so a key new to this relay is admitted once before Redis counts it (relay.Config.ColdCredit)")
 	fs.BoolVar(&c.relay, "relay", env("relay", "") == "true", "also serve as a relay: hold leases in Redis for the limiters of other processes and hand them on at "+relay.Path+" on the HTTP address (docs/operations.md, Relays)")
-	fs.StringVar(&c.upstream, "upstream", env("upstream", ""), "take the hybrid rules' leases from the relay at this `URL` (e.g. http://relay:8080) instead of Redis")
+	fs.StringVar(&c.upstream, "upstream", env("upstream", ""), "take the hybrid rules' leases from the relay at this `URL` (e.g. http://relay:8080) instead of Redis; several comma-separated URLs shard keys over those relays")
 	var err error
 	durations := []struct {
 		name, def, usage string
@@ -198,6 +219,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 		{"reload", "1s", "how often the policy file is read for changes", &c.reload},
 		{"shutdown-timeout", "10s", "bound on the graceful shutdown (drain and flush)", &c.shutdownTimeout},
 		{"shutdown-grace", "5s", "after SIGTERM, how long to keep serving while /readyz reports not ready (so load balancers stop sending), before draining", &c.shutdownGrace},
+		{"fleet-interval", "5s", "how often this instance writes its dashboard counters to Redis for the fleet view (one small key with a TTL); 0: never, and no fleet view", &c.fleetInterval},
 		{"check-timeout", "0s", "bound on a synchronous Redis check of a hybrid rule; 0: the library default (1s on the embedded Redis)", &c.checkTimeout},
 		{"sync-timeout", "0s", "deprecated: -check-timeout", &c.syncTimeout},
 		{"idle-eviction", hybrid.DefaultIdleEviction.String(), "drop keys idle this long (up to twice as long), with nothing pending, from local memory, and give the memory back; 0: off", &c.idleEviction},
@@ -232,6 +254,14 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	if c.maxKeys < 64 {
 		return c, fmt.Errorf("-max-keys %d: want at least 64", c.maxKeys)
 	}
+	if c.fleetInterval != 0 && c.fleetInterval < 100*time.Millisecond {
+		return c, fmt.Errorf("-fleet-interval %v: want 0 (off) or at least 100ms", c.fleetInterval)
+	}
+	n, err := strconv.Atoi(*reveal)
+	if err != nil || n < 0 || n > observe.MaxRevealSubjects {
+		return c, fmt.Errorf("-dashboard-reveal %q: want a count from 0 to %d", *reveal, observe.MaxRevealSubjects)
+	}
+	c.revealSubjects = n
 	if err := c.logLevel.UnmarshalText([]byte(*logLevel)); err != nil {
 		return c, fmt.Errorf("-log-level %q: want debug, info, warn or error", *logLevel)
 	}
@@ -266,6 +296,21 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	}
 	if k := getenv("HYBRIDRATED_HASH_KEY"); k != "" {
 		c.hashKey = []byte(k)
+	}
+	switch {
+	case *dashKeyFile != "":
+		b, err := os.ReadFile(*dashKeyFile)
+		if err != nil {
+			return c, fmt.Errorf("-dashboard-hash-key-file: %w", err)
+		}
+		if b = bytes.TrimSpace(b); len(b) == 0 {
+			return c, fmt.Errorf("-dashboard-hash-key-file %s is empty", *dashKeyFile)
+		}
+		c.dashboardKey = b
+	case getenv("HYBRIDRATED_DASHBOARD_HASH_KEY") != "":
+		c.dashboardKey = []byte(getenv("HYBRIDRATED_DASHBOARD_HASH_KEY"))
+	default:
+		c.dashboardKey = c.hashKey
 	}
 	return c, nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -28,7 +30,36 @@ import (
 
 func TestMain(m *testing.M) {
 	redis.SetLogger(quietLogger{})
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		if built.dir != "" {
+			_ = os.RemoveAll(built.dir)
+		}
+		os.Exit(code)
+	}))
+}
+
+// built is the hybridrated binary that buildBinary made, once for the tests that run processes.
+var built struct {
+	once sync.Once
+	dir  string
+	bin  string
+	err  error
+}
+
+// buildBinary builds the hybridrated binary on first use and returns its path.
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	built.once.Do(func() {
+		if built.dir, built.err = os.MkdirTemp("", "hybridrated-test-"); built.err != nil {
+			return
+		}
+		built.bin = filepath.Join(built.dir, "hybridrated")
+		if out, err := exec.Command("go", "build", "-o", built.bin, ".").CombinedOutput(); err != nil {
+			built.err = fmt.Errorf("go build: %w: %s", err, out)
+		}
+	})
+	require.NoError(t, built.err)
+	return built.bin
 }
 
 // start runs the sidecar on free loopback ports until the test ends, and returns its addresses and a
@@ -491,4 +522,40 @@ func TestOnRedisCluster(t *testing.T) {
 	}
 	assert.Equal(t, map[int]int{http.StatusOK: 3, http.StatusTooManyRequests: 2}, codes)
 	require.NoError(t, stop())
+}
+
+// TestFleetAndDashboardFlags: the fleet report's interval, the reveal map's size and the dashboard's
+// shared hash key, from flags or the environment.
+func TestFleetAndDashboardFlags(t *testing.T) {
+	none := func(string) string { return "" }
+	c, err := parseConfig(nil, none, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, 5*time.Second, c.fleetInterval, "the default")
+	assert.Zero(t, c.revealSubjects, "off by default")
+	assert.Nil(t, c.dashboardKey, "a random key per process")
+	env := map[string]string{"HYBRIDRATED_HASH_KEY": "redis-key", "HYBRIDRATED_DASHBOARD_REVEAL": "500", "HYBRIDRATED_FLEET_INTERVAL": "0s"}
+	c, err = parseConfig(nil, func(k string) string { return env[k] }, io.Discard)
+	require.NoError(t, err)
+	assert.Zero(t, c.fleetInterval, "0: no report, no fleet view")
+	assert.Equal(t, 500, c.revealSubjects)
+	assert.Equal(t, []byte("redis-key"), c.dashboardKey, "HYBRIDRATED_HASH_KEY when no dashboard key is given")
+	env["HYBRIDRATED_DASHBOARD_HASH_KEY"] = "dash-key"
+	c, err = parseConfig(nil, func(k string) string { return env[k] }, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, []byte("dash-key"), c.dashboardKey)
+	file := filepath.Join(t.TempDir(), "key")
+	require.NoError(t, os.WriteFile(file, []byte("file-key\n"), 0o600))
+	c, err = parseConfig([]string{"-dashboard-hash-key-file", file, "-dashboard-reveal", "7", "-fleet-interval", "2s"},
+		func(k string) string { return env[k] }, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, []byte("file-key"), c.dashboardKey, "the file wins, trimmed")
+	assert.Equal(t, 7, c.revealSubjects)
+	assert.Equal(t, 2*time.Second, c.fleetInterval)
+	for _, args := range [][]string{
+		{"-dashboard-reveal", "-1"}, {"-dashboard-reveal", "many"}, {"-fleet-interval", "10ms"},
+		{"-dashboard-hash-key-file", filepath.Join(t.TempDir(), "missing")},
+	} {
+		_, err := parseConfig(args, none, io.Discard)
+		assert.Error(t, err, "%q", args)
+	}
 }

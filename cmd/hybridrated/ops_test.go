@@ -81,9 +81,7 @@ func TestProcessSignalsReloadsAndLogs(t *testing.T) {
 	}
 	srv := redistest.Start(t)
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "hybridrated")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "go build: %s", out)
+	bin := buildBinary(t)
 	path := writePolicy(t, dir, testPolicy) // per-key: limit 3 per minute
 	cmd := exec.Command(bin, "-redis", srv.Addr, "-policy", path, "-reload", "1h", "-grpc", "127.0.0.1:0",
 		"-http", "127.0.0.1:0", "-shutdown-grace", "1500ms", "-log-level", "debug")

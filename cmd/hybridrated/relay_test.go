@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -67,4 +68,63 @@ rules:
 	case <-time.After(10 * time.Second):
 		t.Fatal("a bad -upstream did not stop the start")
 	}
+}
+
+// TestShardedUpstream: a sidecar given two relays (-upstream URL1,URL2) sends each key to one of
+// them: every bucket in Redis holds one relay's record and no sidecar's, and the keys are spread
+// over both relays; the limit holds per key.
+func TestShardedUpstream(t *testing.T) {
+	srv := redistest.Start(t)
+	const pol = `
+version: 1
+domain: api
+missing_key: skip
+rules:
+  - id: per-key
+    dimensions: [api_key]
+    rate: 0.01
+    burst: 3
+`
+	path := writePolicy(t, t.TempDir(), pol)
+	ra, stopA := start(t, config{redisAddr: srv.Addr, policyPath: path, relay: true, relayOwner: true})
+	rb, stopB := start(t, config{redisAddr: srv.Addr, policyPath: path, relay: true, relayOwner: true})
+	rc, stopC := start(t, config{redisAddr: srv.Addr, policyPath: path,
+		upstream: "http://" + ra.http + ", http://" + rb.http + "/", checkTimeout: 200 * time.Millisecond})
+	for i := range 12 {
+		key := fmt.Sprintf("user-%d", i)
+		// A burst of 3 at 0.01/s; a cold-start credit of at most 1 token may come on top (three
+		// limiters in the fleet).
+		if got := admitted(t, "http://"+rc.http, key, 8); got < 3 || got > 4 {
+			t.Errorf("key %s: admitted %d of 8, want 3 or 4", key, got)
+		}
+	}
+	require.NoError(t, stopC())
+	require.NoError(t, stopB())
+	require.NoError(t, stopA())
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	keys, err := rdb.Keys(ctx, "*:b:*").Result()
+	require.NoError(t, err)
+	require.Len(t, keys, 12, "one bucket per key")
+	owners := map[string]int{}
+	for _, k := range keys {
+		fields, err := rdb.HKeys(ctx, k).Result()
+		require.NoError(t, err)
+		var nodes []string
+		for _, f := range fields {
+			if n, ok := strings.CutPrefix(f, "n:"); ok {
+				nodes = append(nodes, n)
+			}
+		}
+		if len(nodes) != 1 || !strings.HasPrefix(nodes[0], "relay-") {
+			t.Errorf("bucket %q holds the records of %v, want one relay's", k, nodes)
+			continue
+		}
+		owners[nodes[0]]++
+	}
+	if len(owners) != 2 {
+		t.Errorf("keys per relay: %v, want both relays to own some", owners)
+	}
+	_, err = parseConfig([]string{"-upstream", "http://a:1,http://a:1"}, func(string) string { return "" }, io.Discard)
+	require.NoError(t, err) // the URLs are checked when the sidecar starts
 }

@@ -68,6 +68,11 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 		}
 		strictTimeout = time.Second
 	}
+	if cfg.compat != nil {
+		// Upstream waits for Redis up to REDIS_TIMEOUT; a shorter bound would answer from the
+		// failure policy where upstream answers from Redis.
+		strictTimeout = cfg.compat.timeout
+	}
 	if cfg.checkTimeout > 0 {
 		hybridOpts = append(hybridOpts, hybrid.WithCheckTimeout(cfg.checkTimeout))
 		strictTimeout = max(strictTimeout, cfg.checkTimeout)
@@ -92,33 +97,57 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 	}
 	hybridOpts = append(hybridOpts, hybrid.WithMeterProvider(mp), hybrid.WithInstance(instance))
 	if cfg.upstream != "" {
-		// Leases from a relay (docs/operations.md, "Relays"); bans, peeks and the fleet registry
-		// still go to Redis.
-		u, err := url.Parse(cfg.upstream)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fmt.Errorf("-upstream %q: want an http:// or https:// URL of a relay", cfg.upstream)
-		}
+		// Leases from a relay, or from several with each key sharded to one of them by its name
+		// (docs/operations.md, "Relays"); bans, peeks and the fleet registry still go to Redis.
 		hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: time.Minute}}
 		defer hc.CloseIdleConnections()
-		hybridOpts = append(hybridOpts, hybrid.WithUpstream(relay.Dial(strings.TrimSuffix(cfg.upstream, "/"), hc)))
+		ups := map[string]relay.Upstream{}
+		for _, raw := range strings.Split(cfg.upstream, ",") {
+			base := strings.TrimSuffix(strings.TrimSpace(raw), "/")
+			u, err := url.Parse(base)
+			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				return fmt.Errorf("-upstream %q: want http:// or https:// URLs of relays, comma-separated", cfg.upstream)
+			}
+			if _, dup := ups[base]; dup {
+				return fmt.Errorf("-upstream %q: relay %s listed twice", cfg.upstream, base)
+			}
+			ups[base] = relay.Dial(base, hc)
+		}
+		up, err := relay.NewSharded(ups)
+		if err != nil {
+			return fmt.Errorf("-upstream: %w", err)
+		}
+		hybridOpts = append(hybridOpts, hybrid.WithUpstream(up))
 	}
 	var rel *relay.Relay
 	if cfg.relay {
 		var id [8]byte
 		_, _ = rand.Read(id[:])
-		rel, err = relay.New(relay.Config{Central: relay.ClientConfig(rdb, hybrid.DefaultKeyPrefix, "relay-"+hex.EncodeToString(id[:]))})
+		rc := relay.Config{Central: relay.ClientConfig(rdb, hybrid.DefaultKeyPrefix, "relay-"+hex.EncodeToString(id[:]))}
+		if cfg.relayOwner {
+			rc.ColdCredit = 1
+		}
+		rel, err = relay.New(rc)
 		if err != nil {
 			return err
 		}
 		relCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
 		relDone := make(chan struct{})
 		go func() { defer close(relDone); rel.Run(relCtx) }()
-		defer func() { stopRelay(); <-relDone }() // its last round reports what its children used
+		defer func() { stopRelay(); <-relDone; _ = rel.Close() }() // its last round reports what its children used
 		log.Info("hybridrated: serving as a relay", slog.String("path", relay.Path))
 	}
 
+	prefix := ""
+	if cfg.compat != nil {
+		prefix = cfg.compat.keyPrefix()
+		for _, why := range cfg.compat.ignored {
+			log.Warn("setting of envoyproxy/ratelimit ignored", "setting", why)
+		}
+	}
 	enf, err := policy.NewEnforcer(policy.Config{
 		Redis:         rdb,
+		Prefix:        prefix,
 		HybridOptions: hybridOpts,
 		StrictTimeout: strictTimeout,
 		HashKey:       cfg.hashKey,
@@ -135,12 +164,25 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 			_ = enf.Close(context.WithoutCancel(ctx))
 		}
 	}()
-	obs, err := observe.New(enf, observe.Config{MeterProvider: mp, Instance: instance, HashKey: cfg.hashKey,
-		Window: 15 * time.Minute}) // the dashboard offers 1, 5 and 15 minutes
+	obs, err := observe.New(enf, observe.Config{MeterProvider: mp, Instance: instance, HashKey: cfg.dashboardKey,
+		RevealSubjects: cfg.revealSubjects, Window: 15 * time.Minute}) // the dashboard offers 1, 5 and 15 minutes
 	if err != nil {
 		return err
 	}
 	defer obs.Close()
+	var dashOpts []dashboard.Option
+	if cfg.fleetInterval > 0 {
+		// This instance's counters, for every instance's fleet view: one small key with a TTL.
+		fleet, err := observe.NewFleet(obs, observe.FleetConfig{Redis: rdb, Interval: cfg.fleetInterval, Logger: log})
+		if err != nil {
+			return err
+		}
+		fctx, stopFleet := context.WithCancel(context.WithoutCancel(ctx))
+		fleetDone := make(chan struct{})
+		go func() { defer close(fleetDone); fleet.Run(fctx) }()
+		defer func() { stopFleet(); <-fleetDone }() // removes the report, before Redis is closed
+		dashOpts = append(dashOpts, dashboard.WithFleet(fleet))
+	}
 
 	// The policy: a file watched for changes (and reloaded on SIGHUP), or the built-in one.
 	var reloader *policy.Reloader
@@ -150,7 +192,14 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 		return fmt.Errorf("metrics: %w", err)
 	}
 	defer func() { _ = reloadReg.Unregister() }()
-	if cfg.policyPath == "" {
+	var ups *upstreamSource
+	if cfg.compat != nil {
+		rl.source = "envoyproxy/ratelimit configuration " + cfg.compat.configDir
+		ups = &upstreamSource{cm: cfg.compat, target: obs, log: log, rl: rl}
+		if err := ups.load(true); err != nil {
+			return err
+		}
+	} else if cfg.policyPath == "" {
 		rl.source = "built-in example policy"
 		p, err := policy.Parse(defaultPolicy, "default.yaml")
 		if err == nil {
@@ -179,7 +228,11 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 		rl.succeeded(len(enf.Policy().Rules), time.Now())
 	}
 
-	srv, err := sidecar.New(sidecar.Config{Checker: obs, MeterProvider: mp, Instance: instance})
+	scfg := sidecar.Config{Checker: obs, MeterProvider: mp, Instance: instance}
+	if ups != nil {
+		scfg.Upstream, scfg.UpstreamShadow, scfg.UpstreamHeaders = ups.cur.Load, cfg.compat.shadow, cfg.compat.headers
+	}
+	srv, err := sidecar.New(scfg)
 	if err != nil {
 		return err
 	}
@@ -195,7 +248,18 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 	if rel != nil {
 		mux.Handle(relay.Path, rel.Handler())
 	}
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	metricsHandler := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	mux.Handle("GET /metrics", metricsHandler)
+	if ups != nil {
+		// Upstream's endpoints on PORT.
+		mux.Handle("POST /json", srv.CheckHandler())
+		mux.HandleFunc("GET /healthcheck", func(w http.ResponseWriter, _ *http.Request) {
+			if draining.Load() {
+				w.WriteHeader(http.StatusInternalServerError)
+			}
+			_, _ = io.WriteString(w, "OK")
+		})
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -212,7 +276,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 		}
 		_, _ = io.WriteString(w, rl.report())
 	})
-	mux.Handle("/dashboard/", http.StripPrefix("/dashboard", dashboard.Handler(obs)))
+	mux.Handle("/dashboard/", http.StripPrefix("/dashboard", dashboard.Handler(obs, dashOpts...)))
 	mux.Handle("GET /{$}", http.RedirectHandler("/dashboard/", http.StatusFound))
 	hsrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 
@@ -226,15 +290,45 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 		glis.Close()
 		return fmt.Errorf("http listen: %w", err)
 	}
-	errc := make(chan error, 2)
+	errc := make(chan error, 4)
 	go func() { errc <- gs.Serve(glis) }()
 	go func() { errc <- hsrv.Serve(hlis) }()
+	var extra []*http.Server // upstream's DEBUG_PORT and PROMETHEUS_ADDR
+	if cfg.compat != nil {
+		dmux := http.NewServeMux()
+		dmux.Handle("GET /metrics", metricsHandler)
+		dmux.Handle("GET /healthz", mux)
+		listeners := []struct {
+			addr string
+			h    http.Handler
+		}{{cfg.compat.debugAddr, dmux}}
+		if cfg.compat.promAddr != "" {
+			listeners = append(listeners, struct {
+				addr string
+				h    http.Handler
+			}{cfg.compat.promAddr, dmux})
+		}
+		for _, l := range listeners {
+			lis, err := lc.Listen(ctx, "tcp", l.addr)
+			if err != nil {
+				glis.Close()
+				hlis.Close()
+				return fmt.Errorf("listen %s: %w", l.addr, err)
+			}
+			es := &http.Server{Handler: l.h, ReadHeaderTimeout: 10 * time.Second}
+			extra = append(extra, es)
+			go func() { _ = es.Serve(lis) }()
+		}
+	}
 	rctx, stopReload := context.WithCancel(context.WithoutCancel(ctx)) // reloads go on during the grace period
 	reloadDone := make(chan struct{})
 	go func() {
 		defer close(reloadDone)
 		if reloader != nil {
 			_ = reloader.Run(rctx)
+		}
+		if ups != nil {
+			ups.run(rctx, cfg.reload)
 		}
 	}()
 	hupDone := make(chan struct{})
@@ -247,6 +341,11 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 			case _, ok := <-cfg.hup:
 				if !ok {
 					return
+				}
+				if ups != nil {
+					log.Info("SIGHUP: reloading the configuration directory", "dir", cfg.compat.configDir)
+					_ = ups.load(true)
+					continue
 				}
 				if reloader == nil {
 					log.Warn("SIGHUP: no -policy file to reload; the built-in policy stays")
@@ -295,6 +394,9 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 		gs.Stop()
 	}
 	herr := hsrv.Shutdown(sctx)
+	for _, es := range extra {
+		_ = es.Shutdown(sctx)
+	}
 	stopReload()
 	<-reloadDone
 	<-hupDone
@@ -318,6 +420,20 @@ func newRedisClient(addr string, cfg config) (redis.UniversalClient, error) {
 		return nil, err
 	}
 	addrs := strings.Split(addr, ",")
+	if cm := cfg.compat; cm != nil {
+		pool := cm.poolSize
+		switch {
+		case cfg.sentinelMaster != "":
+			return redis.NewFailoverClient(&redis.FailoverOptions{MasterName: cfg.sentinelMaster, SentinelAddrs: addrs,
+				Username: cfg.redisUser, Password: cfg.redisPassword, TLSConfig: tc, MaxRetries: -1, PoolSize: pool,
+				ContextTimeoutEnabled: true}), nil
+		case cm.cluster:
+			return redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, Username: cfg.redisUser,
+				Password: cfg.redisPassword, TLSConfig: tc, MaxRetries: -1, PoolSize: pool, ContextTimeoutEnabled: true}), nil
+		}
+		return redis.NewClient(&redis.Options{Network: cm.network, Addr: addr, Username: cfg.redisUser, Password: cfg.redisPassword,
+			TLSConfig: tc, MaxRetries: -1, PoolSize: pool, ContextTimeoutEnabled: true}), nil
+	}
 	switch {
 	case cfg.sentinelMaster != "":
 		return redis.NewFailoverClient(&redis.FailoverOptions{MasterName: cfg.sentinelMaster, SentinelAddrs: addrs,

@@ -61,6 +61,7 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		svgDir    = fs.String("svg", "", "write one SVG chart per figure against N into `dir`")
 		relayN    = fs.Int("relay", 0, "put a relay (package relay) in front of every `n` nodes; 0 = none")
 		relays    = fs.Int("relays", 0, "put the nodes behind `r` relays at every fleet size (instead of -relay)")
+		shard     = fs.Bool("shard", false, "with relays: send each key to one relay, its owner by key (relay.Sharded), instead of each node to its group's")
 	)
 	for _, a := range args {
 		if a == "-h" || a == "-help" || a == "--help" || a == "--h" {
@@ -158,7 +159,7 @@ func runFleet(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fmt.Fprintf(stderr, "loadgen: the idle server uses %.2f ms of CPU a second (subtracted from every window)\n", idle*1e3)
 	res, err := fleetsim.Run(ctx, fleetsim.Config{
 		Client: rdb, Probe: probe, Fleet: fleet, Scenarios: sc, Duration: *duration, Warmup: *warmup,
-		Seed: *seed, IdleCPU: idle, Flush: flush, Relay: *relayN, Relays: *relays,
+		Seed: *seed, IdleCPU: idle, Flush: flush, Relay: *relayN, Relays: *relays, Shard: *shard,
 		Progress: func(s string) { fmt.Fprintf(stderr, "loadgen: %s\n", s) },
 	})
 	status := 0

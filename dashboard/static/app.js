@@ -1,4 +1,5 @@
-// hybridrate dashboard: polls api/snapshot every second and draws it. No dependencies.
+// hybridrate dashboard: polls api/snapshot every second (and api/fleet every two) and draws them.
+// No dependencies.
 "use strict";
 
 const SPAN = Number(new URLSearchParams(location.search).get("span")) || 300;
@@ -8,7 +9,7 @@ const fmt = (n) => Number(n).toLocaleString("en-US");
 const fmt1 = (n) => (Math.round(n * 10) / 10).toLocaleString("en-US", { minimumFractionDigits: 1, maximumFractionDigits: 1 });
 
 function el(tag, attrs, text) {
-  const e = tag === "svg" || ["path", "line", "text", "g"].includes(tag)
+  const e = tag === "svg" || ["path", "line", "text", "g", "title"].includes(tag)
     ? document.createElementNS(SVG, tag) : document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
   if (text !== undefined) e.textContent = text;
@@ -52,6 +53,31 @@ function chart(seconds) {
   svg.replaceChildren(...parts);
 }
 
+// spark draws a series of counts per step as a small filled line, its peak in a tooltip.
+function spark(series, step, shadow) {
+  const W = 160, H = 24;
+  const n = series.length;
+  const max = Math.max(1, ...series);
+  const x = (i) => (n <= 1 ? 0 : (i * W) / (n - 1));
+  const y = (v) => H - 1 - ((H - 2) * v) / max;
+  const line = series.map((v, i) => `${i ? "L" : "M"}${x(i).toFixed(1)},${y(v).toFixed(1)}`).join("");
+  const svg = el("svg", { class: "spark", viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none" });
+  const p = el("path", { d: `${line}L${W},${H}L0,${H}Z` });
+  if (shadow) p.setAttribute("class", "shadowed");
+  svg.append(p, el("title", {}, `peak ${fmt1(max / step)} denied/s (step ${step} s)`));
+  return svg;
+}
+
+// recent is the rate of the last whole step of a series of counts per step (the last step is
+// still filling).
+const recent = (series, step) => (series.length >= 2 ? series[series.length - 2] / step : 0);
+
+function ruleRows(tbody, trend) {
+  const step = trend.step || 1;
+  rows(tbody, trend.rules || [], (r) => [[r.shadow ? `${r.rule} (shadow)` : r.rule], [fmt1(recent(r.series, step)), "num"],
+    [fmt(r.n), "num"], [spark(r.series, step, r.shadow)]]);
+}
+
 function render(s) {
   const secs = s.seconds || [];
   const last = secs.slice(-11, -1); // the last ten whole seconds
@@ -78,7 +104,12 @@ function render(s) {
     if (d.shadow) bar.className = "shadowed";
     return [[d.route], [d.shadow ? `${d.rule} (shadow)` : d.rule], [d.tier], [fmt(d.n), "num"], [d.rate.toFixed(2), "num"], [bar, "bar"]];
   });
-  rows($("keys").tBodies[0], s.topKeys || [], (k) => [[k.key, "key"], [k.shadow ? `${k.rule} (shadow)` : k.rule], [fmt(k.n), "num"]]);
+  rows($("keys").tBodies[0], s.topKeys || [], (k) => [[k.key, "key"], [k.shadow ? `${k.rule} (shadow)` : k.rule], [fmt(k.n), "num"],
+    [k.subject || "", "subject"]]);
+  if (s.trend) {
+    $("rules-step").textContent = `${s.trend.step} s`;
+    ruleRows($("rules").tBodies[0], s.trend);
+  }
   const untracked = $("untracked");
   untracked.hidden = !s.untrackedKeys;
   untracked.textContent = s.untrackedKeys ? `and ${fmt(s.untrackedKeys)} denials of keys not tracked (over 128 keys denied in one second)` : "";
@@ -100,7 +131,61 @@ function render(s) {
   document.body.dataset.totalDenied = s.totals.denied;
 }
 
+let fleetSel = new URLSearchParams(location.search).get("instance") || ""; // a report id; "": the whole fleet
+let lastFleet = null;
+
+function renderFleet(v) {
+  lastFleet = v;
+  $("fleet").hidden = false;
+  const insts = v.instances || [];
+  if (fleetSel && !insts.some((m) => m.id === fleetSel)) fleetSel = "";
+  const sum = (a) => (a || []).reduce((x, y) => x + y, 0);
+  const denied = insts.reduce((a, m) => a + m.totals.denied, 0);
+  const st = v.sum.step || 1, len = st * (v.sum.checks || []).length;
+  $("fleet-meta").textContent = `${insts.length} live instance${insts.length === 1 ? "" : "s"} · ${fmt(denied)} denied since their start` +
+    ` · rates over the last whole step of ${st} s, trends over ${len >= 120 ? `${Math.round(len / 60)} min` : `${len} s`}`;
+  const tbody = $("instances").tBodies[0];
+  rows(tbody, insts, (m) => {
+    const st = m.trend.step || 1;
+    return [[m.self ? `${m.instance} (this one)` : m.instance], [`${fmt1(m.age)} s`, "num"],
+      [fmt1(recent(m.trend.checks, st)), "num"], [fmt1(recent(m.trend.denied, st)), "num"], [fmt(sum(m.trend.denied)), "num"],
+      [fmt(m.totals.denied), "num"], [m.ok ? "OK" : "breaker open", m.ok ? "state-closed" : "state-open"]];
+  });
+  [...tbody.rows].forEach((tr, i) => {
+    const id = insts[i].id;
+    tr.dataset.id = id;
+    tr.title = id;
+    if (id === fleetSel) tr.className = "selected";
+    tr.onclick = () => { fleetSel = fleetSel === id ? "" : id; renderFleet(lastFleet); };
+  });
+  const sel = insts.find((m) => m.id === fleetSel);
+  const scope = sel ? sel.instance : "all instances";
+  $("fleet-scope").textContent = scope;
+  $("fleet-scope-subjects").textContent = scope;
+  ruleRows($("fleet-rules").tBodies[0], sel ? sel.trend : v.sum);
+  const subjects = sel ? (sel.subjects || []).map((k) => ({ ...k, instances: [sel.instance] })) : (v.subjects || []);
+  rows($("fleet-subjects").tBodies[0], subjects, (k) => [[k.key, "key"], [k.subject || "", "subject"],
+    [k.shadow ? `${k.rule} (shadow)` : k.rule], [fmt(k.n), "num"], [(k.instances || []).join(", ")]]);
+  document.body.dataset.fleetUpdated = v.now;
+}
+
+let ticks = 0;
+async function fleetTick() {
+  try {
+    const r = await fetch("api/fleet", { cache: "no-store" });
+    if (r.status === 404) { $("fleet").hidden = true; return; }
+    if (!r.ok) throw new Error(`api/fleet: ${r.status} ${(await r.text()).trim()}`);
+    renderFleet(await r.json());
+    $("fleet-error").hidden = true;
+  } catch (e) {
+    $("fleet").hidden = false;
+    $("fleet-error").textContent = `Cannot update the fleet view: ${e.message}`;
+    $("fleet-error").hidden = false;
+  }
+}
+
 async function tick() {
+  if (ticks++ % 2 === 0) fleetTick();
   try {
     const r = await fetch(`api/snapshot?span=${SPAN}`, { cache: "no-store" });
     if (!r.ok) throw new Error(`api/snapshot: ${r.status}`);

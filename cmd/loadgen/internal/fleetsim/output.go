@@ -30,8 +30,8 @@ func WriteTable(w io.Writer, m Meta, rs []Result) error {
 	b.WriteString("| scenario | N | relays | local | fallback | Redis calls /1k | key-calls /1k | Redis CPU µs /1k | central µs /1k | CPU ÷ central | rounds/s | worst key ÷ (B+R·T) | admitted ÷ exact | false denials (honest) | under exact | p50 µs | p99 µs | p99.9 µs | central p99 µs | wall s |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
-		fmt.Fprintf(&b, "| %s | %d | %d | %.2f%% | %.2f%% | %.1f | %.1f | %.0f | %.0f | %.3f | %.0f | %.3f | %.3f | %.2f%% | %.2f%% | %.2f | %.1f | %.1f | %.1f | %.1f |\n",
-			r.Scenario, r.Nodes, r.Relays, 100*r.Local, 100*r.Fallback, r.Calls, r.KeyCalls, r.CPU, r.CentralCPU, r.CPURatio, r.Rounds,
+		fmt.Fprintf(&b, "| %s | %d | %s | %.2f%% | %.2f%% | %.1f | %.1f | %.0f | %.0f | %.3f | %.0f | %.3f | %.3f | %.2f%% | %.2f%% | %.2f | %.1f | %.1f | %.1f | %.1f |\n",
+			r.Scenario, r.Nodes, relaysCell(r), 100*r.Local, 100*r.Fallback, r.Calls, r.KeyCalls, r.CPU, r.CentralCPU, r.CPURatio, r.Rounds,
 			r.WorstKey, r.PerExact, 100*r.FalseDenied, 100*r.UnderExact, r.P50us, r.P99us, r.P999us, r.CP99us, r.WallSeconds)
 	}
 	_, err := io.WriteString(w, b.String())
@@ -56,12 +56,12 @@ func WriteCSV(w io.Writer, _ Meta, rs []Result) error {
 	cw := csv.NewWriter(w)
 	_ = cw.Write([]string{"scenario", "nodes", "relays", "local_share", "fallback_share", "redis_calls_per_1k", "key_calls_per_1k",
 		"redis_cpu_us_per_1k", "central_cpu_us_per_1k", "cpu_ratio", "rounds_per_s", "worst_key_per_allowance",
-		"admitted_per_exact", "false_denied", "under_exact", "p50_us", "p99_us", "p999_us", "central_p99_us"})
+		"admitted_per_exact", "false_denied", "under_exact", "p50_us", "p99_us", "p999_us", "central_p99_us", "sharded"})
 	f := func(v float64) string { return strconv.FormatFloat(v, 'g', 6, 64) }
 	for _, r := range rs {
 		_ = cw.Write([]string{r.Scenario, strconv.Itoa(r.Nodes), strconv.Itoa(r.Relays), f(r.Local), f(r.Fallback), f(r.Calls), f(r.KeyCalls), f(r.CPU),
 			f(r.CentralCPU), f(r.CPURatio), f(r.Rounds), f(r.WorstKey), f(r.PerExact), f(r.FalseDenied),
-			f(r.UnderExact), f(r.P50us), f(r.P99us), f(r.P999us), f(r.CP99us)})
+			f(r.UnderExact), f(r.P50us), f(r.P99us), f(r.P999us), f(r.CP99us), strconv.FormatBool(r.Sharded)})
 	}
 	cw.Flush()
 	return cw.Error()
@@ -211,4 +211,12 @@ func short(v float64) string {
 		return strconv.FormatFloat(v, 'f', 3, 64)
 	}
 	return strconv.FormatFloat(v, 'g', 2, 64)
+}
+
+// relaysCell is the table's relays column: the count, "by key" when keys were sharded over them.
+func relaysCell(r Result) string {
+	if r.Sharded {
+		return fmt.Sprintf("%d by key", r.Relays)
+	}
+	return strconv.Itoa(r.Relays)
 }

@@ -64,6 +64,9 @@ type Config struct {
 	// Relays, if positive (and Relay is 0), puts the nodes behind this many relays at every fleet
 	// size (ceil(N/Relays) nodes each).
 	Relays int
+	// Shard, with relays, sends each key to one relay (relay.Sharded: its owner, by rendezvous
+	// hashing of the key) instead of each node to the relay of its group.
+	Shard bool
 	// IdleCPU is the server's own CPU per real second when idle (its cron), subtracted from every
 	// window's Redis CPU; measure it with MeasureIdle.
 	IdleCPU float64
@@ -83,6 +86,9 @@ type Result struct {
 	// Redis). With relays, a decision that is not local is a call to the node's relay, in process:
 	// on a real host add a loopback round trip to its latency.
 	Relays int `json:"relays"`
+	// Sharded: each key went through one relay, its owner (Config.Shard), not each node through
+	// the relay of its group.
+	Sharded bool `json:"sharded,omitempty"`
 
 	Decisions int64   `json:"decisions"`   // in the window (after warm-up)
 	Local     float64 `json:"local_share"` // of the window's decisions, made with no Redis call on the caller's path
@@ -423,17 +429,36 @@ func runHybrid(ctx context.Context, cfg Config, s Scenario, n int, arr []arrival
 			cc.ScriptNow = func() int64 { return clk.now().UnixMicro() }
 			// The fleet's size, as the registry would count it (the nodes join it; the relays'
 			// own heartbeats are not simulated).
-			rl, err := relay.New(relay.Config{Central: cc, Interval: hybrid.DefaultSyncInterval,
-				Fleet: func() int64 { return int64(n) }, Now: func() int64 { return clk.ns.Load() + 1 }})
+			rc := relay.Config{Central: cc, Interval: hybrid.DefaultSyncInterval,
+				Fleet: func() int64 { return int64(n) }, Now: func() int64 { return clk.ns.Load() + 1 }}
+			if cfg.Shard {
+				rc.ColdCredit = 1 // each key reaches Redis through its owner only
+			}
+			rl, err := relay.New(rc)
 			if err != nil {
 				return r, err
 			}
 			relays = append(relays, rl)
 		}
 	}
+	var sharded *relay.Sharded
+	if relays != nil && cfg.Shard {
+		m := make(map[string]relay.Upstream, len(relays))
+		for i, rl := range relays {
+			m[fmt.Sprintf("relay%d", i)] = rl
+		}
+		var err error
+		if sharded, err = relay.NewSharded(m); err != nil {
+			return r, err
+		}
+		r.Sharded = true
+	}
 	for i := range lims {
 		opts := []hybrid.Option{opt, hybrid.WithKeyPrefix(prefix)}
-		if relays != nil {
+		switch {
+		case sharded != nil:
+			opts = append(opts, hybrid.WithUpstream(sharded))
+		case relays != nil:
 			opts = append(opts, hybrid.WithUpstream(relays[i/group]))
 		}
 		l, err := hybrid.New(cfg.Client, opts...)

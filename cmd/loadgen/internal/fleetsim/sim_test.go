@@ -2,6 +2,7 @@ package fleetsim
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -132,6 +133,72 @@ func TestFleetWithRelays(t *testing.T) {
 		}
 		if s.Name == "medium" && r.FalseDenied > 0.02 {
 			t.Errorf("medium: %.2f%% of the requests of keys under their limit denied, want at most 2%%", 100*r.FalseDenied)
+		}
+	}
+}
+
+// TestFleetWithShardedRelays: 512 nodes send each key to its owner among 8 relays (relay.Sharded,
+// with the owners' cold credit): every bucket holds one relay's record, the worst key stays within
+// the relay bound plus the cold credit (one token), and small per-user bursts, which relays per
+// host split into pools too small to last, are not falsely denied.
+func TestFleetWithShardedRelays(t *testing.T) {
+	rdb, sc := atScale(t, "overload,small,zipf")
+	const d = 1500 * time.Millisecond
+	res, err := Run(context.Background(), Config{
+		Client: rdb, Probe: func(ctx context.Context) (float64, int64, error) { return 0, 0, nil },
+		Fleet: []int{512}, Relays: 8, Shard: true, Scenarios: sc, Duration: d, Warmup: 500 * time.Millisecond, Seed: 7,
+		Flush: func(ctx context.Context) error {
+			var cursor uint64
+			for {
+				keys, next, err := rdb.Scan(ctx, cursor, "fs*", 500).Result()
+				if err != nil {
+					return err
+				}
+				for _, k := range keys {
+					if rdb.Type(ctx, k).Val() != "hash" {
+						continue
+					}
+					var nodes []string
+					for _, f := range rdb.HKeys(ctx, k).Val() {
+						if len(f) > 2 && f[:2] == "n:" {
+							nodes = append(nodes, f[2:])
+						}
+					}
+					if len(nodes) > 1 || (len(nodes) == 1 && !strings.HasPrefix(nodes[0], "relay")) {
+						t.Errorf("bucket %q holds the records of %v: want its owner relay's only", k, nodes)
+						return rdb.FlushAll(ctx).Err()
+					}
+				}
+				if cursor = next; cursor == 0 {
+					break
+				}
+			}
+			return rdb.FlushAll(ctx).Err()
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != 3 {
+		t.Fatalf("%d results, want 3", len(res))
+	}
+	for i, r := range res {
+		s := sc[i]
+		allowance := float64(s.Burst) + s.Rate*d.Seconds()
+		limit := (allowance + bound(s.Rate, s.Burst) + s.Rate*hybrid.LeaseLife.Seconds() + 1) / allowance
+		t.Logf("%s, %d nodes, %d relays by key: worst key %.3f of Burst + Rate·T (bound %.2f), admitted ÷ exact %.3f, false denials %.2f%%",
+			r.Scenario, r.Nodes, r.Relays, r.WorstKey, limit, r.PerExact, 100*r.FalseDenied)
+		if !r.Sharded || r.Relays != 8 {
+			t.Errorf("%s: sharded %v over %d relays, want 8 by key", r.Scenario, r.Sharded, r.Relays)
+		}
+		if r.WorstKey > limit {
+			t.Errorf("%s: the worst key admitted %.3f × Burst + Rate·T, beyond the bound's %.3f", r.Scenario, r.WorstKey, limit)
+		}
+		if r.PerExact < 0.9 {
+			t.Errorf("%s: admitted %.3f of what the exact bucket admitted, want at least 0.9", r.Scenario, r.PerExact)
+		}
+		if s.Name == "small" && r.FalseDenied > 0.01 {
+			t.Errorf("small: %.2f%% of the requests of keys under their limit denied, want at most 1%%", 100*r.FalseDenied)
 		}
 	}
 }

@@ -1,0 +1,148 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/hybridrate/hybridrate/policy"
+)
+
+// errNoConfig is the error of a request that arrives before any configuration loaded.
+var errNoConfig = errors.New("sidecar: no rate limit configuration loaded")
+
+// decideUpstream answers req as envoyproxy/ratelimit's service does: each descriptor's limit is the
+// one the descriptor tree names (policy.UpstreamConfig.Lookup); limits named in another matched
+// limit's replaces are dropped; unlimited ones answer OK with limit_remaining 2³²-1; the others are
+// checked, each under its own rule, and answer with the configured limit, the remaining count and
+// the time to the end of the epoch-aligned window, in whole seconds.
+func (s *Server) decideUpstream(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	cfg := s.cfg.Upstream()
+	switch {
+	case cfg == nil:
+		return nil, errNoConfig
+	case req == nil || req.Domain == "":
+		return nil, fmt.Errorf("%w: rate limit domain must not be empty", errBadRequest)
+	case len(req.Descriptors) == 0:
+		return nil, fmt.Errorf("%w: rate limit descriptor list must not be empty", errBadRequest)
+	case len(req.Descriptors) > MaxDescriptors:
+		return nil, fmt.Errorf("%w: %d descriptors, at most %d", errBadRequest, len(req.Descriptors), MaxDescriptors)
+	}
+	n := len(req.Descriptors)
+	matches := make([]policy.UpstreamMatch, n)
+	found := make([]bool, n)
+	var replacing map[string]bool
+	var ents []policy.DescriptorEntry
+	for i, d := range req.Descriptors {
+		if d == nil || len(d.Entries) > MaxEntries {
+			return nil, fmt.Errorf("%w: descriptor %d: want at most %d entries", errBadRequest, i, MaxEntries)
+		}
+		ents = ents[:0]
+		for _, e := range d.Entries {
+			ents = append(ents, policy.DescriptorEntry{Key: e.Key, Value: e.Value})
+		}
+		matches[i], found[i] = cfg.Lookup(req.Domain, ents)
+		if found[i] {
+			for _, r := range matches[i].Limit.Replaces {
+				if replacing == nil {
+					replacing = map[string]bool{}
+				}
+				replacing[r] = true
+			}
+		}
+	}
+	now := s.cfg.Now()
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK,
+		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)}
+	var minimum *rlsv3.RateLimitResponse_DescriptorStatus
+	minRemaining := uint32(math.MaxUint32)
+	for i, d := range req.Descriptors {
+		m := matches[i]
+		if found[i] && !m.Limit.Unlimited && m.Limit.Name != "" && replacing[m.Limit.Name] {
+			found[i] = false
+		}
+		// hits_addend: the descriptor's (0 checks only), else the request's (0 means 1).
+		hits := max(uint64(req.HitsAddend), 1)
+		if d.HitsAddend != nil {
+			hits = d.HitsAddend.Value
+		}
+		if hits > math.MaxInt32 {
+			return nil, fmt.Errorf("%w: descriptor %d: hits_addend %d too large", errBadRequest, i, hits)
+		}
+		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		resp.Statuses[i] = st
+		switch {
+		case !found[i]:
+			continue
+		case m.Limit.Unlimited:
+			st.LimitRemaining = math.MaxUint32
+			continue
+		}
+		over, remaining, ok, err := s.checkUpstream(ctx, req.Domain, m, int64(hits))
+		if err != nil {
+			return nil, fmt.Errorf("sidecar: descriptor %d: %w", i, err)
+		}
+		if !ok {
+			continue // the rule went away in a reload between the lookup and the check: no limit
+		}
+		secs := int64(m.Period.Seconds())
+		st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: m.Limit.Name, RequestsPerUnit: m.Limit.RequestsPerUnit,
+			Unit: rlsv3.RateLimitResponse_RateLimit_Unit(rlsv3.RateLimitResponse_RateLimit_Unit_value[strings.ToUpper(m.Limit.Unit)])}
+		st.DurationUntilReset = &durationpb.Duration{Seconds: secs - now.Unix()%secs}
+		if !over {
+			st.LimitRemaining = uint32(min(max(remaining, 0), math.MaxUint32))
+		}
+		if st.LimitRemaining < minRemaining {
+			minimum, minRemaining = st, st.LimitRemaining
+		}
+		if over && !m.Shadow {
+			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+			minimum, minRemaining = st, 0
+		}
+	}
+	if h := s.cfg.UpstreamHeaders; h != nil && minimum != nil {
+		secs := minimum.DurationUntilReset.GetSeconds()
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
+			header(h.Limit, strconv.FormatUint(uint64(minimum.CurrentLimit.RequestsPerUnit), 10)),
+			header(h.Remaining, strconv.FormatUint(uint64(minimum.LimitRemaining), 10)),
+			header(h.Reset, strconv.FormatInt(secs, 10)))
+	}
+	if s.cfg.UpstreamShadow {
+		resp.OverallCode = rlsv3.RateLimitResponse_OK
+	}
+	return resp, nil
+}
+
+// checkUpstream charges hits to a matched limit: over is whether the limit is exceeded (a limit of
+// 0 per unit always is, unless hits is 0), remaining what is left; ok is false when the policy in
+// force no longer has the rule.
+func (s *Server) checkUpstream(ctx context.Context, domain string, m policy.UpstreamMatch, hits int64) (over bool, remaining int64, ok bool, err error) {
+	if m.Rule == "" { // requests_per_unit: 0
+		return hits > 0, 0, true, nil
+	}
+	pr := policy.Request{Domain: domain, Rule: m.Rule, Dims: policy.Values{policy.DimDescriptor: m.Subject},
+		Cost: hits, CheckOnly: hits == 0}
+	res, err := s.cfg.Checker.Check(ctx, &pr)
+	if errors.Is(err, policy.ErrInvalidCost) {
+		return true, 0, true, nil // more hits than the limit: over it, as upstream answers
+	}
+	if err != nil {
+		return false, 0, false, err
+	}
+	for _, d := range res.Decisions {
+		if d.Rule == m.Rule {
+			return !d.Allowed, d.Remaining, true, nil
+		}
+	}
+	if hits == 0 {
+		return !res.Allowed, 0, true, nil
+	}
+	return false, 0, false, nil
+}
