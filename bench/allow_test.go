@@ -28,7 +28,7 @@ var keySets = []keySet{
 
 // BenchmarkAllow measures one decision on a key that has local allowance: hybrid (with its
 // background sync running at the default interval), a per-key map of x/time/rate limiters behind a
-// mutex (what users write), and a bare Go map lookup of a pointer, on the same key sequences.
+// mutex (what users write), a sync.Map of them (impl=xrate-syncmap), and a bare Go map lookup of a pointer, on the same key sequences.
 // impl=hybrid-nosync is hybrid with a 1-minute sync interval: the hot path alone, without the
 // background reconcile competing for the two cores.
 //
@@ -68,6 +68,13 @@ func BenchmarkAllow(b *testing.B) {
 			}
 			b.Run("impl=xrate-map", func(b *testing.B) {
 				m := newXRateMap(rate.Limit(generous.Rate), int(generous.Burst))
+				for _, k := range ks.warm(seq) {
+					m.allow(keys[k])
+				}
+				benchDecide(b, keys, seq, m.allow)
+			})
+			b.Run("impl=xrate-syncmap", func(b *testing.B) {
+				m := &xrateSyncMap{limit: rate.Limit(generous.Rate), burst: int(generous.Burst)}
 				for _, k := range ks.warm(seq) {
 					m.allow(keys[k])
 				}

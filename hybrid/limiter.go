@@ -248,10 +248,14 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		l.bans.known.Store(true)
 		return l, nil
 	}
-	l.wg.Add(5)
+	l.wg.Add(6)
 	go func() {
 		defer l.wg.Done()
 		l.syncer.Run(ctx)
+	}()
+	go func() {
+		defer l.wg.Done()
+		l.sweepIdle(ctx)
 	}()
 	go func() {
 		defer l.wg.Done()
@@ -325,7 +329,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) 
 		return Decision{}, limit.Validate() // the same bounds, with the reason
 	}
 	if n < 1 || n > limit.Burst {
-		return Decision{}, fmt.Errorf("%w: n=%d: want 1 to burst (%d)", ErrInvalidCost, n, limit.Burst)
+		return Decision{}, invalidCost(n, limit.Burst)
 	}
 	h := l.store.Hash(key)
 	st := &l.counts[h&(numStripes-1)]
@@ -351,7 +355,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) 
 			}
 			st.local.Add(1)
 			rem := e.Remaining()
-			return Decision{Allowed: true, Limit: limit, Remaining: rem, ResetAfter: time.Duration(e.ResetAfterNanos(limit.Burst, rem)), Source: SourceLocal}, nil
+			return Decision{Allowed: true, Limit: limit, Remaining: rem, ResetAfter: resetAfter(limit, rem), Source: SourceLocal}, nil
 		}
 		if d, ok := l.starved(e, limit, n); ok {
 			st.localDenied.Add(1)
@@ -359,6 +363,25 @@ func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) 
 		}
 	}
 	return l.slow(ctx, key, h, limit, n)
+}
+
+// sweepIdle drops idle keys from the local store every WithIdleEviction interval until ctx ends
+// (see local.Store.Sweep); it returns at once when idle eviction is off.
+func (l *Limiter) sweepIdle(ctx context.Context) {
+	d := l.opts.idleEviction
+	if d <= 0 {
+		return
+	}
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			l.store.Sweep(l.mono(), int64(d))
+		}
+	}
 }
 
 // mono returns the time since the limiter started on the monotonic clock, in ns (always positive).
@@ -427,6 +450,14 @@ func (l *Limiter) coldCredit(limit Limit) int64 {
 		f = max(l.fleet.Load(), 1)
 	}
 	return min(limit.Burst/f, max(2, int64(l.opts.drift*float64(limit.Burst)/float64(f))))
+}
+
+// invalidCost is AllowN's error for n out of 1 to burst; not inlined, so that formatting it does not
+// widen AllowN's stack frame.
+//
+//go:noinline
+func invalidCost(n, burst int64) error {
+	return fmt.Errorf("%w: n=%d: want 1 to burst (%d)", ErrInvalidCost, n, burst)
 }
 
 func invalidKey(key string) error {

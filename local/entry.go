@@ -2,7 +2,6 @@ package local
 
 import (
 	"math"
-	"math/bits"
 	"sync"
 	"sync/atomic"
 )
@@ -16,20 +15,18 @@ import (
 // Consumption up to charged is paid for; beyond it, it is debt that the next reconcile reports. All
 // methods are safe for concurrent use.
 type Entry struct {
-	// The hot path reads the first cache line (hash … used) and, for the decision's estimates, the
-	// second; keep the fields in this order.
-	hash    uint64
-	key     string
+	// The hot path (Lookup, TryTake, Remaining) reads only the first 64 bytes, hash to remBase: one
+	// cache line, as an Entry is exactly 256 bytes (a size class whose objects are 64-byte aligned;
+	// TestEntryLayout pins both). docs/design.md says what each field costs.
+	hash    uint32        // low 32 bits of the store's hash: shard, slot and a tag compared first
+	flags   flags         // fDirty, fEvicted, fUsed, fThin
+	key     string        // compared on lookup
 	total   atomic.Int64  // tokens consumed by this incarnation
 	mark    atomic.Int64  // total may grow up to mark without asking Redis
 	rate    atomic.Uint64 // the limit's rate, tokens/s (float64 bits); see SetLimit
 	burst   atomic.Int64  // the limit's burst
-	dirty   atomic.Bool   // on the shard's dirty list
-	evicted atomic.Bool   // removed from the store; see tryEvict
-	used    atomic.Bool   // CLOCK reference bit
-	thin    atomic.Bool   // the last synchronous answer left nothing beyond its request (see Thin)
+	remBase atomic.Int64  // globalMicro/1e6 + charged, kept by setRem: Remaining is remBase − total
 
-	nsPerToken  atomic.Int64 // refill time of one token at the limit's rate, in ns (capped)
 	charged     atomic.Int64 // tokens Redis has charged to this incarnation (last answer applied)
 	globalMicro atomic.Int64 // global micro-tokens in the last answer
 	denied      atomic.Int64 // tokens this node denied locally (demand it could not serve), cumulative
@@ -45,19 +42,41 @@ type Entry struct {
 	seq        uint64       // last call number issued
 	applied    uint64       // call number of the last answer applied
 	uacked     atomic.Int64 // admitted tokens Redis has counted
-	active     atomic.Int64 // nodes active on the key, by the last answer
+	active     atomic.Int32 // nodes active on the key, by the last answer
+	directN    int32        // one-off takes counted in Direct's window
 	grantedAt  atomic.Int64 // time of the last answer applied, caller's monotonic clock; 0 if none
 	leaseUntil atomic.Int64 // the unused lease may be used until then (caller's clock)
 	retryAt    atomic.Int64 // a lease shorter than wanted: do not ask again before then (caller's clock)
 	demand     float64      // estimated demand on this node, tokens/s (admitted + denied)
 	sentUsed   int64        // used (admitted) tokens at the last call
-	ackCum     int64        // total sent by the last call Redis applied
 	sentDenied int64        // denied tokens at the last call
 	sentAt     int64        // time of the last call (caller's clock); before the first call, minus the time the syncer first saw the entry
 	directAt   int64        // start of the window Direct counts in (caller's clock); 0 before the first
-	directN    int64        // one-off takes counted in that window
 	next       *Entry       // dirty-list link; written only by the goroutine that set dirty
 }
+
+// The bits of Entry.flags. Each is set and cleared by an atomic Or or And on the word, so that the
+// four need 4 bytes of the hot cache line, not 16, and TryTake reads all three it needs at once.
+const (
+	fDirty   uint32 = 1 << iota // on the shard's dirty list
+	fEvicted                    // removed from the store; see tryEvict
+	fUsed                       // CLOCK reference bit
+	fThin                       // the last synchronous answer left nothing beyond its request (see Thin)
+)
+
+// flags is a word of independent bits, each updated atomically.
+type flags struct{ v atomic.Uint32 }
+
+func (f *flags) has(bit uint32) bool { return f.v.Load()&bit != 0 }
+func (f *flags) set(bit uint32)      { f.v.Or(bit) }
+func (f *flags) clear(bit uint32)    { f.v.And(^bit) }
+
+// setOnce sets bit and reports whether it was clear.
+func (f *flags) setOnce(bit uint32) bool { return f.v.Or(bit)&bit == 0 }
+
+// setRem refreshes remBase after charged or globalMicro changed; e.mu must be held (or e not yet
+// published).
+func (e *Entry) setRem() { e.remBase.Store(e.globalMicro.Load()/1_000_000 + e.charged.Load()) }
 
 // Key returns the entry's key.
 func (e *Entry) Key() string { return e.key }
@@ -80,7 +99,6 @@ func (e *Entry) HasLimit(rate float64, burst int64) bool {
 func (e *Entry) SetLimit(rate float64, burst int64) {
 	e.rate.Store(math.Float64bits(rate))
 	e.burst.Store(burst)
-	e.nsPerToken.Store(int64(min(1e9/rate, maxNsPerToken)))
 }
 
 // Incarnation returns the entry's incarnation, unique within its store.
@@ -100,7 +118,7 @@ func (e *Entry) Charged() int64 { return e.charged.Load() }
 func (e *Entry) Mark() int64 { return e.mark.Load() }
 
 // Evicted reports whether the entry has left its store.
-func (e *Entry) Evicted() bool { return e.evicted.Load() }
+func (e *Entry) Evicted() bool { return e.flags.has(fEvicted) }
 
 // TakeResult is the outcome of [Entry.TryTake].
 type TakeResult int
@@ -125,14 +143,15 @@ func (e *Entry) TryTake(n int64) TakeResult {
 	}
 	// Dekker handshake with tryEvict: either the evictor sees our increment and keeps the entry, or we
 	// see its flag and undo the increment. Both may happen; then we only retry.
-	if e.evicted.Load() {
+	f := e.flags.v.Load()
+	if f&fEvicted != 0 {
 		e.total.Add(-n)
 		return Gone
 	}
-	if !e.used.Load() {
-		e.used.Store(true)
+	if f&fUsed == 0 {
+		e.flags.set(fUsed)
 	}
-	if !e.dirty.Load() {
+	if f&fDirty == 0 {
 		e.store.markDirty(e)
 	}
 	return Taken
@@ -143,7 +162,7 @@ func (e *Entry) TryTake(n int64) TakeResult {
 // concurrently, in which case nothing was recorded.
 func (e *Entry) Add(n int64) TakeResult {
 	e.total.Add(n)
-	if e.evicted.Load() {
+	if e.flags.has(fEvicted) {
 		e.total.Add(-n)
 		return Gone
 	}
@@ -169,7 +188,7 @@ func (e *Entry) AddExcused(n, excused int64) TakeResult {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.total.Add(n)
-	if e.evicted.Load() {
+	if e.flags.has(fEvicted) {
 		e.total.Add(-n)
 		return Gone
 	}
@@ -198,7 +217,7 @@ func (e *Entry) Refund(n, now int64) int64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for {
-		if e.evicted.Load() {
+		if e.flags.has(fEvicted) {
 			return 0
 		}
 		t := e.total.Load()
@@ -215,7 +234,7 @@ func (e *Entry) Refund(n, now int64) int64 {
 			continue // a concurrent take: look again
 		}
 		e.burned.Add(burn)
-		if e.evicted.Load() {
+		if e.flags.has(fEvicted) {
 			// Evicted meanwhile (see TryTake): the entry is gone; the refund is lost with it, which
 			// never over-admits.
 			return 0
@@ -229,8 +248,8 @@ func (e *Entry) Refund(n, now int64) int64 {
 // sized to the demand, and puts the entry on the dirty list.
 func (e *Entry) Deny(n int64) {
 	e.denied.Add(n)
-	if !e.used.Load() {
-		e.used.Store(true)
+	if !e.flags.has(fUsed) {
+		e.flags.set(fUsed)
 	}
 	e.store.markDirty(e)
 }
@@ -260,8 +279,8 @@ func (e *Entry) Waiters() int64 { return e.waiters.Load() }
 
 // Touch sets the CLOCK reference bit, e.g. after a decision made by Redis.
 func (e *Entry) Touch() {
-	if !e.used.Load() {
-		e.used.Store(true)
+	if !e.flags.has(fUsed) {
+		e.flags.set(fUsed)
 	}
 }
 
@@ -271,9 +290,9 @@ func (e *Entry) tryEvict() bool {
 	if !e.clean() {
 		return false
 	}
-	e.evicted.Store(true)
+	e.flags.set(fEvicted)
 	if !e.clean() {
-		e.evicted.Store(false)
+		e.flags.clear(fEvicted)
 		return false
 	}
 	return true
@@ -281,7 +300,7 @@ func (e *Entry) tryEvict() bool {
 
 // clean reports whether Redis has counted all of e's consumption and e is not on a dirty list.
 func (e *Entry) clean() bool {
-	if e.dirty.Load() {
+	if e.flags.has(fDirty) {
 		return false
 	}
 	burned := e.burned.Load() // before total: Expire raises total first, so a race reads used too high
@@ -324,6 +343,7 @@ func (e *Entry) Next(now int64) Call {
 			// the old incarnation are stale.
 			e.inc = e.store.inc.Add(1)
 			e.charged.Add(e.excused)
+			e.setRem()
 			e.excused = 0
 		} else {
 			cum -= e.excused
@@ -403,8 +423,10 @@ func (e *Entry) Direct(now, window int64) int64 {
 	if e.directAt == 0 || now-e.directAt > window {
 		e.directAt, e.directN = now, 0
 	}
-	e.directN++
-	return e.directN
+	if e.directN < math.MaxInt32 {
+		e.directN++
+	}
+	return int64(e.directN)
 }
 
 // DirectRate returns the rate of the one-off takes Direct counted in its current window, per
@@ -422,10 +444,16 @@ func (e *Entry) DirectRate(now, window int64) float64 {
 // SetThin records whether the last synchronous call's answer left this node anything beyond the
 // request it was made for (a lease, or credit): the caller's decision of its next call (hybrid's
 // direct rule).
-func (e *Entry) SetThin(v bool) { e.thin.Store(v) }
+func (e *Entry) SetThin(v bool) {
+	if v {
+		e.flags.set(fThin)
+	} else {
+		e.flags.clear(fThin)
+	}
+}
 
 // Thin reports what SetThin recorded last.
-func (e *Entry) Thin() bool { return e.thin.Load() }
+func (e *Entry) Thin() bool { return e.flags.has(fThin) }
 
 // Active reports whether the entry admitted or denied anything since its last call.
 func (e *Entry) Active() bool {
@@ -478,10 +506,10 @@ func (e *Entry) Grant(a Answer) {
 	if a.SentUsed > e.uacked.Load() {
 		e.uacked.Store(a.SentUsed)
 	}
-	e.ackCum = max(e.ackCum, a.SentCum)
 	e.mark.Store(e.charged.Load() + a.Credit)
 	e.globalMicro.Store(a.Global)
-	e.active.Store(a.Active)
+	e.setRem()
+	e.active.Store(int32(min(a.Active, math.MaxInt32)))
 	e.grantedAt.Store(a.At)
 	e.leaseUntil.Store(a.LeaseUntil)
 	e.retryAt.Store(a.RetryAt)
@@ -533,6 +561,12 @@ func (e *Entry) RefillAt(n int64) int64 {
 	return at + int64(min(float64(n*1_000_000-g)/rate*1e3, 1<<62))
 }
 
+// refillNanos returns the time, in ns, the entry's bucket takes to refill from empty: Burst/Rate.
+func (e *Entry) refillNanos() int64 {
+	rate, burst := e.Limit()
+	return int64(min(float64(burst)/rate*1e9, 1<<62))
+}
+
 // Denied returns the tokens this node denied locally so far.
 func (e *Entry) Denied() int64 { return e.denied.Load() }
 
@@ -542,8 +576,7 @@ func (e *Entry) Burned() int64 { return e.burned.Load() }
 // Remaining estimates the global tokens left, in tokens: the global count at the last answer plus
 // this node's unused lease. Lock-free; the estimate may mix two answers.
 func (e *Entry) Remaining() int64 {
-	g := e.globalMicro.Load()/1_000_000 + e.charged.Load() - e.total.Load()
-	return max(g, 0)
+	return max(e.remBase.Load()-e.total.Load(), 0)
 }
 
 // demandTau returns the time constant (s) of a node's demand estimate, from the estimate so far and
@@ -575,23 +608,7 @@ const (
 // maxDemand caps the demand estimate, tokens/s: the scripts accept at most 1e9 (the largest rate).
 const maxDemand = 1e9
 
-const maxNsPerToken = 1 << 40 // about 18 minutes per token; slower rates report capped estimates
-
-// ResetAfterNanos estimates how long, in ns, until a bucket of burst tokens with rem left is full
-// again, at the entry's rate. It uses no division, for the hot path.
-func (e *Entry) ResetAfterNanos(burst, rem int64) int64 {
-	missing := burst - rem
-	if missing <= 0 {
-		return 0
-	}
-	hi, lo := bits.Mul64(uint64(missing), uint64(e.nsPerToken.Load()))
-	if hi != 0 || lo > 1<<62 {
-		return 1 << 62
-	}
-	return int64(lo)
-}
-
 // Global returns the global tokens (micro-tokens) and the nodes sharing the key, by the last answer.
 func (e *Entry) Global() (micro, active int64) {
-	return e.globalMicro.Load(), e.active.Load()
+	return e.globalMicro.Load(), int64(e.active.Load())
 }

@@ -92,16 +92,20 @@ func (s *Store) Hash(key string) uint64 { return maphash.String(s.seed, key) }
 // entry's limit is the one it was last given ([Entry.SetLimit]).
 func (s *Store) Lookup(key string, h uint64) *Entry {
 	t := s.shards[h&(numShards-1)].tab.Load()
-	for i := (h >> shardBits) & t.mask; ; i = (i + 1) & t.mask {
+	for i := home(h) & t.mask; ; i = (i + 1) & t.mask {
 		e := t.slots[i].Load()
 		if e == nil {
 			return nil
 		}
-		if e.hash == h && e.key == key && e != tomb {
+		if e.hash == uint32(h) && e.key == key && e != tomb {
 			return e
 		}
 	}
 }
+
+// home returns the slot a key of hash h probes from, before the table's mask: the bits above the
+// shard's of the low 32 bits, the part of the hash an Entry keeps (a rebuild finds the same slot).
+func home(h uint64) uint64 { return uint64(uint32(h)) >> shardBits }
 
 // Len returns the number of keys tracked.
 func (s *Store) Len() int {
@@ -128,7 +132,7 @@ func (s *Store) Insert(key string, h uint64, rate float64, burst, credit int64) 
 	defer sh.mu.Unlock()
 	t := sh.tab.Load()
 	free := -1
-	for i := (h >> shardBits) & t.mask; ; i = (i + 1) & t.mask {
+	for i := home(h) & t.mask; ; i = (i + 1) & t.mask {
 		e := t.slots[i].Load()
 		if e == nil {
 			break
@@ -139,7 +143,7 @@ func (s *Store) Insert(key string, h uint64, rate float64, burst, credit int64) 
 			}
 			continue
 		}
-		if e.hash == h && e.key == key {
+		if e.hash == uint32(h) && e.key == key {
 			return e
 		}
 	}
@@ -147,16 +151,17 @@ func (s *Store) Insert(key string, h uint64, rate float64, burst, credit int64) 
 		s.stats.Full.Add(1)
 		return nil
 	}
-	e := &Entry{key: key, hash: h, inc: s.inc.Add(1), store: s}
+	e := &Entry{key: key, hash: uint32(h), inc: s.inc.Add(1), store: s}
 	e.SetLimit(rate, burst)
 	e.mark.Store(max(credit, 0))
 	e.globalMicro.Store(burst * 1_000_000) // until Redis answers, Remaining assumes a full bucket
+	e.setRem()
 	if (sh.live+sh.tombs+1)*4 > len(t.slots)*3 {
 		t = sh.rebuildLocked(sh.live + 1)
 		free = -1
 	}
 	if free < 0 {
-		for i := (h >> shardBits) & t.mask; ; i = (i + 1) & t.mask {
+		for i := home(h) & t.mask; ; i = (i + 1) & t.mask {
 			if t.slots[i].Load() == nil {
 				free = int(i)
 				break
@@ -172,21 +177,20 @@ func (s *Store) Insert(key string, h uint64, rate float64, burst, credit int64) 
 }
 
 // Remove drops the entry for key whatever it holds, and reports whether there was one; h is
-// Hash(key). Its pending consumption and unused
-// lease are forgotten (the caller reset the key's bucket). A concurrent TryTake on the removed entry
-// either completed before, or reports Gone.
+// Hash(key). Its pending consumption and unused lease are forgotten (the caller reset the key's
+// bucket). A concurrent TryTake on the removed entry either completed before, or reports Gone.
 func (s *Store) Remove(key string, h uint64) bool {
 	sh := &s.shards[h&(numShards-1)]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	t := sh.tab.Load()
-	for i := (h >> shardBits) & t.mask; ; i = (i + 1) & t.mask {
+	for i := home(h) & t.mask; ; i = (i + 1) & t.mask {
 		e := t.slots[i].Load()
 		if e == nil {
 			return false
 		}
-		if e != tomb && e.hash == h && e.key == key {
-			e.evicted.Store(true)
+		if e != tomb && e.hash == uint32(h) && e.key == key {
+			e.flags.set(fEvicted)
 			t.slots[i].Store(tomb)
 			sh.live--
 			sh.tombs++
@@ -209,7 +213,7 @@ func (sh *shard) rebuildLocked(want int) *table {
 		if e == nil || e == tomb {
 			continue
 		}
-		for j := (e.hash >> shardBits) & t.mask; ; j = (j + 1) & t.mask {
+		for j := home(uint64(e.hash)) & t.mask; ; j = (j + 1) & t.mask {
 			if t.slots[j].Load() == nil {
 				t.slots[j].Store(e)
 				break
@@ -233,8 +237,8 @@ func (s *Store) evictLocked(sh *shard) bool {
 		if e == nil || e == tomb {
 			continue
 		}
-		if e.used.Load() {
-			e.used.Store(false)
+		if e.flags.has(fUsed) {
+			e.flags.clear(fUsed)
 			continue
 		}
 		if !e.tryEvict() {
@@ -249,6 +253,59 @@ func (s *Store) evictLocked(sh *shard) bool {
 	return false
 }
 
+// Sweep evicts the entries that went idle, and shrinks the tables they leave mostly empty so that
+// their memory can go back to the runtime (and from it to the OS). An entry is evicted when, at
+// time now (the callers' monotonic clock, ns), it
+//   - was not used since the previous Sweep (Sweep clears the CLOCK reference bit of the others),
+//   - is clean: Redis has counted all of its consumption (tryEvict; an unused lease is given up),
+//   - and its last answer from Redis is at least max(idle, Burst/Rate) old, Burst/Rate being the
+//     time its bucket takes to refill from empty: a node that sees the key again asks Redis (or
+//     takes a cold-start credit) about a bucket that refilled meanwhile, as after the first sight.
+//
+// A key used between two sweeps is kept; one idle for two sweeps at an interval of at least idle
+// (and for its refill time) is evicted. It returns the number of entries evicted; they count in
+// Stats.Evictions. Sweep takes each shard's mutex in turn; lookups go on without locking.
+func (s *Store) Sweep(now, idle int64) int {
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		t := sh.tab.Load()
+		for j := range t.slots {
+			e := t.slots[j].Load()
+			if e == nil || e == tomb {
+				continue
+			}
+			if e.flags.has(fUsed) {
+				e.flags.clear(fUsed)
+				continue
+			}
+			if now-e.grantedAt.Load() < max(idle, e.refillNanos()) || !e.tryEvict() {
+				continue
+			}
+			t.slots[j].Store(tomb)
+			sh.live--
+			sh.tombs++
+			n++
+		}
+		if len(t.slots) > minTable && (sh.live*8 < len(t.slots) || sh.tombs > sh.live) {
+			sh.rebuildLocked(sh.live)
+		}
+		sh.mu.Unlock()
+	}
+	s.stats.Evictions.Add(int64(n))
+	return n
+}
+
+// TableSlots returns the slots of the store's tables, for tests and memory estimates (8 bytes each).
+func (s *Store) TableSlots() int {
+	n := 0
+	for i := range s.shards {
+		n += len(s.shards[i].tab.Load().slots)
+	}
+	return n
+}
+
 // Notify returns a channel that receives a value when the first entry becomes dirty after the dirty
 // lists were emptied. The syncer waits on it so that an idle limiter never ticks.
 func (s *Store) Notify() <-chan struct{} { return s.notify }
@@ -258,7 +315,7 @@ func (s *Store) Dirty() int64 { return s.dirty.Load() }
 
 // markDirty puts e on its shard's dirty list unless it is already there.
 func (s *Store) markDirty(e *Entry) {
-	if e.dirty.Load() || !e.dirty.CompareAndSwap(false, true) {
+	if e.flags.has(fDirty) || !e.flags.setOnce(fDirty) {
 		return
 	}
 	sh := &s.shards[e.hash&(numShards-1)]
@@ -289,7 +346,7 @@ func (s *Store) Collect(buf []*Entry) []*Entry {
 		for e != nil {
 			next := e.next
 			e.next = nil
-			e.dirty.Store(false)
+			e.flags.clear(fDirty)
 			buf = append(buf, e)
 			k++
 			e = next

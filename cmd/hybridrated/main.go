@@ -113,6 +113,8 @@ type config struct {
 	shutdownTimeout time.Duration    // bound on the graceful shutdown
 	checkTimeout    time.Duration    // the hybrid limiters' synchronous Redis check bound; 0: default
 	syncTimeout     time.Duration    // the deprecated name of checkTimeout (-sync-timeout)
+	maxKeys         int              // the hybrid limiters' local key cap (hybrid.WithMaxKeys)
+	idleEviction    time.Duration    // hybrid.WithIdleEviction; 0: off
 	hashKey         []byte           // HMAC key for keys in Redis, from the environment
 	shutdownGrace   time.Duration    // how long to keep serving, unready, after SIGTERM
 	logLevel        slog.Level       // -log-level
@@ -220,6 +222,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 		{"fleet-interval", "5s", "how often this instance writes its dashboard counters to Redis for the fleet view (one small key with a TTL); 0: never, and no fleet view", &c.fleetInterval},
 		{"check-timeout", "0s", "bound on a synchronous Redis check of a hybrid rule; 0: the library default (1s on the embedded Redis)", &c.checkTimeout},
 		{"sync-timeout", "0s", "deprecated: -check-timeout", &c.syncTimeout},
+		{"idle-eviction", hybrid.DefaultIdleEviction.String(), "drop keys idle this long (up to twice as long), with nothing pending, from local memory, and give the memory back; 0: off", &c.idleEviction},
 	}
 	for _, d := range durations {
 		v, perr := time.ParseDuration(env(d.name, d.def))
@@ -228,6 +231,11 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 		}
 		fs.DurationVar(d.dst, d.name, v, d.usage)
 	}
+	maxKeys, perr := strconv.Atoi(env("max-keys", strconv.Itoa(hybrid.DefaultMaxKeys)))
+	if perr != nil {
+		err = errors.Join(err, fmt.Errorf("HYBRIDRATED_MAX_KEYS: %w", perr))
+	}
+	fs.IntVar(&c.maxKeys, "max-keys", maxKeys, "cap on the keys each hybrid limiter holds in local memory (at least 64); about 272 bytes of heap each (and the key string), so about 285 MB at the default")
 	if err != nil {
 		return c, err
 	}
@@ -240,8 +248,11 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	if c.checkTimeout == 0 {
 		c.checkTimeout = c.syncTimeout
 	}
-	if c.reload < time.Millisecond || c.shutdownTimeout <= 0 || c.checkTimeout < 0 || c.shutdownGrace < 0 {
-		return c, errors.New("-reload must be at least 1ms, -shutdown-timeout positive, -check-timeout and -shutdown-grace not negative")
+	if c.reload < time.Millisecond || c.shutdownTimeout <= 0 || c.checkTimeout < 0 || c.shutdownGrace < 0 || c.idleEviction < 0 {
+		return c, errors.New("-reload must be at least 1ms, -shutdown-timeout positive, -check-timeout, -shutdown-grace and -idle-eviction not negative")
+	}
+	if c.maxKeys < 64 {
+		return c, fmt.Errorf("-max-keys %d: want at least 64", c.maxKeys)
 	}
 	if c.fleetInterval != 0 && c.fleetInterval < 100*time.Millisecond {
 		return c, fmt.Errorf("-fleet-interval %v: want 0 (off) or at least 100ms", c.fleetInterval)

@@ -394,6 +394,23 @@ func TestParseConfig(t *testing.T) {
 	assert.Equal(t, 40*time.Millisecond, c.checkTimeout, "the deprecated name still works")
 	_, err = parseConfig([]string{"-check-timeout", "-1s"}, none, io.Discard)
 	assert.Error(t, err)
+	c, err = parseConfig(nil, none, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, hybrid.DefaultMaxKeys, c.maxKeys)
+	assert.Equal(t, hybrid.DefaultIdleEviction, c.idleEviction)
+	c, err = parseConfig([]string{"-max-keys", "100000", "-idle-eviction", "0s"}, none, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, 100000, c.maxKeys)
+	assert.Zero(t, c.idleEviction)
+	c, err = parseConfig(nil, func(k string) string { return map[string]string{"HYBRIDRATED_MAX_KEYS": "5000"}[k] }, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, 5000, c.maxKeys)
+	for _, bad := range [][]string{{"-max-keys", "10"}, {"-idle-eviction", "-1m"}} {
+		_, err = parseConfig(bad, none, io.Discard)
+		assert.Error(t, err, bad)
+	}
+	_, err = parseConfig(nil, func(k string) string { return map[string]string{"HYBRIDRATED_MAX_KEYS": "many"}[k] }, io.Discard)
+	assert.Error(t, err)
 }
 
 // TestRedisWithoutPolicyNeedsDemo: -redis without -policy enforced the built-in example policy with

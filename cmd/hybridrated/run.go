@@ -49,7 +49,10 @@ type addrs struct{ grpc, http string }
 func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (err error) {
 	// Redis, or an embedded stand-in.
 	redisAddr := cfg.redisAddr
-	hybridOpts := []hybrid.Option{hybrid.WithLogger(log)}
+	hybridOpts := []hybrid.Option{hybrid.WithLogger(log), hybrid.WithIdleEviction(cfg.idleEviction)}
+	if cfg.maxKeys > 0 { // 0 in a config not built by parseConfig: the library's default
+		hybridOpts = append(hybridOpts, hybrid.WithMaxKeys(cfg.maxKeys))
+	}
 	strictTimeout := policy.DefaultStrictTimeout
 	if redisAddr == "" {
 		m := miniredis.NewMiniRedis()
