@@ -254,6 +254,9 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	if c.maxKeys < 64 {
 		return c, fmt.Errorf("-max-keys %d: want at least 64", c.maxKeys)
 	}
+	if c.relayOwner && !c.relay {
+		return c, errors.New("-relay-owner needs -relay (it sets the relay's cold credit)")
+	}
 	if c.fleetInterval != 0 && c.fleetInterval < 100*time.Millisecond {
 		return c, fmt.Errorf("-fleet-interval %v: want 0 (off) or at least 100ms", c.fleetInterval)
 	}

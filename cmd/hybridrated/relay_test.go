@@ -127,4 +127,6 @@ rules:
 	}
 	_, err = parseConfig([]string{"-upstream", "http://a:1,http://a:1"}, func(string) string { return "" }, io.Discard)
 	require.NoError(t, err) // the URLs are checked when the sidecar starts
+	_, err = parseConfig([]string{"-relay-owner"}, func(string) string { return "" }, io.Discard)
+	require.ErrorContains(t, err, "-relay-owner needs -relay")
 }
