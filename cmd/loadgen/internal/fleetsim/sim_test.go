@@ -83,30 +83,14 @@ func TestFleetWithRelays(t *testing.T) {
 		Client: rdb, Probe: func(ctx context.Context) (float64, int64, error) { return 0, 0, nil },
 		Fleet: []int{4096}, Relay: 512, Scenarios: sc, Duration: d, Warmup: 500 * time.Millisecond, Seed: 7,
 		// Before the next run flushes everything: the buckets' node records are the relays' only.
-		Flush: func(ctx context.Context) error {
-			var cursor uint64
-			for {
-				keys, next, err := rdb.Scan(ctx, cursor, "fs*", 500).Result()
-				if err != nil {
-					return err
-				}
-				for _, k := range keys {
-					if rdb.Type(ctx, k).Val() != "hash" {
-						continue
-					}
-					for _, f := range rdb.HKeys(ctx, k).Val() {
-						if len(f) > 2 && f[:2] == "n:" && (len(f) < 7 || f[2:7] != "relay") {
-							t.Errorf("bucket %q holds a node's record %q: Redis should see relays only", k, f)
-							return rdb.FlushAll(ctx).Err()
-						}
-					}
-				}
-				if cursor = next; cursor == 0 {
-					break
+		Flush: flushChecking(t, rdb, func(nodes []string) bool {
+			for _, n := range nodes {
+				if !strings.HasPrefix(n, "relay") {
+					return false
 				}
 			}
-			return rdb.FlushAll(ctx).Err()
-		},
+			return true
+		}, "Redis should see relays only"),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -147,34 +131,9 @@ func TestFleetWithShardedRelays(t *testing.T) {
 	res, err := Run(context.Background(), Config{
 		Client: rdb, Probe: func(ctx context.Context) (float64, int64, error) { return 0, 0, nil },
 		Fleet: []int{512}, Relays: 8, Shard: true, Scenarios: sc, Duration: d, Warmup: 500 * time.Millisecond, Seed: 7,
-		Flush: func(ctx context.Context) error {
-			var cursor uint64
-			for {
-				keys, next, err := rdb.Scan(ctx, cursor, "fs*", 500).Result()
-				if err != nil {
-					return err
-				}
-				for _, k := range keys {
-					if rdb.Type(ctx, k).Val() != "hash" {
-						continue
-					}
-					var nodes []string
-					for _, f := range rdb.HKeys(ctx, k).Val() {
-						if len(f) > 2 && f[:2] == "n:" {
-							nodes = append(nodes, f[2:])
-						}
-					}
-					if len(nodes) > 1 || (len(nodes) == 1 && !strings.HasPrefix(nodes[0], "relay")) {
-						t.Errorf("bucket %q holds the records of %v: want its owner relay's only", k, nodes)
-						return rdb.FlushAll(ctx).Err()
-					}
-				}
-				if cursor = next; cursor == 0 {
-					break
-				}
-			}
-			return rdb.FlushAll(ctx).Err()
-		},
+		Flush: flushChecking(t, rdb, func(nodes []string) bool {
+			return len(nodes) == 0 || (len(nodes) == 1 && strings.HasPrefix(nodes[0], "relay"))
+		}, "want its owner relay's only"),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -200,5 +159,38 @@ func TestFleetWithShardedRelays(t *testing.T) {
 		if s.Name == "small" && r.FalseDenied > 0.01 {
 			t.Errorf("small: %.2f%% of the requests of keys under their limit denied, want at most 1%%", 100*r.FalseDenied)
 		}
+	}
+}
+
+// flushChecking returns a Config.Flush that checks every bucket's node records with ok (the ids of
+// its "n:" fields) before it flushes the server for the next run; a bucket that fails is an error.
+func flushChecking(t *testing.T, rdb *redis.Client, ok func(nodes []string) bool, want string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		var cursor uint64
+		for {
+			keys, next, err := rdb.Scan(ctx, cursor, "fs*", 500).Result()
+			if err != nil {
+				return err
+			}
+			for _, k := range keys {
+				if rdb.Type(ctx, k).Val() != "hash" {
+					continue
+				}
+				var nodes []string
+				for _, f := range rdb.HKeys(ctx, k).Val() {
+					if n, found := strings.CutPrefix(f, "n:"); found {
+						nodes = append(nodes, n)
+					}
+				}
+				if !ok(nodes) {
+					t.Errorf("bucket %q holds the records of %v: %s", k, nodes, want)
+					return rdb.FlushAll(ctx).Err()
+				}
+			}
+			if cursor = next; cursor == 0 {
+				break
+			}
+		}
+		return rdb.FlushAll(ctx).Err()
 	}
 }

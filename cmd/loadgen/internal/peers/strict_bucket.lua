@@ -9,7 +9,8 @@
 --
 -- Integers only: micro-tokens and microseconds stay below 2^53, so no float reaches a reply or a
 -- tostring. A missing bucket is full. A denial writes nothing (the refill is recomputed from the
--- stored time next call, with the same result). The key expires once it would be full again.
+-- stored time next call, with the same result). The key expires once it would be full again (a
+-- minute later under a time override).
 
 local rate = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
@@ -52,5 +53,9 @@ if tokens < need then
 end
 tokens = tokens - need
 redis.call('HSET', KEYS[1], 't', string.format('%d', tokens), 'u', string.format('%d', ts))
-redis.call('PEXPIRE', KEYS[1], math.ceil((cap - tokens) / rate / 1000) + 1000)
+-- Under a time override (the fleet simulator's virtual time, which may run slower than Redis's own
+-- clock), the key outlives a slow run by a minute: expiring early would refill it.
+local ttl = math.ceil((cap - tokens) / rate / 1000) + 1000
+if ARGV[4] ~= nil then ttl = ttl + 60000 end
+redis.call('PEXPIRE', KEYS[1], ttl)
 return {1, math.floor(tokens / 1000000), 0}
