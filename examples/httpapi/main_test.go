@@ -194,7 +194,18 @@ func TestHotReloadOverHTTP(t *testing.T) {
 	client := &http.Client{Timeout: 10 * time.Second}
 	t.Cleanup(client.CloseIdleConnections)
 	limit := func() string { return get(t, client, base+"/v1/items/1", "reload-key").Header.Get("X-RateLimit-Limit") }
-	require.Equal(t, "5", limit())
+	waitFor := func(cond func() bool, what string) {
+		deadline := time.Now().Add(5 * time.Second)
+		for !cond() {
+			require.False(t, time.Now().After(deadline), "within 5s: %s\nlog:\n%s", what, log.String())
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	// The headers show the counter closest to its limit: the items rule's (burst 5). Once, in CI,
+	// the first request's headers showed the per-hour counter's (1000): decisions made before the
+	// limiter has read the ban list go to Redis (issue 23, item 6), and one that times out on a
+	// loaded machine falls back with another remaining (the likely cause; not reproduced here).
+	waitFor(func() bool { return limit() == "5" }, "the items rule's limit in the headers")
 
 	orig, err := os.ReadFile(path)
 	require.NoError(t, err)
@@ -202,13 +213,6 @@ func TestHotReloadOverHTTP(t *testing.T) {
 		tmp := path + ".tmp"
 		require.NoError(t, os.WriteFile(tmp, []byte(content), 0o600))
 		require.NoError(t, os.Rename(tmp, path))
-	}
-	waitFor := func(cond func() bool, what string) {
-		deadline := time.Now().Add(5 * time.Second)
-		for !cond() {
-			require.False(t, time.Now().After(deadline), "within 5s: %s\nlog:\n%s", what, log.String())
-			time.Sleep(10 * time.Millisecond)
-		}
 	}
 	// A valid change: the items burst goes from 5 to 50, without a restart.
 	replace(strings.Replace(string(orig), "    rate: 2\n    burst: 5\n", "    rate: 2\n    burst: 50\n", 1))
