@@ -97,21 +97,14 @@ func TestHungClusterBounded(t *testing.T) {
 	}
 	t.Parallel()
 	cl := redistest.StartCluster(t, 3, 0)
-	for _, tc := range []struct {
-		name string
-		opt  func(*redis.ClusterOptions)
-	}{
-		{"defaults", func(*redis.ClusterOptions) {}},
-		{"no read timeout", func(o *redis.ClusterOptions) { o.ReadTimeout = -1 }},
-		{"context timeouts", func(o *redis.ClusterOptions) { o.ContextTimeoutEnabled = true }},
-	} {
-		t.Run(tc.name, func(t *testing.T) { // one at a time: they share the cluster
-			rdb := cl.Client(t, tc.opt)
+	for _, tc := range redistest.ClusterClientSetups {
+		t.Run(tc.Name, func(t *testing.T) { // one at a time: they share the cluster
+			rdb := cl.Client(t, tc.Opt)
 			const timeout = 50 * time.Millisecond
 			lim, err := concurrency.New(rdb, concurrency.WithTimeout(timeout))
 			require.NoError(t, err)
 			ctx := context.Background()
-			key := "hung-" + tc.name
+			key := "hung-" + tc.Name
 			var held *concurrency.Lease
 			require.Eventually(t, func() bool { // the first calls load the slot map and the script
 				ls, err := lim.TryAcquire(ctx, key, 10, time.Minute)

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -72,23 +71,16 @@ func TestHungClusterBounded(t *testing.T) {
 	}
 	t.Parallel()
 	cl := redistest.StartCluster(t, 3, 0)
-	for _, tc := range []struct {
-		name string
-		opt  func(*redis.ClusterOptions)
-	}{
-		{"defaults", func(*redis.ClusterOptions) {}},
-		{"no read timeout", func(o *redis.ClusterOptions) { o.ReadTimeout = -1 }},
-		{"context timeouts", func(o *redis.ClusterOptions) { o.ContextTimeoutEnabled = true }},
-	} {
-		t.Run(tc.name, func(t *testing.T) { // one at a time: they share the cluster
-			rdb := cl.Client(t, tc.opt)
+	for _, tc := range redistest.ClusterClientSetups {
+		t.Run(tc.Name, func(t *testing.T) { // one at a time: they share the cluster
+			rdb := cl.Client(t, tc.Opt)
 			const check, flush = 20 * time.Millisecond, 100 * time.Millisecond
 			lim, err := hybrid.New(rdb, hybrid.WithCheckTimeout(check), hybrid.WithFlushTimeout(flush),
 				hybrid.WithFailurePolicy(hybrid.FailOpen), hybrid.WithoutColdStart())
 			require.NoError(t, err)
 			ctx := context.Background()
 			limit := hybrid.PerSecond(1000)
-			warm := "hung-" + tc.name
+			warm := "hung-" + tc.Name
 			require.Eventually(t, func() bool { // opens a pooled connection to the key's master
 				_, err := lim.Peek(ctx, warm, limit)
 				return err == nil

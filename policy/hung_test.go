@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -70,19 +69,12 @@ func TestHungClusterBounded(t *testing.T) {
 	}
 	t.Parallel()
 	cl := redistest.StartCluster(t, 3, 0)
-	for _, tc := range []struct {
-		name string
-		opt  func(*redis.ClusterOptions)
-	}{
-		{"defaults", func(*redis.ClusterOptions) {}},
-		{"no read timeout", func(o *redis.ClusterOptions) { o.ReadTimeout = -1 }},
-		{"context timeouts", func(o *redis.ClusterOptions) { o.ContextTimeoutEnabled = true }},
-	} {
-		t.Run(tc.name, func(t *testing.T) { // one at a time: they share the cluster
-			rdb := cl.Client(t, tc.opt)
+	for _, tc := range redistest.ClusterClientSetups {
+		t.Run(tc.Name, func(t *testing.T) { // one at a time: they share the cluster
+			rdb := cl.Client(t, tc.Opt)
 			const timeout = 50 * time.Millisecond
 			enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, StrictTimeout: timeout,
-				Prefix: "hung" + string(rune('a'+len(tc.name)))})
+				Prefix: "hung" + string(rune('a'+len(tc.Name)))})
 			require.NoError(t, err)
 			require.NoError(t, enf.SetPolicy(&policy.Policy{Rules: []policy.Rule{
 				{ID: "h", Rate: 1000, Burst: 1000, OnFailure: hybrid.FailOpen},

@@ -85,22 +85,15 @@ func TestHungClusterBounded(t *testing.T) {
 	}
 	t.Parallel()
 	cl := redistest.StartCluster(t, 3, 0)
-	for _, tc := range []struct {
-		name string
-		opt  func(*redis.ClusterOptions)
-	}{
-		{"defaults", func(*redis.ClusterOptions) {}},
-		{"no read timeout", func(o *redis.ClusterOptions) { o.ReadTimeout = -1 }},
-		{"context timeouts", func(o *redis.ClusterOptions) { o.ContextTimeoutEnabled = true }},
-	} {
-		t.Run(tc.name, func(t *testing.T) { // one at a time: they share the cluster
-			rdb := cl.Client(t, tc.opt)
+	for _, tc := range redistest.ClusterClientSetups {
+		t.Run(tc.Name, func(t *testing.T) { // one at a time: they share the cluster
+			rdb := cl.Client(t, tc.Opt)
 			const timeout = 50 * time.Millisecond
 			l, err := New(rdb, WithTimeout(timeout), WithBreaker(3, 100*time.Millisecond, 0))
 			require.NoError(t, err)
 			assert.Equal(t, !rdb.Options().ContextTimeoutEnabled, l.bounded.Owned, "a client of its own")
 			ctx := context.Background()
-			subject := "hung-" + tc.name
+			subject := "hung-" + tc.Name
 			rule := Rule{Name: "r", Algorithm: GCRA, Limit: 100, Period: time.Second}
 			multi := []Check{{Rule: rule, Subject: subject, N: 1}, {Rule: Rule{Name: "w", Algorithm: SlidingWindow, Limit: 100, Period: time.Second}, Subject: subject, N: 1}}
 			require.Eventually(t, func() bool { // the first calls load the slot map and the scripts

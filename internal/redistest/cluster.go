@@ -348,3 +348,18 @@ func AwaitDialRetries(tb testing.TB) {
 	}
 	tb.Logf("a go-redis dial retry is still running after 3s")
 }
+
+// ClusterSetup is a cluster client set-up a test runs under: Opt adjusts the client's options.
+type ClusterSetup struct {
+	Name string
+	Opt  func(*redis.ClusterOptions)
+}
+
+// ClusterClientSetups are the set-ups under which a hung-server test checks that a limiter bounds
+// its calls whatever the client's options: go-redis's defaults (ReadTimeout 5s), no read timeout at
+// all, and ContextTimeoutEnabled.
+var ClusterClientSetups = []ClusterSetup{
+	{"defaults", func(*redis.ClusterOptions) {}},
+	{"no read timeout", func(o *redis.ClusterOptions) { o.ReadTimeout = -1 }},
+	{"context timeouts", func(o *redis.ClusterOptions) { o.ContextTimeoutEnabled = true }},
+}
