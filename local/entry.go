@@ -157,6 +157,36 @@ func (e *Entry) TryTake(n int64) TakeResult {
 	return Taken
 }
 
+// takeSlow is Store.Take after its first attempt at the allowance failed (too small, or a CAS lost
+// to a concurrent take): TryTake, returning e when it took the tokens and nil otherwise.
+//
+//go:noinline
+func (e *Entry) takeSlow(n int64) *Entry {
+	if e.TryTake(n) != Taken {
+		return nil
+	}
+	return e
+}
+
+// afterTake is Store.Take's end when the flags it read after taking n tokens (f) say more is to
+// do: TryTake's handshake with an eviction, the CLOCK bit and the dirty list. It returns e, or nil
+// when the entry was evicted (the take is undone).
+//
+//go:noinline
+func (e *Entry) afterTake(f uint32, n int64) *Entry {
+	if f&fEvicted != 0 {
+		e.total.Add(-n)
+		return nil
+	}
+	if f&fUsed == 0 {
+		e.flags.set(fUsed)
+	}
+	if f&fDirty == 0 {
+		e.store.markDirty(e)
+	}
+	return e
+}
+
 // Add takes n tokens regardless of the allowance (a failure policy admitted them); they are
 // reconciled with Redis like any other consumption. It returns Gone if the entry was evicted
 // concurrently, in which case nothing was recorded.

@@ -1,10 +1,15 @@
 package local
 
 import (
+	"encoding/binary"
 	"errors"
 	"hash/maphash"
+	"math"
+	"math/bits"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 )
 
 const (
@@ -31,8 +36,9 @@ type Stats struct {
 // Store holds the per-key local state of one limiter. It is safe for concurrent use. Lookups are
 // lock-free; inserts and evictions take a per-shard mutex. The zero Store is not usable; call [New].
 type Store struct {
-	seed     maphash.Seed
-	perShard int // key cap per shard
+	seed     maphash.Seed // for keys longer than 32 bytes
+	k0, k1   uint64       // Hash's seeds for keys of up to 32 bytes, random
+	perShard int          // key cap per shard
 	shards   [numShards]shard
 	inc      atomic.Uint64 // incarnation counter for new entries
 	dirty    atomic.Int64  // entries on dirty lists
@@ -67,6 +73,8 @@ func New(cfg Config) (*Store, error) {
 	// (found by hybrid's TestKeyCardinalityAttack: 10,048 keys under a cap of 10,000).
 	s := &Store{
 		seed:     maphash.MakeSeed(),
+		k0:       rand.Uint64(),
+		k1:       rand.Uint64() | 1,
 		perShard: cfg.MaxKeys / numShards,
 		notify:   make(chan struct{}, 1),
 	}
@@ -84,8 +92,53 @@ func newTable(size int) *table {
 func (s *Store) Stats() *Stats { return &s.stats }
 
 // Hash returns the hash the store uses for key; [Store.Lookup] and [Store.Insert] take it so callers
-// hash once.
-func (s *Store) Hash(key string) uint64 { return maphash.String(s.seed, key) }
+// hash once. It is seeded at random per store, so that keys chosen to collide in one process do not
+// collide in another.
+//
+// Keys up to 32 bytes, most keys, are hashed with wyhash's short-input path, as
+// runtime.memhashFallback computes it (Go's map hash where AES is unavailable), written out here:
+// hash/maphash reaches the AES hash through three calls, which cost about as much as the rest of a
+// lookup, where this is a few loads and multiplies in one call. Its protection against chosen
+// collisions is that of Go's maps without AES: random seeds (k0, k1), per store. Longer keys use
+// hash/maphash.
+func (s *Store) Hash(key string) uint64 {
+	n := uint64(len(key))
+	if n > 32 {
+		return maphash.String(s.seed, key)
+	}
+	b := unsafe.Slice(unsafe.StringData(key), n)
+	seed := s.k0
+	var x, y uint64
+	switch {
+	case n == 0:
+		return seed
+	case n < 4:
+		x = uint64(b[0]) | uint64(b[n>>1])<<8 | uint64(b[n-1])<<16
+	case n <= 8:
+		x = uint64(binary.LittleEndian.Uint32(b))
+		y = uint64(binary.LittleEndian.Uint32(b[n-4:]))
+	case n <= 16:
+		x = binary.LittleEndian.Uint64(b)
+		y = binary.LittleEndian.Uint64(b[n-8:])
+	default:
+		seed = wymix(binary.LittleEndian.Uint64(b)^s.k1, binary.LittleEndian.Uint64(b[8:])^seed)
+		x = binary.LittleEndian.Uint64(b[n-16:])
+		y = binary.LittleEndian.Uint64(b[n-8:])
+	}
+	return wymix(wyp5^n, wymix(x^s.k1, y^seed^wyp0))
+}
+
+// The multipliers of wyhash (public domain), which Hash uses as the Go runtime does.
+const (
+	wyp0 = 0xa0761d6478bd642f
+	wyp5 = 0x1d8e4e27c47d124f
+)
+
+// wymix is wyhash's mixing step: the two halves of the 128-bit product, xored.
+func wymix(a, b uint64) uint64 {
+	hi, lo := bits.Mul64(a, b)
+	return hi ^ lo
+}
 
 // Lookup returns the entry for key, or nil; h is Hash(key). It never blocks and never allocates.
 // A key has one entry whatever its limit, as it has one bucket in Redis (central.BucketKey): the
@@ -101,6 +154,42 @@ func (s *Store) Lookup(key string, h uint64) *Entry {
 			return e
 		}
 	}
+}
+
+// Take is the hot path's lookup and take in one call: when key has an entry whose limit is
+// (rate, burst) and whose local allowance covers n, it takes n tokens as [Entry.TryTake] does and
+// returns the entry; otherwise it returns nil and has taken nothing (no entry, another limit, an
+// allowance too small, or an entry evicted concurrently), and the caller goes the long way:
+// [Store.Lookup], [Entry.SetLimit], [Entry.TryTake], [Store.Insert]. h is Hash(key). It never
+// blocks, never allocates and reads no clock.
+//
+// It is Lookup, HasLimit and TryTake written out in one function, so that a decision from local
+// allowance costs one call into the store rather than three, with TryTake's rare steps (a CAS lost to
+// another caller, the CLOCK bit or the dirty list to set, an eviction) out of line.
+func (s *Store) Take(key string, h uint64, rate float64, burst, n int64) *Entry {
+	t := s.shards[h&(numShards-1)].tab.Load()
+	slots, mask := t.slots, t.mask
+	var e *Entry
+	for i := home(h) & mask; ; i = (i + 1) & mask {
+		e = slots[i].Load()
+		if e == nil {
+			return nil
+		}
+		if e.hash == uint32(h) && e.key == key && e != tomb {
+			break
+		}
+	}
+	if e.rate.Load() != math.Float64bits(rate) || e.burst.Load() != burst {
+		return nil
+	}
+	c := e.total.Load()
+	if c+n > e.mark.Load() || !e.total.CompareAndSwap(c, c+n) {
+		return e.takeSlow(n)
+	}
+	if f := e.flags.v.Load(); f&(fEvicted|fUsed|fDirty) != fUsed|fDirty {
+		return e.afterTake(f, n)
+	}
+	return e
 }
 
 // home returns the slot a key of hash h probes from, before the table's mask: the bits above the

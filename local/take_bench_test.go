@@ -1,0 +1,88 @@
+package local
+
+import (
+	"hash/maphash"
+	"strconv"
+	"sync/atomic"
+	"testing"
+)
+
+// BenchmarkTake measures the store's share of a local decision, and its parts: the key's hash, the
+// lookup and the take, on 1,024 keys and on one hot key.
+//
+//	go test -run '^$' -bench BenchmarkTake -benchmem -count 6 ./local/
+func BenchmarkTake(b *testing.B) {
+	for _, n := range []int{1, 1024} {
+		s, err := New(Config{MaxKeys: 1 << 20})
+		if err != nil {
+			b.Fatal(err)
+		}
+		keys := make([]string, n)
+		hs := make([]uint64, n)
+		for i := range keys {
+			keys[i] = "user:" + strconv.Itoa(i*7919)
+			hs[i] = s.Hash(keys[i])
+			s.Insert(keys[i], hs[i], 1e9, 1e9, 1<<62)
+		}
+		mask := n - 1
+		name := "keys=" + strconv.Itoa(n)
+		b.Run(name+"/op=hash", func(b *testing.B) {
+			b.ReportAllocs()
+			var x uint64
+			for i := 0; i < b.N; i++ {
+				x += s.Hash(keys[i&mask])
+			}
+			sinkU64.Store(x)
+		})
+		b.Run(name+"/op=maphash", func(b *testing.B) { // what Hash was before issue 24
+			b.ReportAllocs()
+			var x uint64
+			for i := 0; i < b.N; i++ {
+				x += maphash.String(s.seed, keys[i&mask])
+			}
+			sinkU64.Store(x)
+		})
+		b.Run(name+"/op=lookup", func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				if s.Lookup(keys[i&mask], hs[i&mask]) == nil {
+					b.Fatal("missing")
+				}
+			}
+		})
+		b.Run(name+"/op=take", func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				if s.Take(keys[i&mask], hs[i&mask], 1e9, 1e9, 1) == nil {
+					b.Fatal("not taken")
+				}
+			}
+		})
+		b.Run(name+"/op=hash+take", func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				k := keys[i&mask]
+				if s.Take(k, s.Hash(k), 1e9, 1e9, 1) == nil {
+					b.Fatal("not taken")
+				}
+			}
+		})
+		b.Run(name+"/op=hash+take/parallel", func(b *testing.B) {
+			b.ReportAllocs()
+			var off atomic.Int64
+			b.RunParallel(func(pb *testing.PB) {
+				i := int(off.Add(1) * 104_729)
+				for pb.Next() {
+					k := keys[i&mask]
+					if s.Take(k, s.Hash(k), 1e9, 1e9, 1) == nil {
+						b.Error("not taken")
+						return
+					}
+					i++
+				}
+			})
+		})
+	}
+}
+
+var sinkU64 atomic.Uint64
