@@ -316,6 +316,30 @@ func (l *Limiter) Allow(ctx context.Context, key string, limit Limit) (Decision,
 // Most calls are answered from local state without I/O or allocation. A call that must ask Redis
 // waits at most the check timeout (WithCheckTimeout) and ctx.
 func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) (Decision, error) {
+	// The fast path: valid input, no bans or recent denials held, and the key's entry holding the
+	// limit and allowance for n. It makes the checks allowN makes, in one branch, and one call into
+	// the store (local.Store.Take); anything else goes the long way, allowN, which starts over (a
+	// failed Take has taken nothing). Kept small so that it spills little around its three calls.
+	if !l.closed.Load() && len(key) != 0 && len(key) <= MaxKeyLen && limits.RateOK(limit.Rate, limit.Burst) &&
+		uint(limit.OnFailure) <= uint(FailClosed) && n >= 1 && n <= limit.Burst && l.deny.Empty() && ctx.Err() == nil {
+		h := l.store.Hash(key)
+		if e := l.store.Take(key, h, limit.Rate, limit.Burst, n); e != nil {
+			if l.closed.Load() {
+				return Decision{}, ErrClosed // see allowN
+			}
+			l.counts[h&(numStripes-1)].local.Add(1)
+			rem := e.Remaining()
+			return Decision{Allowed: true, Limit: limit, Remaining: rem, ResetAfter: resetAfter(limit, rem), Source: SourceLocal}, nil
+		}
+	}
+	return l.allowN(ctx, key, limit, n)
+}
+
+// allowN is AllowN's long way: each check with its own error, the deny cache, a limit change, an
+// exhausted allowance and the calls to Redis.
+//
+//go:noinline
+func (l *Limiter) allowN(ctx context.Context, key string, limit Limit, n int64) (Decision, error) {
 	if l.closed.Load() {
 		return Decision{}, ErrClosed
 	}
