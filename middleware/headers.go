@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+	"unsafe"
 
 	"github.com/hybridrate/hybridrate/policy"
 )
@@ -48,14 +49,22 @@ func primary(res *policy.Result) *policy.Decision {
 	return best
 }
 
-// writeHeaders sets the selected rate-limit headers of res on h, building every value in one string.
-func writeHeaders(h http.Header, set HeaderSet, res *policy.Result) {
+// headerValues is the storage of one response's rate-limit header values, part of the request's
+// state (one allocation per request for everything): the five values' bytes and the five one-value
+// slices the header map holds.
+type headerValues struct {
+	vals [5]string
+	buf  [256]byte // the values' bytes; never written again once the strings point into it
+}
+
+// writeHeaders sets the selected rate-limit headers of res on h, building every value in one string
+// held in hv: no allocation unless the values outgrow hv.buf (many counters with long names).
+func writeHeaders(h http.Header, set HeaderSet, res *policy.Result, hv *headerValues) {
 	p := primary(res)
 	if p == nil {
 		return
 	}
-	var buf [256]byte
-	b := buf[:0]
+	b := hv.buf[:0]
 	var ends [5]int // ends of the values in b: limit, remaining, reset, policy, ratelimit
 	if set&XRateLimitHeaders != 0 {
 		b = strconv.AppendInt(b, p.Limit, 10)
@@ -101,8 +110,10 @@ func writeHeaders(h http.Header, set HeaderSet, res *policy.Result) {
 		}
 		ends[4] = len(b)
 	}
-	s := string(b)
-	vals := make([]string, 5)
+	// The string aliases b's bytes, hv.buf or (if the values outgrew it) the array append allocated;
+	// neither is written again, and the strings keep hv (the request's state) alive.
+	s := unsafe.String(unsafe.SliceData(b), len(b))
+	vals := hv.vals[:]
 	start := 0
 	if set&XRateLimitHeaders != 0 {
 		vals[0], vals[1], vals[2] = s[:ends[0]], s[ends[0]:ends[1]], s[ends[1]:ends[2]]

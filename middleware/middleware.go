@@ -67,6 +67,7 @@ type state struct {
 	dims            dims
 	res             policy.Result
 	decs            [3]policy.Decision // storage for res.Decisions
+	hdr             headerValues       // storage for the rate-limit header values
 }
 
 // Value returns the state for ctxKey{} and defers to the request's context for other keys.
@@ -117,7 +118,7 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			return
 		}
 		if m.o.headers != NoHeaders {
-			writeHeaders(w.Header(), m.o.headers, &res)
+			writeHeaders(w.Header(), m.o.headers, &res, &st.hdr)
 		}
 		if !res.Allowed {
 			if res.Unavailable {
