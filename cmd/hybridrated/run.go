@@ -164,6 +164,10 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 			_ = enf.Close(context.WithoutCancel(ctx))
 		}
 	}()
+	memCtx, stopMem := context.WithCancel(context.WithoutCancel(ctx))
+	memDone := make(chan struct{})
+	go func() { defer close(memDone); returnMemory(memCtx, cfg.idleEviction, enf.Limiters) }()
+	defer func() { stopMem(); <-memDone }()
 	obs, err := observe.New(enf, observe.Config{MeterProvider: mp, Instance: instance, HashKey: cfg.dashboardKey,
 		RevealSubjects: cfg.revealSubjects, Window: 15 * time.Minute}) // the dashboard offers 1, 5 and 15 minutes
 	if err != nil {
