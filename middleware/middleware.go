@@ -67,7 +67,15 @@ type state struct {
 	dims            dims
 	res             policy.Result
 	decs            [3]policy.Decision // storage for res.Decisions
-	hdr             headerValues       // storage for the rate-limit header values
+}
+
+// stateHeaders is a state with room for the rate-limit header values, allocated instead of a bare
+// state when headers are sent: one allocation either way, and none of its bytes when they are not.
+// The header map's values point into hdr, so they keep the whole request state alive while they
+// are referenced.
+type stateHeaders struct {
+	state
+	hdr headerValues
 }
 
 // Value returns the state for ctxKey{} and defers to the request's context for other keys.
@@ -102,7 +110,16 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		st := &state{}
+		var (
+			st *state
+			hv *headerValues
+		)
+		if m.o.headers != NoHeaders {
+			sh := &stateHeaders{}
+			st, hv = &sh.state, &sh.hdr
+		} else {
+			st = &state{}
+		}
 		st.dims = dims{m: m, r: r}
 		st.req = policy.Request{Method: r.Method, Dims: &st.dims, HTTP: r, Decisions: st.decs[:0]}
 		if m.o.tier != nil {
@@ -118,7 +135,7 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			return
 		}
 		if m.o.headers != NoHeaders {
-			writeHeaders(w.Header(), m.o.headers, &res, &st.hdr)
+			writeHeaders(w.Header(), m.o.headers, &res, hv)
 		}
 		if !res.Allowed {
 			if res.Unavailable {
