@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"runtime/debug"
 	"time"
 
 	"github.com/hybridrate/hybridrate/hybrid"
@@ -12,18 +11,19 @@ import (
 // before returnMemory gives the memory back: about 20 MB at some 300 bytes a key.
 const releaseMin = 65_536
 
-// returnMemory gives the OS back the memory of keys that went idle, every interval (the idle
-// eviction's) until ctx ends: when the keys the limiters hold have fallen by
-// releaseMin or more, and to half their peak or less, since the last release, it runs
-// debug.FreeOSMemory.
+// returnMemory gives the OS back the memory of keys that went idle, checking every interval (the idle
+// eviction's) until ctx ends: when the keys the limiters hold (keys) have fallen by releaseMin or
+// more, and to half their peak or less, since the last release, it calls release
+// (debug.FreeOSMemory in hybridrated).
 //
 // Why: idle eviction frees the keys' memory to the Go runtime, but the runtime collects only once
 // the heap grows to twice what was live at the last collection, and keeps the pages until its
-// scavenger gets to them. A sidecar that held a million keys (about 360 MB) and then idled measured
-// 700 MB resident without this, 90 MB with it (BenchmarkRSS, docs/benchmarks.md). A forced
-// collection costs a few milliseconds of CPU per 100 MB live; it runs only after such a fall, when
-// traffic is low. The library leaves this to the program that owns the process; hybridrated is one.
-func returnMemory(ctx context.Context, interval time.Duration, limiters func() []*hybrid.Limiter) {
+// scavenger gets to them. A process that held a million keys (about 400 MB resident) and then idled
+// measured 640 MB resident without a forced collection, 42 MB with one (BenchmarkRSS,
+// docs/benchmarks.md). A forced collection costs a few milliseconds of CPU per 100 MB live; it runs
+// only after such a fall, when traffic is low. The library leaves this to the program that owns the
+// process; hybridrated is one.
+func returnMemory(ctx context.Context, interval time.Duration, keys func() int, release func()) {
 	if interval <= 0 {
 		return
 	}
@@ -36,14 +36,22 @@ func returnMemory(ctx context.Context, interval time.Duration, limiters func() [
 			return
 		case <-t.C:
 		}
+		n := keys()
+		peak = max(peak, n)
+		if peak-n >= releaseMin && n <= peak/2 {
+			release()
+			peak = n
+		}
+	}
+}
+
+// heldKeys returns the keys the limiters hold in local memory.
+func heldKeys(limiters func() []*hybrid.Limiter) func() int {
+	return func() int {
 		n := 0
 		for _, l := range limiters() {
 			n += l.Stats().Keys
 		}
-		peak = max(peak, n)
-		if peak-n >= releaseMin && n <= peak/2 {
-			debug.FreeOSMemory()
-			peak = n
-		}
+		return n
 	}
 }

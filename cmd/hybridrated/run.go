@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -166,7 +167,10 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 	}()
 	memCtx, stopMem := context.WithCancel(context.WithoutCancel(ctx))
 	memDone := make(chan struct{})
-	go func() { defer close(memDone); returnMemory(memCtx, cfg.idleEviction, enf.Limiters) }()
+	go func() {
+		defer close(memDone)
+		returnMemory(memCtx, cfg.idleEviction, heldKeys(enf.Limiters), debug.FreeOSMemory)
+	}()
 	defer func() { stopMem(); <-memDone }()
 	obs, err := observe.New(enf, observe.Config{MeterProvider: mp, Instance: instance, HashKey: cfg.dashboardKey,
 		RevealSubjects: cfg.revealSubjects, Window: 15 * time.Minute}) // the dashboard offers 1, 5 and 15 minutes
