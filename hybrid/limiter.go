@@ -110,6 +110,7 @@ type Limiter struct {
 	// fleetSize is the live limiters under this key prefix at the last heartbeat (the fleet
 	// registry, fleet.go); 0 until Redis first answers.
 	fleetSize atomic.Int64
+	fleetGrew atomic.Bool // the last heartbeat found the fleet much larger (beatEvery)
 	fleetW    fleetWatch
 	evict     evictionWatch
 	bans      banWatch
