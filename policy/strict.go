@@ -121,6 +121,9 @@ func newFallbacks(size int) *fallbacks {
 // returns whether they were available, how long until they would be, and a function that puts them
 // back (nil when nothing was taken).
 func (f *fallbacks) reserve(key string, u *unit, n int64, nodes int, now time.Time) (bool, time.Duration, func()) {
+	if n > u.limit {
+		return false, u.window, nil // only UpstreamWindow takes such a cost, which it always refuses
+	}
 	r := rate.Limit(float64(u.limit) / u.window.Seconds() / float64(nodes))
 	b := int(max(u.limit/int64(nodes), n, 1))
 	l, ok := f.c.Get(key)

@@ -80,6 +80,12 @@ const (
 	// SlidingLog records every admitted request and admits at most Limit in any Period, exactly;
 	// memory and work grow with the requests in the window (Limit is capped at MaxSlidingLogLimit).
 	SlidingLog
+	// UpstreamWindow is FixedWindow as envoyproxy/ratelimit counts: every request counts, admitted
+	// or refused, even when another rule of the same call refuses; a request is refused when the
+	// count after it is above Limit. N may be 0 (a read: refused only when the count is already
+	// above Limit; nothing is written) or above Limit (always refused), up to MaxLimit. Its counters
+	// are apart from FixedWindow's.
+	UpstreamWindow
 )
 
 // String returns the algorithm's name, e.g. "token_bucket".
@@ -95,6 +101,8 @@ func (a Algorithm) String() string {
 		return "sliding_window"
 	case SlidingLog:
 		return "sliding_log"
+	case UpstreamWindow:
+		return "upstream_window"
 	}
 	return "Algorithm(" + strconv.Itoa(int(a)) + ")"
 }
@@ -112,6 +120,8 @@ func (a Algorithm) code() string {
 		return "sw"
 	case SlidingLog:
 		return "sl"
+	case UpstreamWindow:
+		return "uw"
 	}
 	return ""
 }
@@ -295,7 +305,7 @@ type Result struct {
 type Check struct {
 	Rule    Rule   // the limit to apply
 	Subject string // who is limited; non-empty, at most MaxSubjectLen bytes
-	N       int64  // the request's cost under this rule; 1 to Rule.Limit
+	N       int64  // the request's cost under this rule; 1 to Rule.Limit (0 to MaxLimit for UpstreamWindow)
 }
 
 // MultiResult is the answer of [Limiter.AllowMulti]. The zero MultiResult denies.
@@ -360,7 +370,11 @@ func (l *Limiter) evaluate(ctx context.Context, tag string, checks []Check, out 
 		if c.Subject == "" || len(c.Subject) > MaxSubjectLen {
 			return false, 0, fmt.Errorf("%w: rule %q: subject of %d bytes: want 1 to %d", ErrInvalid, c.Rule.Name, len(c.Subject), MaxSubjectLen)
 		}
-		if c.N < 1 || c.N > c.Rule.Limit {
+		if c.Rule.Algorithm == UpstreamWindow {
+			if c.N < 0 || c.N > MaxLimit {
+				return false, 0, fmt.Errorf("%w: rule %q: n=%d out of range [0, %d]", ErrInvalid, c.Rule.Name, c.N, MaxLimit)
+			}
+		} else if c.N < 1 || c.N > c.Rule.Limit {
 			return false, 0, fmt.Errorf("%w: rule %q: n=%d out of range [1, limit=%d]", ErrInvalid, c.Rule.Name, c.N, c.Rule.Limit)
 		}
 		for _, d := range checks[:i] {

@@ -180,6 +180,43 @@ func TestStrictFixedWindow(t *testing.T) {
 	})
 }
 
+func TestStrictUpstreamWindow(t *testing.T) {
+	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
+		s := newTestStrict(t, rdb)
+		rule := Rule{Name: "api", Algorithm: UpstreamWindow, Limit: 3, Period: 10 * time.Second}
+		sec := time.Second
+		runStrictSteps(t, s, rule, "alice", []strictStep{
+			{at: 0, n: 0, allowed: true, remaining: 3, reset: 0}, // a read of an empty window writes nothing
+			{at: 0, n: 2, allowed: true, remaining: 1, reset: 10 * sec},
+			{at: 1_000_000, n: 2, allowed: false, remaining: 0, retry: 9 * sec, reset: 9 * sec},    // counted: 4
+			{at: 1_000_000, n: 1, allowed: false, remaining: 0, retry: 9 * sec, reset: 9 * sec},    // 5, as upstream
+			{at: 1_000_000, n: 0, allowed: false, remaining: 0, retry: 9 * sec, reset: 9 * sec},    // 5 > 3: over
+			{at: 10_000_000, n: 7, allowed: false, remaining: 0, retry: 10 * sec, reset: 10 * sec}, // above the limit
+			{at: 20_000_000, n: 3, allowed: true, remaining: 0, reset: 10 * sec},
+			{at: 20_000_000, n: 0, allowed: true, remaining: 0, reset: 10 * sec}, // at the limit, not above: OK
+		})
+		key := "t:v1:{alice}:api:uw"
+		h, err := rdb.HGetAll(context.Background(), key).Result()
+		require.NoError(t, err)
+		assert.Equal(t, map[string]string{"w": strconv.FormatInt(strictT0+20_000_000, 10), "c": "3"}, h)
+	})
+}
+
+func TestStrictUpstreamWindowCountsWhenAnotherRuleRefuses(t *testing.T) {
+	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
+		s := newTestStrict(t, rdb)
+		s.at(0)
+		up := Rule{Name: "up", Algorithm: UpstreamWindow, Limit: 10, Period: 10 * time.Second}
+		fw := Rule{Name: "fw", Algorithm: FixedWindow, Limit: 1, Period: 10 * time.Second}
+		for i, want := range []bool{true, false} {
+			m, err := s.AllowMulti(context.Background(), "alice", []Check{{Rule: up, Subject: "alice", N: 1}, {Rule: fw, Subject: "alice", N: 1}})
+			require.NoError(t, err)
+			assert.Equal(t, want, m.Allowed, "call %d", i)
+			assert.Equal(t, int64(10-1-i), m.Results[0].Remaining, "call %d: the upstream window counts either way", i)
+		}
+	})
+}
+
 func TestStrictSlidingWindow(t *testing.T) {
 	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
 		s := newTestStrict(t, rdb)
@@ -653,7 +690,8 @@ func TestStrictScriptRejectsBadArguments(t *testing.T) {
 func TestStrictScriptsAssemble(t *testing.T) {
 	t.Parallel()
 	seen := map[string]bool{}
-	for i, sc := range append(algoScripts[1:], allScript, shaperScript) {
+	assert.Same(t, algoScripts[FixedWindow], algoScripts[UpstreamWindow], "one script serves both windows")
+	for i, sc := range append(algoScripts[1:UpstreamWindow], allScript, shaperScript) {
 		require.NotNil(t, sc, i)
 		assert.NotEqual(t, sc.Variant(false).Hash(), sc.Variant(true).Hash(), "script %d has two variants", i)
 		assert.False(t, seen[sc.Variant(false).Hash()], "script %d is distinct", i)
