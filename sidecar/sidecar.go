@@ -70,6 +70,10 @@ type Config struct {
 	// UpstreamHeaders, when set, adds upstream's rate-limit headers (LIMIT_RESPONSE_HEADERS_ENABLED)
 	// under these names. Only with Upstream.
 	UpstreamHeaders *HeaderNames
+	// UpstreamStopIncrement is upstream's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT: when a request's
+	// hits would take some of its limits over, only those limits count them (upstream reads every
+	// count first, then charges only those). Only with Upstream.
+	UpstreamStopIncrement bool
 	// Now is the clock of duration_until_reset in upstream's answers; nil means time.Now.
 	Now func() time.Time
 }

@@ -57,24 +57,36 @@ func (s *Server) decideUpstream(ctx context.Context, req *rlsv3.RateLimitRequest
 			}
 		}
 	}
+	// hits_addend: the descriptor's (0 checks only), else the request's (0 means 1). Above
+	// maxHits a request is over any limit, as upstream answers it; it counts maxHits.
+	hits := make([]int64, n)
+	limited := 0
+	for i, d := range req.Descriptors {
+		h := max(uint64(req.HitsAddend), 1)
+		if d.HitsAddend != nil {
+			h = d.HitsAddend.Value
+		}
+		hits[i] = int64(min(h, maxHits))
+		m := matches[i]
+		if found[i] && !m.Limit.Unlimited && m.Limit.Name != "" && replacing[m.Limit.Name] {
+			found[i] = false
+		}
+		if found[i] && !m.Limit.Unlimited {
+			limited++
+		}
+	}
+	if s.cfg.UpstreamStopIncrement && limited > 1 {
+		if err := s.stopIncrement(ctx, req.Domain, matches, found, hits); err != nil {
+			return nil, err
+		}
+	}
 	now := s.cfg.Now()
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK,
 		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)}
 	var minimum *rlsv3.RateLimitResponse_DescriptorStatus
 	minRemaining := uint32(math.MaxUint32)
-	for i, d := range req.Descriptors {
+	for i := range req.Descriptors {
 		m := matches[i]
-		if found[i] && !m.Limit.Unlimited && m.Limit.Name != "" && replacing[m.Limit.Name] {
-			found[i] = false
-		}
-		// hits_addend: the descriptor's (0 checks only), else the request's (0 means 1).
-		hits := max(uint64(req.HitsAddend), 1)
-		if d.HitsAddend != nil {
-			hits = d.HitsAddend.Value
-		}
-		if hits > math.MaxInt32 {
-			return nil, fmt.Errorf("%w: descriptor %d: hits_addend %d too large", errBadRequest, i, hits)
-		}
 		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 		resp.Statuses[i] = st
 		switch {
@@ -84,7 +96,7 @@ func (s *Server) decideUpstream(ctx context.Context, req *rlsv3.RateLimitRequest
 			st.LimitRemaining = math.MaxUint32
 			continue
 		}
-		over, remaining, ok, err := s.checkUpstream(ctx, req.Domain, m, int64(hits))
+		over, remaining, ok, err := s.checkUpstream(ctx, req.Domain, m, hits[i])
 		if err != nil {
 			return nil, fmt.Errorf("sidecar: descriptor %d: %w", i, err)
 		}
@@ -118,6 +130,38 @@ func (s *Server) decideUpstream(ctx context.Context, req *rlsv3.RateLimitRequest
 		resp.OverallCode = rlsv3.RateLimitResponse_OK
 	}
 	return resp, nil
+}
+
+// maxHits is the most hits one descriptor counts: strict.MaxLimit, above every limit.
+const maxHits = 1_000_000_000
+
+// stopIncrement applies STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT as upstream's Redis cache does: it
+// reads every limited descriptor's count, and when the request's hits would take one or more of them
+// over their limits, only those count their hits (upstream increments those and reads the others);
+// hits of the others are set to 0. Like upstream's GET then INCRBY, the read and the charge are
+// separate calls.
+func (s *Server) stopIncrement(ctx context.Context, domain string, matches []policy.UpstreamMatch, found []bool, hits []int64) error {
+	wouldOver := make([]bool, len(hits))
+	some := false
+	for i, m := range matches {
+		if !found[i] || m.Limit.Unlimited {
+			continue
+		}
+		over, remaining, ok, err := s.checkUpstream(ctx, domain, m, 0)
+		if err != nil {
+			return fmt.Errorf("sidecar: descriptor %d: %w", i, err)
+		}
+		wouldOver[i] = ok && (over || hits[i] > remaining)
+		some = some || wouldOver[i]
+	}
+	if some {
+		for i := range hits {
+			if !wouldOver[i] {
+				hits[i] = 0
+			}
+		}
+	}
+	return nil
 }
 
 // checkUpstream charges hits to a matched limit: over is whether the limit is exceeded (a limit of

@@ -24,10 +24,12 @@ import (
 // from envoyproxy/ratelimit"): hybridrated started with upstream's environment variables and no
 // command line serves upstream's configuration directory on upstream's ports.
 type compat struct {
-	configDir  string // RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY
-	ignoreDot  bool   // RUNTIME_IGNOREDOTFILES
-	merge      bool   // MERGE_DOMAIN_CONFIG
-	shadow     bool   // SHADOW_MODE
+	configDir  string  // RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY
+	ignoreDot  bool    // RUNTIME_IGNOREDOTFILES
+	merge      bool    // MERGE_DOMAIN_CONFIG
+	shadow     bool    // SHADOW_MODE
+	stopIncr   bool    // STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT
+	nearRatio  float64 // NEAR_LIMIT_RATIO (upstream's default 0.8)
 	headers    *sidecar.HeaderNames
 	debugAddr  string        // DEBUG_HOST:DEBUG_PORT
 	promAddr   string        // PROMETHEUS_ADDR, with USE_PROMETHEUS
@@ -78,8 +80,6 @@ var ignoredSettings = []struct{ name, why string }{
 	{"MEMCACHE_HOST_PORT", "counters are kept in Redis only"},
 	{"MEMCACHE_SRV", "counters are kept in Redis only"},
 	{"EXPIRATION_JITTER_MAX_SECONDS", "keys expire at their window's end"},
-	{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "refused hits are never counted here (as if it were true)"},
-	{"NEAR_LIMIT_RATIO", "no near_limit statistic yet"},
 	{"QUOTA_MODE", "quota mode is not supported: limits deny"},
 	{"RESPONSE_DYNAMIC_METADATA", "no dynamic metadata in answers"},
 	{"TRACING_ENABLED", "no tracing"},
@@ -151,6 +151,16 @@ func parseCompat(getenv func(string) string) (config, error) {
 	add(err)
 	cm.shadow, err = boolean("SHADOW_MODE", false)
 	add(err)
+	cm.stopIncr, err = boolean("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", false)
+	add(err)
+	cm.nearRatio = 0.8
+	if v := getenv("NEAR_LIMIT_RATIO"); v != "" {
+		f, err := strconv.ParseFloat(v, 32)
+		if err != nil || f < 0 || f > 1 {
+			add(fmt.Errorf("NEAR_LIMIT_RATIO %q: want a number from 0 to 1", v))
+		}
+		cm.nearRatio = f
+	}
 	if b, err := boolean("LIMIT_RESPONSE_HEADERS_ENABLED", false); err != nil {
 		add(err)
 	} else if b {

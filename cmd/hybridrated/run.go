@@ -231,6 +231,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 	scfg := sidecar.Config{Checker: obs, MeterProvider: mp, Instance: instance}
 	if ups != nil {
 		scfg.Upstream, scfg.UpstreamShadow, scfg.UpstreamHeaders = ups.cur.Load, cfg.compat.shadow, cfg.compat.headers
+		scfg.UpstreamStopIncrement = cfg.compat.stopIncr
 	}
 	srv, err := sidecar.New(scfg)
 	if err != nil {
