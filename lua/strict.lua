@@ -17,7 +17,8 @@
 --   all        1 when every rule allowed and consumed; 0 when no rule consumed anything, except the
 --              rules of an algorithm with counts_refused (uw), which consume their n either way
 --   ok         1 when this rule alone had room for its n
---   remaining  whole units left (after consumption when all = 1; as they stand otherwise), at least 0
+--   remaining  whole units left (after consumption when all = 1; as they stand otherwise), at least 0;
+--              for a counts_refused algorithm, the limit minus the count, negative when it is above
 --   wait_us    ok = 0: how long until n would fit (retry-after, with no other traffic);
 --              ok = 1: how long the work must wait before it runs (0 except for the shaper)
 --   reset_us   how long until the rule is back to its full allowance, with no further traffic
@@ -128,7 +129,8 @@ local out = {all}
 for i, r in ipairs(rules) do
   if all == 1 or r.alg.counts_refused then r.alg.take(r) end
   local remaining, reset = r.alg.view(r)
-  if remaining < 0 then remaining = 0 end
+  if remaining < 0 and not r.alg.counts_refused then remaining = 0 end
+  if remaining < -1e15 then remaining = -1e15 end
   out[#out + 1] = oks[i] and 1 or 0
   out[#out + 1] = remaining
   out[#out + 1] = waits[i]

@@ -96,6 +96,7 @@ func strictDecision(p *planned, m strict.MultiResult, i int) Decision {
 	r, all := m.Results[i], m.Allowed
 	d := p.decision(r.Allowed, SourceStrict)
 	d.Remaining, d.RetryAfter, d.ResetAfter = r.Remaining, r.RetryAfter, max(r.ResetAfter, r.RetryAfter)
+	d.Excess = r.Excess
 	if !all && r.Allowed {
 		// This counter had room, but another denied: nothing was counted.
 		d.RetryAfter = 0

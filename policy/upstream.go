@@ -512,6 +512,9 @@ func upstreamRuleID(domain, path, unit string) string {
 // [Enforcer.SetPolicy], and name each request's rule with [UpstreamConfig.Lookup].
 func (c *UpstreamConfig) Policy() *Policy { return c.policy }
 
+// HasDomain reports whether a file configures domain.
+func (c *UpstreamConfig) HasDomain(domain string) bool { return c.domains[domain] != nil }
+
 // Domains returns the domains configured, sorted.
 func (c *UpstreamConfig) Domains() []string {
 	out := make([]string, 0, len(c.domains))

@@ -74,6 +74,12 @@ type Config struct {
 	// hits would take some of its limits over, only those limits count them (upstream reads every
 	// count first, then charges only those). Only with Upstream.
 	UpstreamStopIncrement bool
+	// UpstreamStats, when set, counts each limit's hits as upstream's statistics do (see
+	// [UpstreamStats]). Only with Upstream.
+	UpstreamStats *UpstreamStats
+	// UpstreamNearLimitRatio is upstream's NEAR_LIMIT_RATIO: the share of a limit above which hits
+	// count as near_limit in UpstreamStats (upstream's default is 0.8).
+	UpstreamNearLimitRatio float32
 	// Now is the clock of duration_until_reset in upstream's answers; nil means time.Now.
 	Now func() time.Time
 }

@@ -48,6 +48,9 @@ func (s *Server) decideUpstream(ctx context.Context, req *rlsv3.RateLimitRequest
 			ents = append(ents, policy.DescriptorEntry{Key: e.Key, Value: e.Value})
 		}
 		matches[i], found[i] = cfg.Lookup(req.Domain, ents)
+		if st := s.cfg.UpstreamStats; st != nil && !found[i] && !cfg.HasDomain(req.Domain) {
+			st.domainNotFound(req.Domain)
+		}
 		if found[i] {
 			for _, r := range matches[i].Limit.Replaces {
 				if replacing == nil {
@@ -96,12 +99,20 @@ func (s *Server) decideUpstream(ctx context.Context, req *rlsv3.RateLimitRequest
 			st.LimitRemaining = math.MaxUint32
 			continue
 		}
-		over, remaining, ok, err := s.checkUpstream(ctx, req.Domain, m, hits[i])
+		c, err := s.checkUpstream(ctx, req.Domain, m, hits[i])
 		if err != nil {
 			return nil, fmt.Errorf("sidecar: descriptor %d: %w", i, err)
 		}
-		if !ok {
+		if !c.ok {
 			continue // the rule went away in a reload between the lookup and the check: no limit
+		}
+		over, remaining := c.over, c.remaining
+		if st := s.cfg.UpstreamStats; st != nil {
+			after := uint64(m.Limit.RequestsPerUnit) - uint64(min(max(remaining, 0), int64(m.Limit.RequestsPerUnit)))
+			if over {
+				after = uint64(m.Limit.RequestsPerUnit) + uint64(max(c.excess, 0))
+			}
+			st.record(m, s.cfg.UpstreamNearLimitRatio, uint64(hits[i]), after, over)
 		}
 		secs := int64(m.Period.Seconds())
 		st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: m.Limit.Name, RequestsPerUnit: m.Limit.RequestsPerUnit,
@@ -147,11 +158,11 @@ func (s *Server) stopIncrement(ctx context.Context, domain string, matches []pol
 		if !found[i] || m.Limit.Unlimited {
 			continue
 		}
-		over, remaining, ok, err := s.checkUpstream(ctx, domain, m, 0)
+		c, err := s.checkUpstream(ctx, domain, m, 0)
 		if err != nil {
 			return fmt.Errorf("sidecar: descriptor %d: %w", i, err)
 		}
-		wouldOver[i] = ok && (over || hits[i] > remaining)
+		wouldOver[i] = c.ok && (c.over || hits[i] > c.remaining)
 		some = some || wouldOver[i]
 	}
 	if some {
@@ -164,29 +175,44 @@ func (s *Server) stopIncrement(ctx context.Context, domain string, matches []pol
 	return nil
 }
 
-// checkUpstream charges hits to a matched limit: over is whether the limit is exceeded (a limit of
-// 0 per unit always is, unless hits is 0), remaining what is left; ok is false when the policy in
-// force no longer has the rule.
-func (s *Server) checkUpstream(ctx context.Context, domain string, m policy.UpstreamMatch, hits int64) (over bool, remaining int64, ok bool, err error) {
+// upstreamCheck is the outcome of charging a descriptor's hits to its limit.
+type upstreamCheck struct {
+	over      bool  // the limit is exceeded
+	remaining int64 // what is left, when not over
+	excess    int64 // how far the count is above the limit, when over (upstream_window rules)
+	ok        bool  // false when the policy in force no longer has the rule
+}
+
+// checkUpstream charges hits to a matched limit (a limit of 0 per unit is always over, unless hits
+// is 0).
+func (s *Server) checkUpstream(ctx context.Context, domain string, m policy.UpstreamMatch, hits int64) (upstreamCheck, error) {
 	if m.Rule == "" { // requests_per_unit: 0
-		return hits > 0, 0, true, nil
+		return upstreamCheck{over: hits > 0, excess: hits, ok: true}, nil
 	}
 	pr := policy.Request{Domain: domain, Rule: m.Rule, Dims: policy.Values{policy.DimDescriptor: m.Subject},
 		Cost: hits, CheckOnly: hits == 0}
 	res, err := s.cfg.Checker.Check(ctx, &pr)
 	if errors.Is(err, policy.ErrInvalidCost) {
-		return true, 0, true, nil // more hits than the limit: over it, as upstream answers
+		// More hits than the limit under an algorithm that refuses them uncounted: over it, as
+		// upstream answers.
+		return upstreamCheck{over: true, excess: hits - int64(m.Limit.RequestsPerUnit), ok: true}, nil
 	}
 	if err != nil {
-		return false, 0, false, err
+		return upstreamCheck{}, err
 	}
 	for _, d := range res.Decisions {
 		if d.Rule == m.Rule {
-			return !d.Allowed, d.Remaining, true, nil
+			c := upstreamCheck{over: !d.Allowed, remaining: d.Remaining, excess: d.Excess, ok: true}
+			if d.Source == policy.SourceMemo {
+				// A remembered denial: the count was above the limit before these hits, which
+				// upstream would have counted on top (its exact value is not known here).
+				c.excess = max(c.excess, hits)
+			}
+			return c, nil
 		}
 	}
 	if hits == 0 {
-		return !res.Allowed, 0, true, nil
+		return upstreamCheck{over: !res.Allowed, ok: true}, nil
 	}
-	return false, 0, false, nil
+	return upstreamCheck{}, nil
 }

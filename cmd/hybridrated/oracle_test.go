@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"maps"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -108,7 +110,8 @@ descriptors:
 type oracle struct {
 	dir               string // the configuration directory
 	up, ours, replica rlsv3.RateLimitServiceClient
-	upHTTP, oursHTTP  string // their HTTP addresses
+	upProm            string   // upstream's PROMETHEUS_ADDR
+	oursHTTP          []string // the HTTP addresses of hybridrated's replicas (their /metrics)
 }
 
 // startOracle writes files into a configuration directory and starts upstream and two hybridrated
@@ -127,11 +130,13 @@ func startOracle(t *testing.T, bin string, srv *redistest.Server, files map[stri
 		"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": srv.Addr, "USE_STATSD": "false", "LOG_LEVEL": "warn",
 	})
 
-	// Upstream.
-	grpcPort, httpPort := freePort(t), freePort(t)
+	// Upstream, with its Prometheus sink flushed every 20ms.
+	grpcPort := freePort(t)
+	o.upProm = "127.0.0.1:" + strconv.Itoa(freePort(t))
 	cmd := exec.Command(bin)
 	cmd.Env = []string{"HOME=" + root, "PATH=" + os.Getenv("PATH"),
-		"PORT=" + strconv.Itoa(httpPort), "GRPC_PORT=" + strconv.Itoa(grpcPort), "DEBUG_PORT=" + strconv.Itoa(freePort(t))}
+		"PORT=" + strconv.Itoa(freePort(t)), "GRPC_PORT=" + strconv.Itoa(grpcPort), "DEBUG_PORT=" + strconv.Itoa(freePort(t)),
+		"USE_PROMETHEUS=true", "PROMETHEUS_ADDR=" + o.upProm, "STATS_FLUSH_INTERVAL=20ms"}
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
@@ -146,17 +151,15 @@ func startOracle(t *testing.T, bin string, srv *redistest.Server, files map[stri
 		}
 	})
 	o.up = dialRLS(t, "127.0.0.1:"+strconv.Itoa(grpcPort))
-	o.upHTTP = "127.0.0.1:" + strconv.Itoa(httpPort)
 
 	// hybridrated, from the same environment.
 	cfg, err := parseConfig(nil, func(k string) string { return env[k] }, os.Stderr)
 	require.NoError(t, err)
 	require.NotNil(t, cfg.compat)
-	cfg.compat.debugAddr = "127.0.0.1:0"
+	cfg.compat.debugAddr, cfg.compat.promAddr = "127.0.0.1:0", "" // /metrics on PORT
 	a, _ := start(t, cfg)
-	o.ours, o.oursHTTP = dialRLS(t, a.grpc), a.http
 	b, _ := start(t, cfg) // a second replica on the same Redis
-	o.replica = dialRLS(t, b.grpc)
+	o.ours, o.replica, o.oursHTTP = dialRLS(t, a.grpc), dialRLS(t, b.grpc), []string{a.http, b.http}
 
 	// Wait until upstream answers with its configuration loaded.
 	deadline := time.Now().Add(30 * time.Second)
@@ -273,6 +276,35 @@ func TestOracleUpstreamAnswersEqual(t *testing.T) {
 		{name: "two replicas, hits_addend", reqs: seq(req(2, d("basic", "r2")), req(2, d("basic", "r2")), check(d("basic", "r2")), req(1, d("basic", "r2"))), replicas: true},
 	})
 	o.run(t, readmeCases())
+
+	// Upstream's statistics under its Prometheus names: hybridrated's two replicas together count
+	// what upstream counts.
+	t.Run("metrics", func(t *testing.T) {
+		var want, got map[string]float64
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			// Upstream flushes its statistics every 20ms: poll until they settle to ours.
+			want = scrapeUpstreamNames(t, "http://"+o.upProm+"/metrics")
+			got = map[string]float64{}
+			for _, h := range o.oursHTTP {
+				for k, v := range scrapeUpstreamNames(t, "http://"+h+"/metrics") {
+					got[k] += v
+				}
+			}
+			if maps.Equal(want, got) {
+				break
+			}
+		}
+		require.Equal(t, want, got)
+		require.Greater(t, len(want), 100, "every case's limits")
+		for _, url := range []string{"http://" + o.upProm + "/metrics", "http://" + o.oursHTTP[0] + "/metrics"} {
+			resp, err := http.Get(url)
+			require.NoError(t, err)
+			body, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			require.NoError(t, err)
+			require.Contains(t, string(body), "\nratelimit_service_config_load_success 1\n", url)
+		}
+	})
 
 	// Reload: a file added to the directory applies on both (each probe counts under its own value).
 	t.Run("reload", func(t *testing.T) {
@@ -595,6 +627,30 @@ func requireSame(t *testing.T, want, got *rlsv3.RateLimitResponse, i int) {
 	for j := range w {
 		require.InDelta(t, w[j], g[j], 1, "request %d: reset %d: upstream %v, hybridrated %v", i, j, w, g)
 	}
+}
+
+// scrapeUpstreamNames returns the series of upstream's per-limit and per-domain statistics
+// (ratelimit_service_rate_limit_*) that url exports, by "name{labels}", without the warm-up
+// requests' domain, which only upstream saw.
+func scrapeUpstreamNames(t *testing.T, url string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	out := map[string]float64{}
+	for _, line := range strings.Split(string(body), "\n") {
+		if !strings.HasPrefix(line, "ratelimit_service_rate_limit_") || strings.Contains(line, "warmup") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		require.Positive(t, i, line)
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		require.NoError(t, err, line)
+		out[line[:i]] = v
+	}
+	return out
 }
 
 func dialRLS(t *testing.T, addr string) rlsv3.RateLimitServiceClient {
