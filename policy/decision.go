@@ -64,6 +64,9 @@ type Decision struct {
 	Window time.Duration
 	// Remaining estimates the units left (exact for strict rules and hybrid central decisions).
 	Remaining int64
+	// Excess is, for an upstream_window rule, how far its count is above Limit (refused units
+	// included); 0 otherwise.
+	Excess int64
 	// RetryAfter is how long until the request's cost would fit, when not Allowed.
 	RetryAfter time.Duration
 	// ResetAfter estimates how long until the quota is full again.

@@ -258,6 +258,17 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (Result, error) {
 	return res, nil
 }
 
+// readable reports whether every strict counter of enforced can be read without counting (see
+// Algorithm.countsRefused): only then does a check-only request consult Redis for them.
+func readable(enforced []planned) bool {
+	for i := range enforced {
+		if p := &enforced[i]; p.r.strict && !p.r.algo.countsRefused() {
+			return false
+		}
+	}
+	return true
+}
+
 // check is the request path: plan → memo → hybrid → strict → shadow. Each step after the plan runs
 // only while no counter has denied; a denial goes to denied, which applies the policy's shadow mode.
 func (e *Enforcer) check(ctx context.Context, c *compiled, req *Request) (Result, error) {
@@ -284,6 +295,12 @@ func (e *Enforcer) check(ctx context.Context, c *compiled, req *Request) (Result
 	if req.CheckOnly {
 		if res.Allowed {
 			if err := e.peekHybrid(ctx, enforced, &res); err != nil {
+				return Result{}, err
+			}
+		}
+		if res.Allowed && pl.nStrict > 0 && readable(enforced) {
+			// Every strict counter counts refused hits: its script reads the count at a cost of 0.
+			if err := e.checkStrict(ctx, c, pl.tag, enforced, &res); err != nil {
 				return Result{}, err
 			}
 		}

@@ -68,6 +68,11 @@ const (
 	FixedWindow   Algorithm = "fixed_window"
 	SlidingWindow Algorithm = "sliding_window"
 	SlidingLog    Algorithm = "sliding_log"
+	// UpstreamWindow is envoyproxy/ratelimit's fixed window (strict.UpstreamWindow): every request
+	// counts, admitted or refused, and one is refused when the count after it is above the limit;
+	// a check-only request (Request.CheckOnly) reads the count. It is what upstream's configuration
+	// files compile to by default ([UpstreamOptions]).
+	UpstreamWindow Algorithm = "upstream_window"
 )
 
 // strict returns the central algorithm of a, or 0 for Hybrid and unknown names.
@@ -83,6 +88,8 @@ func (a Algorithm) strict() strict.Algorithm {
 		return strict.SlidingWindow
 	case SlidingLog:
 		return strict.SlidingLog
+	case UpstreamWindow:
+		return strict.UpstreamWindow
 	}
 	return 0
 }
@@ -91,8 +98,11 @@ func (a Algorithm) valid() bool { return a == "" || a == Hybrid || a.strict() !=
 
 // windowed reports whether a counts per window (limit and period only; no rate/burst form).
 func (a Algorithm) windowed() bool {
-	return a == FixedWindow || a == SlidingWindow || a == SlidingLog
+	return a == FixedWindow || a == SlidingWindow || a == SlidingLog || a == UpstreamWindow
 }
+
+// countsRefused reports whether a counts refused requests (and so can be read with a cost of 0).
+func (a Algorithm) countsRefused() bool { return a == UpstreamWindow }
 
 // UnknownDomain is the answer to a request of a domain the policy does not serve (see
 // Policy.Domain). The empty UnknownDomain means [DomainReject].

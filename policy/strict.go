@@ -96,6 +96,7 @@ func strictDecision(p *planned, m strict.MultiResult, i int) Decision {
 	r, all := m.Results[i], m.Allowed
 	d := p.decision(r.Allowed, SourceStrict)
 	d.Remaining, d.RetryAfter, d.ResetAfter = r.Remaining, r.RetryAfter, max(r.ResetAfter, r.RetryAfter)
+	d.Excess = r.Excess
 	if !all && r.Allowed {
 		// This counter had room, but another denied: nothing was counted.
 		d.RetryAfter = 0
@@ -121,6 +122,9 @@ func newFallbacks(size int) *fallbacks {
 // returns whether they were available, how long until they would be, and a function that puts them
 // back (nil when nothing was taken).
 func (f *fallbacks) reserve(key string, u *unit, n int64, nodes int, now time.Time) (bool, time.Duration, func()) {
+	if n > u.limit {
+		return false, u.window, nil // only UpstreamWindow takes such a cost, which it always refuses
+	}
 	r := rate.Limit(float64(u.limit) / u.window.Seconds() / float64(nodes))
 	b := int(max(u.limit/int64(nodes), n, 1))
 	l, ok := f.c.Get(key)

@@ -70,6 +70,16 @@ type Config struct {
 	// UpstreamHeaders, when set, adds upstream's rate-limit headers (LIMIT_RESPONSE_HEADERS_ENABLED)
 	// under these names. Only with Upstream.
 	UpstreamHeaders *HeaderNames
+	// UpstreamStopIncrement is upstream's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT: when a request's
+	// hits would take some of its limits over, only those limits count them (upstream reads every
+	// count first, then charges only those). Only with Upstream.
+	UpstreamStopIncrement bool
+	// UpstreamStats, when set, counts each limit's hits as upstream's statistics do (see
+	// [UpstreamStats]). Only with Upstream.
+	UpstreamStats *UpstreamStats
+	// UpstreamNearLimitRatio is upstream's NEAR_LIMIT_RATIO: the share of a limit above which hits
+	// count as near_limit in UpstreamStats (upstream's default is 0.8).
+	UpstreamNearLimitRatio float32
 	// Now is the clock of duration_until_reset in upstream's answers; nil means time.Now.
 	Now func() time.Time
 }

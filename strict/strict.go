@@ -80,6 +80,12 @@ const (
 	// SlidingLog records every admitted request and admits at most Limit in any Period, exactly;
 	// memory and work grow with the requests in the window (Limit is capped at MaxSlidingLogLimit).
 	SlidingLog
+	// UpstreamWindow is FixedWindow as envoyproxy/ratelimit counts: every request counts, admitted
+	// or refused, even when another rule of the same call refuses; a request is refused when the
+	// count after it is above Limit. N may be 0 (a read: refused only when the count is already
+	// above Limit; nothing is written) or above Limit (always refused), up to MaxLimit. Its counters
+	// are apart from FixedWindow's.
+	UpstreamWindow
 )
 
 // String returns the algorithm's name, e.g. "token_bucket".
@@ -95,6 +101,8 @@ func (a Algorithm) String() string {
 		return "sliding_window"
 	case SlidingLog:
 		return "sliding_log"
+	case UpstreamWindow:
+		return "upstream_window"
 	}
 	return "Algorithm(" + strconv.Itoa(int(a)) + ")"
 }
@@ -112,6 +120,8 @@ func (a Algorithm) code() string {
 		return "sw"
 	case SlidingLog:
 		return "sl"
+	case UpstreamWindow:
+		return "uw"
 	}
 	return ""
 }
@@ -289,13 +299,16 @@ type Result struct {
 	RetryAfter time.Duration
 	// ResetAfter is how long until the rule is back to its full allowance, with no further traffic.
 	ResetAfter time.Duration
+	// Excess is, for UpstreamWindow, how far the window's count is above Limit (refused units
+	// included; Remaining is then 0); 0 otherwise.
+	Excess int64
 }
 
 // Check is one rule to apply to one subject within [Limiter.AllowMulti].
 type Check struct {
 	Rule    Rule   // the limit to apply
 	Subject string // who is limited; non-empty, at most MaxSubjectLen bytes
-	N       int64  // the request's cost under this rule; 1 to Rule.Limit
+	N       int64  // the request's cost under this rule; 1 to Rule.Limit (0 to MaxLimit for UpstreamWindow)
 }
 
 // MultiResult is the answer of [Limiter.AllowMulti]. The zero MultiResult denies.
@@ -360,7 +373,11 @@ func (l *Limiter) evaluate(ctx context.Context, tag string, checks []Check, out 
 		if c.Subject == "" || len(c.Subject) > MaxSubjectLen {
 			return false, 0, fmt.Errorf("%w: rule %q: subject of %d bytes: want 1 to %d", ErrInvalid, c.Rule.Name, len(c.Subject), MaxSubjectLen)
 		}
-		if c.N < 1 || c.N > c.Rule.Limit {
+		if c.Rule.Algorithm == UpstreamWindow {
+			if c.N < 0 || c.N > MaxLimit {
+				return false, 0, fmt.Errorf("%w: rule %q: n=%d out of range [0, %d]", ErrInvalid, c.Rule.Name, c.N, MaxLimit)
+			}
+		} else if c.N < 1 || c.N > c.Rule.Limit {
 			return false, 0, fmt.Errorf("%w: rule %q: n=%d out of range [1, limit=%d]", ErrInvalid, c.Rule.Name, c.N, c.Rule.Limit)
 		}
 		for _, d := range checks[:i] {
@@ -395,7 +412,8 @@ func (l *Limiter) evaluate(ctx context.Context, tag string, checks []Check, out 
 	if err != nil {
 		return false, 0, fmt.Errorf("strict: %s on %q: %w", checks[0].Rule.Name, tag, err)
 	}
-	allowed, err := decode(res, out, func(i int) int64 { return checks[i].Rule.Limit })
+	allowed, err := decode(res, out, func(i int) int64 { return checks[i].Rule.Limit },
+		func(i int) bool { return checks[i].Rule.Algorithm == UpstreamWindow })
 	if err != nil {
 		l.stats.Errors.Add(1)
 		return false, 0, err
@@ -473,8 +491,10 @@ func (l *Limiter) call(ctx context.Context, sc *redisx.Script, keys []string, ar
 }
 
 // decode decodes a strict reply, {all, then ok, remaining, wait_us, reset_us per rule}, into out
-// (Allowed is set to the rule's own ok, RetryAfter to its wait) and returns all.
-func decode(res any, out []Result, limit func(i int) int64) (bool, error) {
+// (Allowed is set to the rule's own ok, RetryAfter to its wait) and returns all. excess, when not nil,
+// names the rules whose remaining may be negative (UpstreamWindow's count above its limit), decoded
+// into Excess.
+func decode(res any, out []Result, limit func(i int) int64, excess func(i int) bool) (bool, error) {
 	vals, ok := res.([]any)
 	if !ok || len(vals) != 1+4*len(out) {
 		return false, fmt.Errorf("%w: want %d integers, got %T of length %d", ErrBadReply, 1+4*len(out), res, lenOf(res))
@@ -493,6 +513,10 @@ func decode(res any, out []Result, limit func(i int) int64) (bool, error) {
 			v[j] = x
 		}
 		lim := limit(i)
+		var over int64
+		if v[1] < 0 && v[1] >= -1e15 && excess != nil && excess(i) {
+			over, v[1] = -v[1], 0 // a count above the limit (UpstreamWindow)
+		}
 		// The scripts clamp both durations to 1e15µs (about 31 years); a larger value would overflow
 		// time.Duration into a wrong (even negative) wait.
 		if v[0] < 0 || v[0] > 1 || v[1] < 0 || v[1] > lim || v[2] < 0 || v[3] < 0 || v[2] > 1e15 || v[3] > 1e15 ||
@@ -505,6 +529,7 @@ func decode(res any, out []Result, limit func(i int) int64) (bool, error) {
 			Remaining:  v[1],
 			RetryAfter: time.Duration(v[2]) * time.Microsecond,
 			ResetAfter: time.Duration(v[3]) * time.Microsecond,
+			Excess:     over,
 		}
 	}
 	return all == 1, nil
