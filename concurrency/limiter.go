@@ -14,6 +14,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridrate/hybridrate/internal/outcome"
+	"github.com/hybridrate/hybridrate/internal/redisx"
 )
 
 // Errors returned by the Limiter. A full key is not an error: see [Lease.Acquired].
@@ -27,39 +30,23 @@ var (
 	// ErrClosed is returned by TryAcquire and Acquire after Close.
 	ErrClosed = errors.New("concurrency: limiter closed")
 	// ErrUnavailable is wrapped by the errors of the calls that cannot fall back on a failure policy
-	// ([Lease.Release], [Lease.Extend], [Limiter.InFlight]) when Redis could not serve them.
-	ErrUnavailable = errors.New("concurrency: redis unavailable")
+	// ([Lease.Release], [Lease.Extend], [Limiter.InFlight]) when Redis could not serve them. It is
+	// the same value as hybrid.ErrUnavailable and strict.ErrUnavailable.
+	ErrUnavailable = redisx.ErrUnavailable
 )
 
-// Source says who decided on a lease.
-type Source uint8
+// Source says who decided on a lease: SourceCentral (Redis) or SourceFallback (the failure policy,
+// while Redis could not). It is the same type as hybrid.Source; its String returns "central" or
+// "fallback".
+type Source = outcome.Source
 
-// The sources.
+// The sources of a lease.
 const (
-	// SourceRedis: Redis decided (the normal case).
-	SourceRedis Source = iota
-	// SourceLocalFallback: Redis could not decide; this node's local semaphore did (LocalFallback).
-	SourceLocalFallback
-	// SourceFailOpen: Redis could not decide; the lease was granted unchecked (FailOpen).
-	SourceFailOpen
-	// SourceFailClosed: Redis could not decide; the lease was denied (FailClosed).
-	SourceFailClosed
+	// SourceCentral: Redis decided (the normal case).
+	SourceCentral = outcome.SourceCentral
+	// SourceFallback: Redis could not decide; the failure policy did.
+	SourceFallback = outcome.SourceFallback
 )
-
-// String returns "redis", "local-fallback", "fail-open" or "fail-closed".
-func (s Source) String() string {
-	switch s {
-	case SourceRedis:
-		return "redis"
-	case SourceLocalFallback:
-		return "local-fallback"
-	case SourceFailOpen:
-		return "fail-open"
-	case SourceFailClosed:
-		return "fail-closed"
-	}
-	return "Source(" + strconv.Itoa(int(s)) + ")"
-}
 
 // Stats counts what a Limiter did; read the fields with Load.
 type Stats struct {
@@ -217,7 +204,7 @@ func (l *Limiter) TryAcquire(ctx context.Context, key string, limit int, ttl tim
 		l.stats.RedisErrors.Add(1)
 		return l.decideLocally(ls, limit, ttl), nil
 	}
-	ls.source = SourceRedis
+	ls.source = SourceCentral
 	ls.inFlight = rep.inFlight
 	if !rep.ok {
 		l.stats.Denied.Add(1)
@@ -279,13 +266,13 @@ func (l *Limiter) extended(ls *Lease, expires time.Time) {
 // decideLocally applies the failure policy to ls.
 func (l *Limiter) decideLocally(ls *Lease, limit int, ttl time.Duration) *Lease {
 	l.stats.Fallbacks.Add(1)
+	ls.source, ls.fallback = SourceFallback, l.o.policy
 	switch l.o.policy {
 	case FailOpen:
-		ls.source, ls.acquired = SourceFailOpen, true
+		ls.acquired = true
 	case FailClosed:
-		ls.source, ls.retryAfter = SourceFailClosed, breakerCooldown
+		ls.retryAfter = breakerCooldown
 	default:
-		ls.source = SourceLocalFallback
 		ls.acquired, ls.inFlight, ls.retryAfter = l.fb.acquire(ls.key, ls.num, share(limit, l.o.nodes), ttl, l.o.now())
 	}
 	if ls.acquired {
@@ -298,7 +285,7 @@ func (l *Limiter) decideLocally(ls *Lease, limit int, ttl time.Duration) *Lease 
 
 // Acquire is TryAcquire that waits for a free slot: it tries again, with growing pauses (2ms to
 // 50ms, with jitter), until it holds a lease or ctx ends, in which case it returns ctx's error. It
-// returns a lease that is not acquired only when the failure policy denied it (SourceFailClosed),
+// returns a lease that is not acquired only when the failure policy denied it ([Lease.Unavailable]),
 // so that the caller can tell "limiter unavailable" from "busy". Waiters are not queued: a waiter
 // may be overtaken by later callers.
 func (l *Limiter) Acquire(ctx context.Context, key string, limit int, ttl time.Duration) (*Lease, error) {
@@ -311,7 +298,7 @@ func (l *Limiter) Acquire(ctx context.Context, key string, limit int, ttl time.D
 	}()
 	for {
 		ls, err := l.TryAcquire(ctx, key, limit, ttl)
-		if err != nil || ls.acquired || ls.source == SourceFailClosed {
+		if err != nil || ls.acquired || ls.Unavailable() {
 			return ls, err
 		}
 		d := pause/2 + rand.N(pause/2+1)

@@ -2,47 +2,32 @@ package policy
 
 import (
 	"time"
+
+	"github.com/hybridrate/hybridrate/internal/outcome"
 )
 
-// Source says who made a rule's decision. It extends hybrid.Source, whose four sources a hybrid
-// rule's decision keeps, with those only an Enforcer has: strict rules and its memo.
-type Source uint8
+// Source says who made a rule's decision. It is hybrid.Source (the same type, the same values): a
+// hybrid rule's decision keeps the source its limiter gave, and two values only an Enforcer uses,
+// SourceStrict and SourceMemo, complete it. Its String returns "local", "central", "deny-cache",
+// "fallback", "strict" or "memo".
+type Source = outcome.Source
 
 // The decision sources.
 const (
 	// SourceLocal: a hybrid rule's local allowance, no I/O.
-	SourceLocal Source = iota + 1
+	SourceLocal = outcome.SourceLocal
 	// SourceCentral: a hybrid rule's synchronous Redis check.
-	SourceCentral
+	SourceCentral = outcome.SourceCentral
 	// SourceDenyCache: a hybrid rule's deny cache (banned, or denied by Redis until its retry-after).
-	SourceDenyCache
+	SourceDenyCache = outcome.SourceDenyCache
 	// SourceFallback: Redis could not answer; the rule's failure policy decided.
-	SourceFallback
+	SourceFallback = outcome.SourceFallback
 	// SourceStrict: a strict rule, in one atomic Redis call with the request's other strict rules.
-	SourceStrict
+	SourceStrict = outcome.SourceStrict
 	// SourceMemo: this Enforcer remembered the rule's denial of the subject until its retry-after;
 	// nothing was asked and nothing consumed.
-	SourceMemo
+	SourceMemo = outcome.SourceMemo
 )
-
-// String returns "local", "central", "deny-cache", "fallback", "strict" or "memo".
-func (s Source) String() string {
-	switch s {
-	case SourceLocal:
-		return "local"
-	case SourceCentral:
-		return "central"
-	case SourceDenyCache:
-		return "deny-cache"
-	case SourceFallback:
-		return "fallback"
-	case SourceStrict:
-		return "strict"
-	case SourceMemo:
-		return "memo"
-	}
-	return "none"
-}
 
 // Decision is one counter's answer for a request.
 type Decision struct {

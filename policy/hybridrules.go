@@ -17,7 +17,7 @@ func (e *Enforcer) limiterLocked() (*hybrid.Limiter, error) {
 		return e.lim, nil
 	}
 	opts := append(append([]hybrid.Option(nil), e.cfg.HybridOptions...),
-		hybrid.WithLogger(e.cfg.Logger), hybrid.WithKeyPrefix(e.cfg.Prefix))
+		hybrid.WithLogger(e.cfg.Logger), hybrid.WithKeyPrefix(e.cfg.KeyPrefix))
 	l, err := newHybrid(e.cfg.Redis, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("policy: hybrid limiter: %w", err)
@@ -47,17 +47,9 @@ func withFailure(units []unit, fp hybrid.FailurePolicy) {
 
 // hybridDecision converts a hybrid rule's hybrid.Decision.
 func hybridDecision(p *planned, hd hybrid.Decision) Decision {
-	d := p.decision(hd.Allowed, SourceFallback)
-	switch hd.Source {
-	case hybrid.SourceLocal:
-		d.Source = SourceLocal
-	case hybrid.SourceCentral:
-		d.Source = SourceCentral
-	case hybrid.SourceDenyCache:
-		d.Source = SourceDenyCache
-	}
+	d := p.decision(hd.Allowed, hd.Source)
 	d.Remaining, d.RetryAfter, d.ResetAfter = max(hd.Remaining, 0), max(hd.RetryAfter, 0), max(hd.ResetAfter, hd.RetryAfter, 0)
-	d.Unavailable = hd.Source == hybrid.SourceFallback && !hd.Allowed && p.r.failure == hybrid.FailClosed
+	d.Unavailable = hd.Unavailable
 	return d
 }
 

@@ -38,7 +38,7 @@ func (e *Enforcer) StrictHealth() StrictHealth {
 // newStrictClient returns the strict rules' client for a validated cfg. It does no I/O.
 func newStrictClient(cfg *Config) (*strict.Limiter, error) {
 	s, err := strict.New(cfg.Redis,
-		strict.WithPrefix(cfg.Prefix),
+		strict.WithKeyPrefix(cfg.KeyPrefix),
 		strict.WithTimeout(cfg.StrictTimeout),
 		strict.WithBreaker(strictBreakerThreshold, strictBreakerCooldown, strictBreakerMinSpan),
 		strict.WithClock(cfg.Now),

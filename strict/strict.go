@@ -25,8 +25,10 @@ var (
 	// [New]'s errors for an invalid option). Such a request never reaches Redis and never counts
 	// against the breaker.
 	ErrInvalid = redisx.NewError(redisx.ClassInvalid, "strict: invalid request")
-	// ErrUnavailable means the circuit breaker is open: the call was not sent. It is the same value
-	// as central.ErrUnavailable.
+	// ErrUnavailable is wrapped by every error that means Redis could not serve the call: the
+	// circuit breaker is open (the call was not sent), or the call failed in transport, timed out or
+	// was refused (exactly the errors for which [IsTransport] is true). It is the same value as
+	// hybrid.ErrUnavailable and concurrency.ErrUnavailable.
 	ErrUnavailable = redisx.ErrUnavailable
 	// ErrBadReply means Redis answered with a reply of an unexpected shape.
 	ErrBadReply = redisx.ErrBadReply
@@ -56,8 +58,9 @@ const (
 	MaxPeriod = limits.MaxPeriod
 	// MaxChecks is the largest number of checks in one [Limiter.AllowMulti] call.
 	MaxChecks = 16
-	// MaxSubjectLen is the longest subject or tag, in bytes (before hashing).
-	MaxSubjectLen = 1024
+	// MaxKeyLen is the longest subject or tag, in bytes (before hashing); the same bound as
+	// hybrid.MaxKeyLen and concurrency.MaxKeyLen.
+	MaxKeyLen = limits.MaxKeyLen
 )
 
 // Algorithm selects how a [Rule] counts. The zero Algorithm is invalid, so a Rule whose
@@ -294,7 +297,7 @@ type Result struct {
 // Check is one rule to apply to one subject within [Limiter.AllowMulti].
 type Check struct {
 	Rule    Rule   // the limit to apply
-	Subject string // who is limited; non-empty, at most MaxSubjectLen bytes
+	Subject string // who is limited; non-empty, at most MaxKeyLen bytes
 	N       int64  // the request's cost under this rule; 1 to Rule.Limit
 }
 
@@ -316,8 +319,8 @@ func (l *Limiter) Allow(ctx context.Context, rule Rule, subject string) (Result,
 
 // AllowN reports whether a request of cost n by subject is admitted under rule, and counts it if so,
 // in one atomic script call. A denial is not an error: an error means no decision was made (invalid
-// input, wrapping [ErrInvalid]; [ErrUnavailable] while the breaker is open; or a Redis failure, for
-// which [IsTransport] is true unless Redis refused this key alone). The subject is also the hash tag
+// input, wrapping [ErrInvalid]; wrapping [ErrUnavailable] while the breaker is open or when Redis could
+// not serve the call, for which [IsTransport] is also true; or a reply Redis gave for this key alone). The subject is also the hash tag
 // of the key, so it must not contain '}' unless subjects are hashed ([WithHashedSubjects]).
 func (l *Limiter) AllowN(ctx context.Context, rule Rule, subject string, n int64) (Result, error) {
 	checks := [1]Check{{Rule: rule, Subject: subject, N: n}}
@@ -333,7 +336,7 @@ func (l *Limiter) AllowN(ctx context.Context, rule Rule, subject string, n int64
 // AllowMulti applies every check to one request in one atomic script call: if every rule has room,
 // every rule counts the request; if any rule denies, none counts anything. All the keys of the call
 // carry tag as their hash tag (typically the tenant), so they live in one Redis Cluster slot; the tag
-// must be non-empty, at most MaxSubjectLen bytes and, unless subjects are hashed, free of '}'.
+// must be non-empty, at most MaxKeyLen bytes and, unless subjects are hashed, free of '}'.
 // Checks must name distinct (rule, subject) pairs; there may be 1 to MaxChecks of them.
 func (l *Limiter) AllowMulti(ctx context.Context, tag string, checks []Check) (MultiResult, error) {
 	out := make([]Result, len(checks))
@@ -357,8 +360,8 @@ func (l *Limiter) evaluate(ctx context.Context, tag string, checks []Check, out 
 		if err := c.Rule.Validate(); err != nil {
 			return false, 0, err
 		}
-		if c.Subject == "" || len(c.Subject) > MaxSubjectLen {
-			return false, 0, fmt.Errorf("%w: rule %q: subject of %d bytes: want 1 to %d", ErrInvalid, c.Rule.Name, len(c.Subject), MaxSubjectLen)
+		if c.Subject == "" || len(c.Subject) > MaxKeyLen {
+			return false, 0, fmt.Errorf("%w: rule %q: subject of %d bytes: want 1 to %d", ErrInvalid, c.Rule.Name, len(c.Subject), MaxKeyLen)
 		}
 		if c.N < 1 || c.N > c.Rule.Limit {
 			return false, 0, fmt.Errorf("%w: rule %q: n=%d out of range [1, limit=%d]", ErrInvalid, c.Rule.Name, c.N, c.Rule.Limit)
@@ -417,8 +420,8 @@ func (l *Limiter) evaluate(ctx context.Context, tag string, checks []Check, out 
 // validTag checks a hash tag (or an AllowN subject, which is its own tag).
 func (l *Limiter) validTag(tag string) error {
 	switch {
-	case tag == "" || len(tag) > MaxSubjectLen:
-		return fmt.Errorf("%w: tag or subject of %d bytes: want 1 to %d", ErrInvalid, len(tag), MaxSubjectLen)
+	case tag == "" || len(tag) > MaxKeyLen:
+		return fmt.Errorf("%w: tag or subject of %d bytes: want 1 to %d", ErrInvalid, len(tag), MaxKeyLen)
 	case !l.opts.hash && strings.IndexByte(tag, '}') >= 0:
 		return fmt.Errorf("%w: tag %q contains '}', which would end the hash tag early (hash the subjects)", ErrInvalid, tag)
 	}
@@ -459,7 +462,7 @@ func key(prefix, tag, rule, code, subject string) string {
 func (l *Limiter) call(ctx context.Context, sc *redisx.Script, keys []string, args []any) (any, error) {
 	if !l.guard.Allow() {
 		l.stats.Rejected.Add(1)
-		return nil, ErrUnavailable
+		return nil, redisx.ErrBreakerOpen
 	}
 	caller := ctx
 	ctx, cancel := context.WithTimeout(ctx, l.opts.timeout)
@@ -469,6 +472,9 @@ func (l *Limiter) call(ctx context.Context, sc *redisx.Script, keys []string, ar
 		l.stats.Errors.Add(1)
 	}
 	l.guard.Done(caller, err)
+	if err != nil && redisx.IsTransport(err) {
+		err = fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
 	return res, err
 }
 
