@@ -2,9 +2,12 @@ package concurrency
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
+
+	"github.com/hybridrate/hybridrate/internal/redisx"
 )
 
 // Lease is the answer to [Limiter.TryAcquire] or [Limiter.Acquire]: when [Lease.Acquired] reports
@@ -92,18 +95,11 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) (bool, error) {
 		}
 		return true, nil // FailOpen: nothing holds the slot
 	}
-	if !l.br.allow() {
-		return false, fmt.Errorf("%w: circuit breaker open", ErrUnavailable)
-	}
 	start := l.o.now()
-	cctx, cancel := context.WithTimeout(ctx, l.o.timeout)
-	rep, err := l.script.run(cctx, l.rdb, redisKey(l.o.prefix, ls.key), opExtend, ls.id, 0, ttlMS(ttl))
-	cancel()
-	f := classify(err)
-	if f != faultNone && ctx.Err() != nil {
-		f = faultCanceled
+	rep, f, err := l.call(ctx, redisKey(l.o.prefix, ls.key), opExtend, ls.id, 0, ttlMS(ttl))
+	if errors.Is(err, redisx.ErrBreakerOpen) {
+		return false, fmt.Errorf("concurrency: extend: %w", err)
 	}
-	l.br.done(f, err)
 	switch f {
 	case faultNone:
 		if rep.ok {
@@ -114,5 +110,5 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) (bool, error) {
 		return false, ctx.Err()
 	}
 	l.stats.RedisErrors.Add(1)
-	return false, fmt.Errorf("%w: extend: %v", ErrUnavailable, err)
+	return false, fmt.Errorf("%w: extend: %w", ErrUnavailable, err)
 }

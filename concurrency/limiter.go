@@ -70,8 +70,8 @@ type Limiter struct {
 	owned   bool                  // rdb is a client of our own, which Close closes
 	cleanup runtime.Cleanup       // closes an rdb of our own if the Limiter is dropped without Close
 	o       options
-	script  *script
-	br      breaker
+	guard   *redisx.Guard // the breaker in front of rdb
+	runner  redisx.Runner // runs concurrency.lua
 	fb      fallback
 	stats   Stats
 	tag     string        // this Limiter's random lease-id prefix
@@ -117,8 +117,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		rdb:     brdb,
 		owned:   owned,
 		o:       o,
-		script:  newScript(),
-		br:      newBreaker(o.logger),
+		guard:   newGuard(brdb, o.logger),
 		tag:     hex.EncodeToString(b[:]),
 		held:    make(map[*Lease]heldInfo),
 		sweepAt: minSweep,
@@ -181,19 +180,12 @@ func (l *Limiter) TryAcquire(ctx context.Context, key string, limit int, ttl tim
 	}
 	ls := &Lease{l: l, key: key, num: l.seq.Add(1)}
 	ls.id = l.tag + "-" + strconv.FormatUint(ls.num, 36)
-	if !l.br.allow() {
-		return l.decideLocally(ls, limit, ttl), nil
-	}
 	rkey := redisKey(l.o.prefix, key)
 	start := l.o.now() // the lease expires no earlier than start+ttl on Redis's clock
-	cctx, cancel := context.WithTimeout(ctx, l.o.timeout)
-	rep, err := l.script.run(cctx, l.rdb, rkey, opAcquire, ls.id, limit, ttlMS(ttl))
-	cancel()
-	f := classify(err)
-	if f != faultNone && ctx.Err() != nil {
-		f = faultCanceled
+	rep, f, err := l.call(ctx, rkey, opAcquire, ls.id, limit, ttlMS(ttl))
+	if errors.Is(err, redisx.ErrBreakerOpen) {
+		return l.decideLocally(ls, limit, ttl), nil // nothing was sent: nothing to count as an error
 	}
-	l.br.done(f, err)
 	switch f {
 	case faultNone:
 	case faultCanceled:
@@ -271,7 +263,7 @@ func (l *Limiter) decideLocally(ls *Lease, limit int, ttl time.Duration) *Lease 
 	case FailOpen:
 		ls.acquired = true
 	case FailClosed:
-		ls.retryAfter = breakerCooldown
+		ls.retryAfter = redisx.DefaultBreakerCooldown
 	default:
 		ls.acquired, ls.inFlight, ls.retryAfter = l.fb.acquire(ls.key, ls.num, share(limit, l.o.nodes), ttl, l.o.now())
 	}
@@ -320,47 +312,42 @@ func (l *Limiter) Acquire(ctx context.Context, key string, limit int, ttl time.D
 }
 
 // InFlight returns the number of unexpired leases key holds in Redis (leases granted by a failure
-// policy are not in Redis). It is for monitoring and tests; its error wraps ErrUnavailable when
-// Redis could not answer.
+// policy are not in Redis). It is for monitoring and tests; it goes through the circuit breaker as
+// every call does. Its error is ctx's if it ended first, or wraps ErrUnavailable when Redis could
+// not answer (the breaker is open, or the call failed).
 func (l *Limiter) InFlight(ctx context.Context, key string) (int, error) {
 	if len(key) == 0 || len(key) > MaxKeyLen {
 		return 0, fmt.Errorf("%w: %d bytes, want 1 to %d", ErrInvalidKey, len(key), MaxKeyLen)
 	}
-	cctx, cancel := context.WithTimeout(ctx, l.o.timeout)
-	defer cancel()
-	rep, err := l.script.run(cctx, l.rdb, redisKey(l.o.prefix, key), opCount, "", 0, 0)
-	if err != nil {
-		if ctx.Err() != nil {
-			return 0, ctx.Err()
-		}
-		return 0, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	rep, f, err := l.call(ctx, redisKey(l.o.prefix, key), opCount, "", 0, 0)
+	switch f {
+	case faultNone:
+		return rep.inFlight, nil
+	case faultCanceled:
+		return 0, ctx.Err()
 	}
-	return rep.inFlight, nil
+	if errors.Is(err, ErrUnavailable) {
+		return 0, fmt.Errorf("concurrency: in flight: %w", err)
+	}
+	return 0, fmt.Errorf("%w: in flight: %w", ErrUnavailable, err)
 }
 
 // releaseRedis removes a lease from Redis; its error wraps ErrUnavailable when Redis did not answer.
 func (l *Limiter) releaseRedis(ctx context.Context, rkey, id string) error {
-	if !l.br.allow() {
-		l.stats.ReleaseErrors.Add(1)
-		return fmt.Errorf("%w: circuit breaker open", ErrUnavailable)
-	}
-	cctx, cancel := context.WithTimeout(ctx, l.o.timeout)
-	_, err := l.script.run(cctx, l.rdb, rkey, opRelease, id, 0, 0)
-	cancel()
-	f := classify(err)
-	if f != faultNone && ctx.Err() != nil {
-		f = faultCanceled
-	}
-	l.br.done(f, err)
+	_, f, err := l.call(ctx, rkey, opRelease, id, 0, 0)
 	if f == faultNone {
 		return nil
+	}
+	if errors.Is(err, redisx.ErrBreakerOpen) {
+		l.stats.ReleaseErrors.Add(1)
+		return fmt.Errorf("concurrency: release: %w", err)
 	}
 	l.stats.ReleaseErrors.Add(1)
 	if n, ok := l.releaseLog.due(l.o.now()); ok {
 		l.o.logger.Warn("concurrency: release failed; the slot returns when the lease expires",
 			"failures", n, "last_error", err)
 	}
-	return fmt.Errorf("%w: release: %v", ErrUnavailable, err)
+	return fmt.Errorf("%w: release: %w", ErrUnavailable, err)
 }
 
 // Close makes TryAcquire and Acquire return ErrClosed, then releases every Redis lease of this

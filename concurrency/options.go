@@ -32,11 +32,8 @@ const Layout = "v1"
 
 // internal tunables, not options.
 const (
-	breakerThreshold = redisx.DefaultBreakerThreshold // consecutive failed calls that open the breaker
-	breakerCooldown  = redisx.DefaultBreakerCooldown  // open time before a probe
-	breakerMinSpan   = redisx.DefaultBreakerMinSpan   // a run of failures must last this long to open it
-	pollMin          = 2 * time.Millisecond           // Acquire's first wait between tries
-	pollMax          = 50 * time.Millisecond          // and its longest
+	pollMin = 2 * time.Millisecond  // Acquire's first wait between tries
+	pollMax = 50 * time.Millisecond // and its longest
 )
 
 // FailurePolicy says what TryAcquire and Acquire do when Redis cannot decide: the call failed or

@@ -581,3 +581,28 @@ func TestCloseDuringAcquires(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 0, n, "of %d leases granted, none outlives Close", granted.Load())
 }
+
+// TestInFlightGoesThroughTheBreaker: InFlight is guarded like every other call (issue 25): once the
+// breaker is open it fails at once, with no call sent, and its error wraps ErrUnavailable.
+func TestInFlightGoesThroughTheBreaker(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	lim, err := concurrency.New(rdb, concurrency.WithFailurePolicy(concurrency.FailClosed))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = lim.Close(context.Background()) })
+	ctx := context.Background()
+	for i := range 10 { // more failures than the breaker's threshold, over more than its minimum span
+		if i == 5 {
+			wait(t, 100*time.Millisecond)
+		}
+		ls, err := lim.TryAcquire(ctx, "k", 1, time.Minute)
+		require.NoError(t, err)
+		require.True(t, ls.Unavailable())
+	}
+	failed := lim.Stats().RedisErrors.Load()
+	require.Less(t, failed, int64(10), "the breaker opened: later tries were not sent")
+	_, err = lim.InFlight(ctx, "k")
+	require.ErrorIs(t, err, concurrency.ErrUnavailable)
+	assert.Contains(t, err.Error(), "circuit breaker open")
+}

@@ -22,7 +22,6 @@ import (
 	"github.com/hybridrate/hybridrate/denycache"
 	"github.com/hybridrate/hybridrate/internal/limits"
 	"github.com/hybridrate/hybridrate/internal/outcome"
-	"github.com/hybridrate/hybridrate/internal/redisx"
 	"github.com/hybridrate/hybridrate/local"
 	ratesync "github.com/hybridrate/hybridrate/sync"
 )
@@ -134,19 +133,18 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	logs := newBGLog(o.logger, logSummaryEvery)
 	var self *Limiter // set below, before anything can call Fleet
 	cc, err := central.New(central.Config{
-		Client:       rdb,
-		Prefix:       o.prefix,
-		NodeID:       o.nodeID,
-		SyncTimeout:  o.syncTimeout,
-		FlushTimeout: o.flushTimeout,
-		MaxBatch:     scriptBatch,
-		PruneAge:     pruneAge,
-		Recount:      recountPeriod,
-		ActiveWindow: 2 * LeaseLife,
-		Horizon:      LeaseHorizon,
-		Advance:      o.leaseAdvance,
-		Breaker: redisx.BreakerConfig{Threshold: breakerThreshold, Cooldown: breakerCooldown, MinSpan: breakerMinSpan,
-			OnStateChange: logs.breaker},
+		Client:         rdb,
+		Prefix:         o.prefix,
+		NodeID:         o.nodeID,
+		SyncTimeout:    o.syncTimeout,
+		FlushTimeout:   o.flushTimeout,
+		MaxBatch:       scriptBatch,
+		PruneAge:       pruneAge,
+		Recount:        recountPeriod,
+		ActiveWindow:   2 * LeaseLife,
+		Horizon:        LeaseHorizon,
+		Advance:        o.leaseAdvance,
+		Breaker:        breakerConfig(logs.breaker),
 		OnCheckBreaker: logs.checkBreaker,
 		Now:            nil, // the breaker measures its cooldown on the monotonic clock, never WithClock's
 		ScriptNow:      o.scriptNow,

@@ -51,23 +51,21 @@ const DefaultSyncTimeout = DefaultCheckTimeout
 
 // Tunables that have no option yet; documented in docs/operations.md.
 const (
-	breakerThreshold = redisx.DefaultBreakerThreshold // consecutive failed calls that open a breaker (also the checks' breaker)
-	breakerCooldown  = redisx.DefaultBreakerCooldown  // open time before a probe
-	breakerMinSpan   = redisx.DefaultBreakerMinSpan   // a run of failures must last this long to open a breaker
-	scriptBatch      = 256                            // keys per reconcile script call
-	flushBatch       = 4096                           // keys per pipelined reconcile
-	recountPeriod    = time.Minute                    // Redis scans a key's node records for departed nodes this often
-	pruneAge         = 10 * time.Minute               // a node's record on a key is dropped after this
-	banRefresh       = 10 * time.Second               // change-log read period (Pub/Sub carries changes at once)
-	banPage          = 10000                          // bans per page of the ban-list reads
-	banSweep         = 1000                           // ban-list entries swept for expiry per refresh
-	banCheckEvery    = time.Second                    // a key is checked in Redis's ban list at most this often
-	maxBanChecks     = 1 << 16                        // keys checked per banCheckEvery at most
-	maxDenied        = 1 << 16                        // cached Redis denials
-	maxBans          = 1 << 16                        // bans held locally; more are checked in Redis
-	maxFallback      = 1 << 16                        // keys with a LocalFallback limiter
-	logSummaryEvery  = 10 * time.Second               // at most one line per kind of background failure this often
-	evictionCheck    = time.Minute                    // how often Redis's maxmemory-policy is read
+	breakerCooldown = redisx.DefaultBreakerCooldown // open time before a probe (the breakers use redisx.DefaultBreaker)
+	scriptBatch     = 256                           // keys per reconcile script call
+	flushBatch      = 4096                          // keys per pipelined reconcile
+	recountPeriod   = time.Minute                   // Redis scans a key's node records for departed nodes this often
+	pruneAge        = 10 * time.Minute              // a node's record on a key is dropped after this
+	banRefresh      = 10 * time.Second              // change-log read period (Pub/Sub carries changes at once)
+	banPage         = 10000                         // bans per page of the ban-list reads
+	banSweep        = 1000                          // ban-list entries swept for expiry per refresh
+	banCheckEvery   = time.Second                   // a key is checked in Redis's ban list at most this often
+	maxBanChecks    = 1 << 16                       // keys checked per banCheckEvery at most
+	maxDenied       = 1 << 16                       // cached Redis denials
+	maxBans         = 1 << 16                       // bans held locally; more are checked in Redis
+	maxFallback     = 1 << 16                       // keys with a LocalFallback limiter
+	logSummaryEvery = 10 * time.Second              // at most one line per kind of background failure this often
+	evictionCheck   = time.Minute                   // how often Redis's maxmemory-policy is read
 )
 
 // FailurePolicy says what a limit does when Redis cannot answer a decision that needs it (the circuit
@@ -80,6 +78,14 @@ const (
 // Limit.OnFailure, so that one limiter serves limits with different policies. The zero value,
 // [DefaultFailure], means "the limiter's default".
 type FailurePolicy = outcome.FailurePolicy
+
+// breakerConfig is the breakers' configuration: the defaults every package uses (redisx.DefaultBreaker)
+// and onChange.
+func breakerConfig(onChange func(redisx.BreakerEvent)) redisx.BreakerConfig {
+	cfg := redisx.DefaultBreaker()
+	cfg.OnStateChange = onChange
+	return cfg
+}
 
 // The failure policies.
 const (

@@ -70,7 +70,7 @@ func (e *Enforcer) strictFallback(ps []*planned, res *Result) {
 		case hybrid.FailOpen:
 			d.Allowed = true
 		case hybrid.FailClosed:
-			d.RetryAfter = strictBreakerCooldown
+			d.RetryAfter = strict.DefaultBreakerCooldown
 			d.Unavailable = true
 		default:
 			ok, wait, cancel := e.fb.reserve(p.key, p.u, p.n, e.cfg.FallbackNodes, now)
