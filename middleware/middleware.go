@@ -8,26 +8,19 @@ import (
 	"github.com/hybridrate/hybridrate/policy"
 )
 
-// Checker decides on requests; *policy.Enforcer is the one most callers want.
-type Checker interface {
-	Check(ctx context.Context, req *policy.Request) (policy.Result, error)
-}
-
-var _ Checker = (*policy.Enforcer)(nil)
-
 // Middleware rate-limits HTTP requests with a policy: for each request it extracts the dimensions
-// (API key, user, client address, tenant, route, method, and your own), asks its [Checker], and
+// (API key, user, client address, tenant, route, method, and your own), asks its policy.Checker, and
 // either answers 429 itself or passes the request on with the decision in its context
 // ([FromContext]). Create it with [New]; its [Middleware.Handler] method is a
 // func(http.Handler) http.Handler for any net/http router. It is safe for concurrent use.
 type Middleware struct {
-	c Checker
+	c policy.Checker
 	o options
 }
 
 // New returns a middleware that asks c about every request. Options are applied in order; New
 // returns the first option error.
-func New(c Checker, opts ...Option) (*Middleware, error) {
+func New(c policy.Checker, opts ...Option) (*Middleware, error) {
 	if c == nil {
 		return nil, errors.New("middleware: nil Checker")
 	}

@@ -62,7 +62,7 @@ func do(t *testing.T, h http.Handler, r *http.Request) *httptest.ResponseRecorde
 	return w
 }
 
-func mustNew(t *testing.T, c middleware.Checker, opts ...middleware.Option) *middleware.Middleware {
+func mustNew(t *testing.T, c policy.Checker, opts ...middleware.Option) *middleware.Middleware {
 	t.Helper()
 	m, err := middleware.New(c, opts...)
 	require.NoError(t, err)

@@ -7,7 +7,7 @@
 //	obs, _ := observe.New(enf, observe.Config{MeterProvider: mp,
 //		OnDeny: func(ev *observe.Event) { slog.Info("denied", "rule", ev.Result.Rule, "key", ev.Key) }})
 //	rl, _ := policy.NewReloader(policy.ReloaderConfig{Path: "policy.yaml", Target: obs})
-//	mw, _ := middleware.New(obs, middleware.WithMux(mux)) // an Observer is a middleware.Checker
+//	mw, _ := middleware.New(obs, middleware.WithMux(mux)) // an Observer is a policy.Checker
 //
 // # Metrics
 //

@@ -35,10 +35,18 @@ const (
 	None = "none"
 )
 
-// Checker decides on requests: *policy.Enforcer is the one most callers wrap.
-type Checker interface {
-	Check(ctx context.Context, req *policy.Request) (policy.Result, error)
+// HealthReporter is what an [Observer] asks of the Checker it wraps for its health (Observer.Health,
+// the dashboard) and its Redis metrics: the hybrid limiter (nil if none yet), the strict rules'
+// client and the Enforcer's counters. *policy.Enforcer implements it; a Checker that does not
+// reports an empty, OK Health and no such metrics.
+type HealthReporter interface {
+	policy.Checker
+	Limiter() *hybrid.Limiter
+	StrictHealth() policy.StrictHealth
+	Stats() *policy.Stats
 }
+
+var _ HealthReporter = (*policy.Enforcer)(nil)
 
 // Config configures an [Observer]. Every field is optional.
 type Config struct {
@@ -120,7 +128,7 @@ func shadowDenied(res *policy.Result) bool {
 // to the wrapped Checker. Create it with [New] and [Observer.Close] it when done; it is safe for
 // concurrent use.
 type Observer struct {
-	c   Checker
+	c   policy.Checker
 	cfg Config
 	key []byte
 
@@ -140,7 +148,7 @@ type Observer struct {
 }
 
 // New returns an Observer of c.
-func New(c Checker, cfg Config) (*Observer, error) {
+func New(c policy.Checker, cfg Config) (*Observer, error) {
 	if c == nil {
 		return nil, errors.New("observe: nil Checker")
 	}
@@ -233,7 +241,7 @@ func New(c Checker, cfg Config) (*Observer, error) {
 				ob.ObserveInt64(o.counters[c.kind], c.n.Load(), c.obs)
 			}
 		}
-		enf, ok := o.c.(*policy.Enforcer)
+		enf, ok := o.c.(HealthReporter)
 		if !ok {
 			return nil
 		}
@@ -264,7 +272,7 @@ func (o *Observer) Close() error { return o.reg.Unregister() }
 func (o *Observer) Instance() string { return o.cfg.Instance }
 
 // Checker returns the wrapped Checker.
-func (o *Observer) Checker() Checker { return o.c }
+func (o *Observer) Checker() policy.Checker { return o.c }
 
 // SetPolicy forwards p to the wrapped Checker when it is a policy.Target, and returns an error
 // otherwise.
@@ -542,7 +550,8 @@ func (o *Observer) Subject(key string) (string, bool) {
 	return o.reveal.get(key)
 }
 
-var builtinDims = []string{policy.DimAPIKey, policy.DimUser, policy.DimIP, policy.DimTenant, policy.DimRoute}
+// builtinDims are the dimensions of a rule the policy in force does not name.
+var builtinDims = policy.BuiltinDimensions()
 
 // ruleDims returns the dimensions of rule in the policy in force.
 func (o *Observer) ruleDims(rule string) []string {

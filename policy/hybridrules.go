@@ -26,16 +26,13 @@ func (e *Enforcer) limiterLocked() (*hybrid.Limiter, error) {
 	return l, nil
 }
 
-// Limiters returns the hybrid limiters the Enforcer has created so far, for their Stats: none before
-// a policy with hybrid rules is set, then one, which serves every hybrid rule whatever its failure
-// policy. They belong to the Enforcer: do not close them.
-func (e *Enforcer) Limiters() []*hybrid.Limiter {
+// Limiter returns the hybrid limiter that serves every hybrid rule whatever its failure policy, for
+// its Stats; nil until a policy with hybrid rules has been set. It belongs to the Enforcer: do not
+// close it. Safe for concurrent use; no I/O.
+func (e *Enforcer) Limiter() *hybrid.Limiter {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.lim == nil {
-		return nil
-	}
-	return []*hybrid.Limiter{e.lim}
+	return e.lim
 }
 
 // withFailure sets the failure policy of hybrid units.

@@ -43,15 +43,10 @@ const (
 	HitsCostName = "hits_addend"
 )
 
-// Checker decides on requests: an *observe.Observer or a *policy.Enforcer.
-type Checker interface {
-	Check(ctx context.Context, req *policy.Request) (policy.Result, error)
-}
-
 // Config configures a [Server]. Checker is required.
 type Config struct {
-	// Checker decides on each descriptor.
-	Checker Checker
+	// Checker decides on each descriptor: an *observe.Observer or a *policy.Enforcer.
+	Checker policy.Checker
 	// Keys maps descriptor entry keys to dimension names, beyond the defaults ("remote_address" is
 	// "ip"; any other key names the dimension of the same name; "tier" sets the tier).
 	Keys map[string]string
@@ -222,7 +217,7 @@ func (s *Server) decide(ctx context.Context, api string, req *rlsv3.RateLimitReq
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 			retry = max(retry, res.RetryAfter)
 		}
-		if p := primary(&res); p != nil {
+		if p := res.Primary(); p != nil {
 			st.CurrentLimit = currentLimit(p)
 			st.LimitRemaining = uint32(min(max(p.Remaining, 0), math.MaxUint32))
 			st.DurationUntilReset = durationpb.New(p.ResetAfter)
@@ -238,7 +233,7 @@ func (s *Server) decide(ctx context.Context, api string, req *rlsv3.RateLimitReq
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
 			header("X-RateLimit-Limit", strconv.FormatInt(worst.Limit, 10)),
 			header("X-RateLimit-Remaining", strconv.FormatInt(max(worst.Remaining, 0), 10)),
-			header("X-RateLimit-Reset", strconv.FormatInt(ceilSeconds(worst.ResetAfter), 10)))
+			header("X-RateLimit-Reset", strconv.FormatInt(worst.ResetSeconds(), 10)))
 	}
 	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
@@ -250,25 +245,6 @@ func (s *Server) decide(ctx context.Context, api string, req *rlsv3.RateLimitReq
 func header(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k, Value: v} }
 
 func ceilSeconds(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
-
-// primary returns the decision a descriptor's status reports: the denying rule's when denied, else
-// the enforced counter with the least remaining share of its limit; nil when no rule counted it.
-func primary(res *policy.Result) *policy.Decision {
-	var best *policy.Decision
-	for i := range res.Decisions {
-		d := &res.Decisions[i]
-		if d.Shadow || d.Limit <= 0 {
-			continue
-		}
-		if !res.Allowed && d.Rule == res.Rule && !d.Allowed {
-			return d
-		}
-		if best == nil || float64(d.Remaining)/float64(d.Limit) < float64(best.Remaining)/float64(best.Limit) {
-			best = d
-		}
-	}
-	return best
-}
 
 var units = []struct {
 	unit rlsv3.RateLimitResponse_RateLimit_Unit
