@@ -130,11 +130,16 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 	})
 }
 
-// defaultErrorHandler answers 500 for an invalid cost and 503 otherwise.
+// defaultErrorHandler answers with policy.ErrorStatus(err): 400 {"error":"bad_request"} for a
+// request the policy refuses (an unknown domain, an invalid cost), 499 {"error":"canceled"} when the
+// client gave up, 503 {"error":"rate_limiter_unavailable"} otherwise.
 func defaultErrorHandler(w http.ResponseWriter, _ *http.Request, err error) {
-	if errors.Is(err, policy.ErrInvalidCost) {
-		writeJSON(w, http.StatusInternalServerError, []byte(`{"error":"rate_limiter_error"}`))
-		return
+	switch code := policy.ErrorStatus(err); code {
+	case http.StatusBadRequest:
+		writeJSON(w, code, []byte(`{"error":"bad_request"}`))
+	case policy.StatusClientClosedRequest:
+		writeJSON(w, code, []byte(`{"error":"canceled"}`))
+	default:
+		writeJSON(w, code, []byte(`{"error":"rate_limiter_unavailable"}`))
 	}
-	writeJSON(w, http.StatusServiceUnavailable, []byte(`{"error":"rate_limiter_unavailable"}`))
 }

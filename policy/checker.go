@@ -2,6 +2,8 @@ package policy
 
 import (
 	"context"
+	"errors"
+	"net/http"
 	"slices"
 	"time"
 )
@@ -69,4 +71,28 @@ func BuiltinDimensions() []string {
 	}
 	slices.Sort(dims)
 	return dims
+}
+
+// StatusClientClosedRequest is the HTTP status [ErrorStatus] gives a request whose caller gave up
+// (context.Canceled): 499, as nginx and grpc-gateway use it; no standard status says so.
+const StatusClientClosedRequest = 499
+
+// ErrorStatus is the one mapping from an error of [Checker.Check] to the HTTP status a server
+// answers with, used by package middleware and by the sidecar over HTTP and, through the same
+// statuses, over gRPC (400 InvalidArgument, 499 Canceled, 503 Unavailable):
+//   - nil: 200;
+//   - an error matching [ErrBadRequest] (an unknown domain, an invalid cost): 400;
+//   - context.Canceled (the caller gave up): [StatusClientClosedRequest];
+//   - anything else (Redis could not serve, ErrNoPolicy, ErrClosed, a deadline): 503, no decision
+//     could be made.
+func ErrorStatus(err error) int {
+	switch {
+	case err == nil:
+		return http.StatusOK
+	case errors.Is(err, ErrBadRequest):
+		return http.StatusBadRequest
+	case errors.Is(err, context.Canceled):
+		return StatusClientClosedRequest
+	}
+	return http.StatusServiceUnavailable
 }

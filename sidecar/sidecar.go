@@ -144,19 +144,24 @@ func (s *Server) Register(gs grpc.ServiceRegistrar) { rlsv3.RegisterRateLimitSer
 func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	resp, err := s.decide(ctx, "grpc", req)
 	if err != nil {
-		code := codes.Unavailable
-		switch {
-		case errors.Is(err, errBadRequest):
-			code = codes.InvalidArgument
-		case errors.Is(err, context.Canceled):
-			code = codes.Canceled
-		}
-		return nil, status.Error(code, err.Error())
+		return nil, status.Error(grpcCode(err), err.Error())
 	}
 	return resp, nil
 }
 
-var errBadRequest = errors.New("sidecar: bad request")
+// grpcCode is policy.ErrorStatus in gRPC's terms: 400 InvalidArgument, 499 Canceled, 503 Unavailable.
+func grpcCode(err error) codes.Code {
+	switch policy.ErrorStatus(err) {
+	case http.StatusBadRequest:
+		return codes.InvalidArgument
+	case policy.StatusClientClosedRequest:
+		return codes.Canceled
+	}
+	return codes.Unavailable
+}
+
+// errBadRequest is wrapped by the errors of a malformed request; it matches policy.ErrBadRequest.
+var errBadRequest = fmt.Errorf("sidecar: %w", policy.ErrBadRequest)
 
 // decide checks every descriptor of req.
 func (s *Server) decide(ctx context.Context, api string, req *rlsv3.RateLimitRequest) (resp *rlsv3.RateLimitResponse, err error) {
@@ -204,7 +209,7 @@ func (s *Server) decide(ctx context.Context, api string, req *rlsv3.RateLimitReq
 		pr.Tier, _ = dims.Dimension("tier")
 		pr.Method, _ = dims.Dimension(policy.DimMethod)
 		res, err := s.cfg.Checker.Check(ctx, &pr)
-		if errors.Is(err, policy.ErrUnknownDomain) || errors.Is(err, policy.ErrInvalidCost) {
+		if errors.Is(err, policy.ErrBadRequest) {
 			// The caller's domain or hits_addend: a bad request, not a limiter failure.
 			return nil, fmt.Errorf("%w: descriptor %d: %w", errBadRequest, i, err)
 		}
@@ -342,8 +347,14 @@ func (s *Server) CheckHandler() http.Handler {
 			return
 		}
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBody))
-		if err != nil {
+		var tooLarge *http.MaxBytesError
+		switch {
+		case errors.As(err, &tooLarge):
 			writeError(w, http.StatusRequestEntityTooLarge, "body_too_large")
+			return
+		case err != nil: // the client's body broke off: nothing to decide on
+			s.reqs.Add(r.Context(), 1, s.opts[[2]string{"http", "bad_request"}])
+			writeReason(w, http.StatusBadRequest, "bad_request", "reading the body: "+err.Error())
 			return
 		}
 		var req rlsv3.RateLimitRequest
@@ -353,12 +364,13 @@ func (s *Server) CheckHandler() http.Handler {
 			return
 		}
 		resp, err := s.decide(r.Context(), "http", &req)
-		switch {
-		case errors.Is(err, errBadRequest):
-			writeReason(w, http.StatusBadRequest, "bad_request", strings.TrimPrefix(err.Error(), errBadRequest.Error()+": "))
+		switch code := policy.ErrorStatus(err); code {
+		case http.StatusOK:
+		case http.StatusBadRequest:
+			writeReason(w, code, "bad_request", strings.TrimPrefix(err.Error(), errBadRequest.Error()+": "))
 			return
-		case err != nil:
-			writeError(w, http.StatusServiceUnavailable, "rate_limiter_unavailable")
+		default:
+			writeError(w, code, errorName(code))
 			return
 		}
 		out, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(resp)
@@ -378,6 +390,14 @@ func (s *Server) CheckHandler() http.Handler {
 		w.WriteHeader(code)
 		_, _ = w.Write(out)
 	})
+}
+
+// errorName is the "error" of the JSON body of an answer with status code when no decision was made.
+func errorName(code int) string {
+	if code == policy.StatusClientClosedRequest {
+		return "canceled"
+	}
+	return "rate_limiter_unavailable"
 }
 
 func writeError(w http.ResponseWriter, code int, msg string) {
