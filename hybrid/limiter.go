@@ -60,8 +60,7 @@ type Decision struct {
 	// Unavailable reports a denial made only because Redis could not answer and the failure policy
 	// is FailClosed (Source is then SourceFallback): it says nothing about the key's tokens.
 	Unavailable bool
-	// Source says who decided. (Allowed, Unavailable and Source pack into one word, which keeps a
-	// Decision at 56 bytes for the hot path's return.)
+	// Source says who decided.
 	Source Source
 	// Limit is the limit the decision was made under.
 	Limit Limit
@@ -136,7 +135,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		Client:         rdb,
 		Prefix:         o.prefix,
 		NodeID:         o.nodeID,
-		SyncTimeout:    o.syncTimeout,
+		SyncTimeout:    o.checkTimeout,
 		FlushTimeout:   o.flushTimeout,
 		MaxBatch:       scriptBatch,
 		PruneAge:       pruneAge,
@@ -587,7 +586,7 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 			// only if that check saw every ban (issue 23, item 6).
 			u.Vetted = u.Inc == 0 && l.bansComplete()
 			// Bounded by the check timeout, as central.Client bounds a take.
-			uctx, cancel := context.WithTimeout(sctx, l.opts.syncTimeout)
+			uctx, cancel := context.WithTimeout(sctx, l.opts.checkTimeout)
 			res, err = l.opts.upstream.Take(uctx, l.nodeID, u)
 			cancel()
 		} else {

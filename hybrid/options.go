@@ -44,11 +44,6 @@ const (
 	LeaseAdvance = time.Second
 )
 
-// DefaultSyncTimeout is the former name of DefaultCheckTimeout.
-//
-// Deprecated: use DefaultCheckTimeout.
-const DefaultSyncTimeout = DefaultCheckTimeout
-
 // Tunables that have no option yet; documented in docs/operations.md.
 const (
 	breakerCooldown = redisx.DefaultBreakerCooldown // open time before a probe (the breakers use redisx.DefaultBreaker)
@@ -121,7 +116,7 @@ type options struct {
 	prefix         string
 	maxKeys        int
 	idleEviction   time.Duration
-	syncTimeout    time.Duration
+	checkTimeout   time.Duration
 	flushTimeout   time.Duration
 	now            func() time.Time
 	logger         *slog.Logger
@@ -149,7 +144,7 @@ func defaultOptions() options {
 		prefix:         DefaultKeyPrefix,
 		maxKeys:        DefaultMaxKeys,
 		idleEviction:   DefaultIdleEviction,
-		syncTimeout:    DefaultCheckTimeout,
+		checkTimeout:   DefaultCheckTimeout,
 		flushTimeout:   DefaultFlushTimeout,
 		now:            time.Now,
 		logger:         slog.New(slog.DiscardHandler),
@@ -309,16 +304,10 @@ func WithCheckTimeout(d time.Duration) Option {
 		if d < 100*time.Microsecond || d > 10*time.Second {
 			return badOption("check timeout %v out of range [100µs, 10s]", d)
 		}
-		o.syncTimeout = d
+		o.checkTimeout = d
 		return nil
 	})
 }
-
-// WithSyncTimeout is the former name of WithCheckTimeout ("sync" also names the background loop,
-// which this timeout does not bound).
-//
-// Deprecated: use WithCheckTimeout.
-func WithSyncTimeout(d time.Duration) Option { return WithCheckTimeout(d) }
 
 // WithFlushTimeout bounds one background reconcile (one pipeline round), from 1ms to 1 minute. The
 // default is 500ms.

@@ -223,14 +223,17 @@ type Limiter struct {
 }
 
 // New returns a Limiter that keeps its counters in rdb: a *redis.Client, a *redis.ClusterClient or
-// a Sentinel failover client. It returns the first error of the options (wrapping [ErrInvalid]), and
-// does no I/O; scripts are loaded on first use.
+// a Sentinel failover client. It returns the first error of the options, a nil Option included
+// (wrapping [ErrInvalid]), and does no I/O; scripts are loaded on first use.
 func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	if rdb == nil {
 		return nil, fmt.Errorf("%w: nil redis client", ErrInvalid)
 	}
 	o := newOptions()
 	for _, opt := range opts {
+		if opt == nil {
+			return nil, fmt.Errorf("%w: nil option", ErrInvalid)
+		}
 		if err := opt.apply(&o); err != nil {
 			return nil, err
 		}

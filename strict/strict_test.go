@@ -595,6 +595,7 @@ func TestStrictValidation(t *testing.T) {
 	for _, opt := range []Option{
 		WithKeyPrefix(""), WithKeyPrefix("a{"), WithKeyPrefix("a b"), WithTimeout(0), WithTimeout(-time.Second),
 		WithBreaker(0, time.Second, 0), WithBreaker(1, 0, 0), WithBreaker(1, time.Second, -1),
+		WithKeyPrefix(strings.Repeat("p", 65)), nil,
 	} {
 		_, err := New(rdb, opt)
 		assert.ErrorIs(t, err, ErrInvalid)
