@@ -389,9 +389,9 @@ func path(res *policy.Result) string {
 	p := "local"
 	for _, d := range res.Decisions {
 		switch d.Source {
-		case policy.SourceFallback:
+		case hybrid.SourceFallback:
 			return "fallback"
-		case policy.SourceCentral, policy.SourceStrict:
+		case hybrid.SourceCentral, policy.SourceStrict:
 			p = "redis"
 		}
 	}

@@ -3,25 +3,20 @@ package policy
 import (
 	"time"
 
+	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/outcome"
 )
 
-// Source says who made a rule's decision. It is hybrid.Source (the same type, the same values): a
-// hybrid rule's decision keeps the source its limiter gave, and two values only an Enforcer uses,
-// SourceStrict and SourceMemo, complete it. Its String returns "local", "central", "deny-cache",
-// "fallback", "strict" or "memo".
-type Source = outcome.Source
+// Source says who made a rule's decision. It is hybrid.Source, the same type with the same names: a
+// hybrid rule's decision keeps the source its limiter gave (hybrid.SourceLocal,
+// hybrid.SourceCentral, hybrid.SourceDenyCache, hybrid.SourceFallback, the last also for a strict
+// rule its failure policy answered), and two values only an Enforcer gives complete it, SourceStrict
+// and SourceMemo. Its String returns "local", "central", "deny-cache", "fallback", "strict" or
+// "memo".
+type Source = hybrid.Source
 
-// The decision sources.
+// The decision sources only an Enforcer gives.
 const (
-	// SourceLocal: a hybrid rule's local allowance, no I/O.
-	SourceLocal = outcome.SourceLocal
-	// SourceCentral: a hybrid rule's synchronous Redis check.
-	SourceCentral = outcome.SourceCentral
-	// SourceDenyCache: a hybrid rule's deny cache (banned, or denied by Redis until its retry-after).
-	SourceDenyCache = outcome.SourceDenyCache
-	// SourceFallback: Redis could not answer; the rule's failure policy decided.
-	SourceFallback = outcome.SourceFallback
 	// SourceStrict: a strict rule, in one atomic Redis call with the request's other strict rules.
 	SourceStrict = outcome.SourceStrict
 	// SourceMemo: this Enforcer remembered the rule's denial of the subject until its retry-after;

@@ -469,7 +469,7 @@ func TestFailurePolicyPerRuleWhenRedisIsDown(t *testing.T) {
 			}
 			require.NotEmpty(t, res.Decisions)
 			last := res.Decisions[len(res.Decisions)-1]
-			assert.Contains(t, []policy.Source{policy.SourceFallback, policy.SourceMemo, policy.SourceDenyCache}, last.Source,
+			assert.Contains(t, []policy.Source{hybrid.SourceFallback, policy.SourceMemo, hybrid.SourceDenyCache}, last.Source,
 				"%s: %v", route, units(res))
 		}
 		return out
@@ -687,7 +687,7 @@ func TestOneHybridLimiterServesEveryFailurePolicy(t *testing.T) {
 		}
 		return allowed, sources, unavailable
 	}
-	fb, memo := policy.SourceFallback, policy.SourceMemo
+	fb, memo := hybrid.SourceFallback, policy.SourceMemo
 	for _, tc := range []struct {
 		route       string
 		allowed     []bool

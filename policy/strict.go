@@ -65,7 +65,7 @@ func (e *Enforcer) strictFallback(ps []*planned, res *Result) {
 	allowed := true
 	start := len(res.Decisions)
 	for i, p := range ps {
-		d := p.decision(false, SourceFallback)
+		d := p.decision(false, hybrid.SourceFallback)
 		switch p.r.failure {
 		case hybrid.FailOpen:
 			d.Allowed = true

@@ -1,9 +1,10 @@
 // Package outcome holds the words every limiter of the module uses for the outcome of a decision:
 // who made it ([Source]) and what a limit does when Redis cannot make it ([FailurePolicy]). They are
-// defined once here so that hybrid, concurrency and policy share one type and one set of values;
-// each of those packages re-exports them under its own name (hybrid.FailurePolicy,
-// concurrency.FailurePolicy and policy's rules use the same type, hybrid.SourceCentral and
-// policy.SourceCentral are the same value). Nothing outside the module imports this package.
+// defined once here so that hybrid, concurrency and policy share one type and one set of values:
+// hybrid and concurrency re-export them (hybrid.FailClosed and concurrency.FailClosed are one value;
+// a policy rule's OnFailure is a hybrid.FailurePolicy), policy.Source is hybrid.Source with the two
+// values only a policy gives (policy.SourceStrict, policy.SourceMemo). Nothing outside the module
+// imports this package.
 package outcome
 
 import "fmt"

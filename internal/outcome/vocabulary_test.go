@@ -18,9 +18,9 @@ func TestOneVocabulary(t *testing.T) {
 		concurrency.FailOpen != hybrid.FailOpen || concurrency.DefaultFailure != hybrid.DefaultFailure {
 		t.Error("hybrid's and concurrency's failure policies differ")
 	}
-	var src policy.Source = hybrid.SourceCentral
-	if src != policy.SourceCentral || concurrency.SourceCentral != hybrid.SourceCentral ||
-		concurrency.SourceFallback != policy.SourceFallback {
+	var src hybrid.Source = policy.SourceStrict // compiles only if policy.Source is hybrid.Source
+	if src.String() != "strict" || concurrency.SourceCentral != hybrid.SourceCentral ||
+		concurrency.SourceFallback != hybrid.SourceFallback {
 		t.Error("the packages' sources differ")
 	}
 	for _, err := range []error{concurrency.ErrUnavailable, strict.ErrUnavailable, central.ErrUnavailable} {
