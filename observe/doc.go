@@ -27,7 +27,7 @@
 //   - hybridrate.rule.shadow_denials: would-be denials of rules in shadow mode (or of any rule while
 //     the policy is in shadow mode), by rule, route and tier.
 //   - hybridrate.check.duration: decision latency in seconds, by path (local: no Redis round trip;
-//     redis: a synchronous or strict Redis call; fallback: a failure policy answered) and outcome.
+//     central: a synchronous or strict Redis call; fallback: a failure policy answered) and outcome.
 //   - hybridrate.window.denied: the denials the in-memory window holds (the dashboard's span).
 //   - hybridrate.strict.calls, hybridrate.strict.errors (by class: error, breaker_open) and
 //     hybridrate.strict.breaker.state: the strict rules' Redis client, when the Checker implements

@@ -94,7 +94,8 @@ type Event struct {
 	Route, Tier string
 	// Method is the request's method.
 	Method string
-	// Path is "local" (no Redis round trip), "redis" or "fallback" (a failure policy answered).
+	// Path is "local" (no Redis round trip), "central" (a synchronous or strict Redis call, as
+	// hybrid.SourceCentral names it) or "fallback" (a failure policy answered).
 	Path string
 	// Result is the policy's answer; Err is non-nil when no decision could be made.
 	Result policy.Result
@@ -204,7 +205,7 @@ func New(c policy.Checker, cfg Config) (*Observer, error) {
 	o.counters[kindShadow], errs[3] = m.Int64ObservableCounter("hybridrate.rule.shadow_denials",
 		metric.WithDescription("Would-be denials of rules in shadow mode, by rule, route and tier."))
 	o.latency, errs[4] = m.Float64Histogram("hybridrate.check.duration", metric.WithUnit("s"),
-		metric.WithDescription("Decision latency, by path (local, redis, fallback) and outcome."),
+		metric.WithDescription("Decision latency, by path (local, central, fallback) and outcome."),
 		metric.WithExplicitBucketBoundaries(1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3,
 			2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25))
 	health, err := m.Int64ObservableGauge("hybridrate.window.denied",
@@ -392,7 +393,7 @@ func path(res *policy.Result) string {
 		case hybrid.SourceFallback:
 			return "fallback"
 		case hybrid.SourceCentral, policy.SourceStrict:
-			p = "redis"
+			p = "central"
 		}
 	}
 	return p
