@@ -20,37 +20,9 @@ const (
 	hdrContentType = "Content-Type"
 )
 
-// primary returns the decision the X-RateLimit headers describe: the denying one with the longest
-// retry-after when the request was denied, else the enforced one with the fewest units left. It
-// returns nil when no enforced counter was consulted.
-func primary(res *policy.Result) *policy.Decision {
-	var best *policy.Decision
-	for i := range res.Decisions {
-		d := &res.Decisions[i]
-		if d.Shadow {
-			continue
-		}
-		switch {
-		case best == nil:
-			best = d
-		case !d.Allowed && best.Allowed:
-			best = d
-		case !d.Allowed && !best.Allowed:
-			if d.RetryAfter > best.RetryAfter {
-				best = d
-			}
-		case d.Allowed && best.Allowed:
-			if d.Remaining < best.Remaining {
-				best = d
-			}
-		}
-	}
-	return best
-}
-
 // writeHeaders sets the selected rate-limit headers of res on h, building every value in one string.
 func writeHeaders(h http.Header, set HeaderSet, res *policy.Result) {
-	p := primary(res)
+	p := res.Primary()
 	if p == nil {
 		return
 	}

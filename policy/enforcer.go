@@ -39,8 +39,9 @@ type Config struct {
 	// Strict rules are not idempotent under go-redis's retries (a re-sent script may count twice,
 	// never admit twice); MaxRetries: -1 keeps each charge single (see strict.Limiter).
 	Redis redis.UniversalClient
-	// Prefix starts every Redis key (hybrid and strict); the default is hybrid.DefaultKeyPrefix.
-	Prefix string
+	// KeyPrefix starts every Redis key (hybrid and strict rules): what hybrid.WithKeyPrefix and
+	// strict.WithKeyPrefix accept. The default is hybrid.DefaultKeyPrefix.
+	KeyPrefix string
 	// HybridOptions are passed to hybrid.New for the hybrid rules' limiter (one per Enforcer, created
 	// when a policy first needs it), before the Enforcer's own WithLogger and WithKeyPrefix. Each rule
 	// carries its failure policy in its limits (hybrid.Limit.OnFailure), so hybrid.WithFailurePolicy
@@ -120,8 +121,8 @@ func NewEnforcer(cfg Config) (*Enforcer, error) {
 	if cfg.Redis == nil {
 		return nil, errors.New("policy: Config.Redis is nil")
 	}
-	if cfg.Prefix == "" {
-		cfg.Prefix = hybrid.DefaultKeyPrefix
+	if cfg.KeyPrefix == "" {
+		cfg.KeyPrefix = hybrid.DefaultKeyPrefix
 	}
 	if cfg.StrictTimeout == 0 {
 		cfg.StrictTimeout = DefaultStrictTimeout

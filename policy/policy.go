@@ -15,13 +15,26 @@ import (
 // concrete error is an [*Error], which names the file and line when the policy came from a file.
 var ErrInvalid = errors.New("policy: invalid policy")
 
+// ErrBadRequest is matched (errors.Is) by every error of [Enforcer.Check] that blames the request
+// rather than the limiter: [ErrUnknownDomain] and [ErrInvalidCost]. [ErrorStatus] answers it with 400.
+var ErrBadRequest = errors.New("policy: bad request")
+
 // ErrUnknownDomain is wrapped by the error [Enforcer.Check] returns for a request of a domain other
 // than the policy's Domain when its UnknownDomain is DomainReject: nothing was consulted or consumed.
-var ErrUnknownDomain = errors.New("policy: unknown domain")
+// It matches [ErrBadRequest].
+var ErrUnknownDomain error = &badRequest{"policy: unknown domain"}
 
 // ErrInvalidCost is wrapped by the error [Enforcer.Check] returns when a request's cost, computed by
-// a [CostFunc], is below 1 or above a rule's limit: no rule was consulted and nothing was consumed.
-var ErrInvalidCost = errors.New("policy: invalid request cost")
+// a [CostFunc] or given in Request.Cost, is below 1 or above a rule's limit: no rule was consulted
+// and nothing was consumed. It matches [ErrBadRequest]: the request asks for more than a rule can
+// ever admit.
+var ErrInvalidCost error = &badRequest{"policy: invalid request cost"}
+
+// badRequest is a sentinel error that matches ErrBadRequest.
+type badRequest struct{ msg string }
+
+func (e *badRequest) Error() string        { return e.msg }
+func (e *badRequest) Is(target error) bool { return target == ErrBadRequest }
 
 // Error is a policy that cannot be used. Line and Column are 1-based positions in File, zero when
 // unknown (a policy built in Go, or a whole-file problem).

@@ -65,12 +65,12 @@ func (e *Enforcer) strictFallback(ps []*planned, res *Result) {
 	allowed := true
 	start := len(res.Decisions)
 	for i, p := range ps {
-		d := p.decision(false, SourceFallback)
+		d := p.decision(false, hybrid.SourceFallback)
 		switch p.r.failure {
 		case hybrid.FailOpen:
 			d.Allowed = true
 		case hybrid.FailClosed:
-			d.RetryAfter = strictBreakerCooldown
+			d.RetryAfter = strict.DefaultBreakerCooldown
 			d.Unavailable = true
 		default:
 			ok, wait, cancel := e.fb.reserve(p.key, p.u, p.n, e.cfg.FallbackNodes, now)

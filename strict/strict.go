@@ -25,8 +25,10 @@ var (
 	// [New]'s errors for an invalid option). Such a request never reaches Redis and never counts
 	// against the breaker.
 	ErrInvalid = redisx.NewError(redisx.ClassInvalid, "strict: invalid request")
-	// ErrUnavailable means the circuit breaker is open: the call was not sent. It is the same value
-	// as central.ErrUnavailable.
+	// ErrUnavailable is wrapped by every error that means Redis could not serve the call: the
+	// circuit breaker is open (the call was not sent), or the call failed in transport, timed out or
+	// was refused (exactly the errors for which [IsTransport] is true). It is the same value as
+	// hybrid.ErrUnavailable and concurrency.ErrUnavailable.
 	ErrUnavailable = redisx.ErrUnavailable
 	// ErrBadReply means Redis answered with a reply of an unexpected shape.
 	ErrBadReply = redisx.ErrBadReply
@@ -56,8 +58,9 @@ const (
 	MaxPeriod = limits.MaxPeriod
 	// MaxChecks is the largest number of checks in one [Limiter.AllowMulti] call.
 	MaxChecks = 16
-	// MaxSubjectLen is the longest subject or tag, in bytes (before hashing).
-	MaxSubjectLen = 1024
+	// MaxKeyLen is the longest subject or tag, in bytes (before hashing); the same bound as
+	// hybrid.MaxKeyLen and concurrency.MaxKeyLen.
+	MaxKeyLen = limits.MaxKeyLen
 )
 
 // Algorithm selects how a [Rule] counts. The zero Algorithm is invalid, so a Rule whose
@@ -230,14 +233,17 @@ type Limiter struct {
 }
 
 // New returns a Limiter that keeps its counters in rdb: a *redis.Client, a *redis.ClusterClient or
-// a Sentinel failover client. It returns the first error of the options (wrapping [ErrInvalid]), and
-// does no I/O; scripts are loaded on first use.
+// a Sentinel failover client. It returns the first error of the options, a nil Option included
+// (wrapping [ErrInvalid]), and does no I/O; scripts are loaded on first use.
 func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	if rdb == nil {
 		return nil, fmt.Errorf("%w: nil redis client", ErrInvalid)
 	}
 	o := newOptions()
 	for _, opt := range opts {
+		if opt == nil {
+			return nil, fmt.Errorf("%w: nil option", ErrInvalid)
+		}
 		if err := opt.apply(&o); err != nil {
 			return nil, err
 		}
@@ -307,7 +313,7 @@ type Result struct {
 // Check is one rule to apply to one subject within [Limiter.AllowMulti].
 type Check struct {
 	Rule    Rule   // the limit to apply
-	Subject string // who is limited; non-empty, at most MaxSubjectLen bytes
+	Subject string // who is limited; non-empty, at most MaxKeyLen bytes
 	N       int64  // the request's cost under this rule; 1 to Rule.Limit (0 to MaxLimit for UpstreamWindow)
 }
 
@@ -329,8 +335,8 @@ func (l *Limiter) Allow(ctx context.Context, rule Rule, subject string) (Result,
 
 // AllowN reports whether a request of cost n by subject is admitted under rule, and counts it if so,
 // in one atomic script call. A denial is not an error: an error means no decision was made (invalid
-// input, wrapping [ErrInvalid]; [ErrUnavailable] while the breaker is open; or a Redis failure, for
-// which [IsTransport] is true unless Redis refused this key alone). The subject is also the hash tag
+// input, wrapping [ErrInvalid]; wrapping [ErrUnavailable] while the breaker is open or when Redis could
+// not serve the call, for which [IsTransport] is also true; or a reply Redis gave for this key alone). The subject is also the hash tag
 // of the key, so it must not contain '}' unless subjects are hashed ([WithHashedSubjects]).
 func (l *Limiter) AllowN(ctx context.Context, rule Rule, subject string, n int64) (Result, error) {
 	checks := [1]Check{{Rule: rule, Subject: subject, N: n}}
@@ -346,7 +352,7 @@ func (l *Limiter) AllowN(ctx context.Context, rule Rule, subject string, n int64
 // AllowMulti applies every check to one request in one atomic script call: if every rule has room,
 // every rule counts the request; if any rule denies, none counts anything. All the keys of the call
 // carry tag as their hash tag (typically the tenant), so they live in one Redis Cluster slot; the tag
-// must be non-empty, at most MaxSubjectLen bytes and, unless subjects are hashed, free of '}'.
+// must be non-empty, at most MaxKeyLen bytes and, unless subjects are hashed, free of '}'.
 // Checks must name distinct (rule, subject) pairs; there may be 1 to MaxChecks of them.
 func (l *Limiter) AllowMulti(ctx context.Context, tag string, checks []Check) (MultiResult, error) {
 	out := make([]Result, len(checks))
@@ -370,8 +376,8 @@ func (l *Limiter) evaluate(ctx context.Context, tag string, checks []Check, out 
 		if err := c.Rule.Validate(); err != nil {
 			return false, 0, err
 		}
-		if c.Subject == "" || len(c.Subject) > MaxSubjectLen {
-			return false, 0, fmt.Errorf("%w: rule %q: subject of %d bytes: want 1 to %d", ErrInvalid, c.Rule.Name, len(c.Subject), MaxSubjectLen)
+		if c.Subject == "" || len(c.Subject) > MaxKeyLen {
+			return false, 0, fmt.Errorf("%w: rule %q: subject of %d bytes: want 1 to %d", ErrInvalid, c.Rule.Name, len(c.Subject), MaxKeyLen)
 		}
 		if c.Rule.Algorithm == UpstreamWindow {
 			if c.N < 0 || c.N > MaxLimit {
@@ -435,8 +441,8 @@ func (l *Limiter) evaluate(ctx context.Context, tag string, checks []Check, out 
 // validTag checks a hash tag (or an AllowN subject, which is its own tag).
 func (l *Limiter) validTag(tag string) error {
 	switch {
-	case tag == "" || len(tag) > MaxSubjectLen:
-		return fmt.Errorf("%w: tag or subject of %d bytes: want 1 to %d", ErrInvalid, len(tag), MaxSubjectLen)
+	case tag == "" || len(tag) > MaxKeyLen:
+		return fmt.Errorf("%w: tag or subject of %d bytes: want 1 to %d", ErrInvalid, len(tag), MaxKeyLen)
 	case !l.opts.hash && strings.IndexByte(tag, '}') >= 0:
 		return fmt.Errorf("%w: tag %q contains '}', which would end the hash tag early (hash the subjects)", ErrInvalid, tag)
 	}
@@ -477,7 +483,7 @@ func key(prefix, tag, rule, code, subject string) string {
 func (l *Limiter) call(ctx context.Context, sc *redisx.Script, keys []string, args []any) (any, error) {
 	if !l.guard.Allow() {
 		l.stats.Rejected.Add(1)
-		return nil, ErrUnavailable
+		return nil, redisx.ErrBreakerOpen
 	}
 	caller := ctx
 	ctx, cancel := context.WithTimeout(ctx, l.opts.timeout)
@@ -487,6 +493,9 @@ func (l *Limiter) call(ctx context.Context, sc *redisx.Script, keys []string, ar
 		l.stats.Errors.Add(1)
 	}
 	l.guard.Done(caller, err)
+	if err != nil && redisx.IsTransport(err) {
+		err = fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
 	return res, err
 }
 

@@ -34,7 +34,7 @@ const strictT0 = int64(1763771220000000)
 // of 3 failures and 50ms), then opts.
 func newTestStrict(t testing.TB, rdb redis.UniversalClient, opts ...Option) *Limiter {
 	t.Helper()
-	s, err := New(rdb, append([]Option{WithPrefix("t"), WithTimeout(2 * time.Second),
+	s, err := New(rdb, append([]Option{WithKeyPrefix("t"), WithTimeout(2 * time.Second),
 		WithBreaker(3, 50*time.Millisecond, 0)}, opts...)...)
 	require.NoError(t, err)
 	return s
@@ -575,7 +575,7 @@ func TestStrictValidation(t *testing.T) {
 		n       int64
 	}{
 		{"empty subject", ok, "", 1},
-		{"oversized subject", ok, strings.Repeat("x", MaxSubjectLen+1), 1},
+		{"oversized subject", ok, strings.Repeat("x", MaxKeyLen+1), 1},
 		{"subject with a closing brace", ok, "a}b", 1},
 		{"zero n", ok, "s", 0},
 		{"negative n", ok, "s", -1},
@@ -638,8 +638,9 @@ func TestStrictValidation(t *testing.T) {
 	_, err = New(nil)
 	assert.ErrorIs(t, err, ErrInvalid, "no client")
 	for _, opt := range []Option{
-		WithPrefix(""), WithPrefix("a{"), WithPrefix("a b"), WithTimeout(0), WithTimeout(-time.Second),
+		WithKeyPrefix(""), WithKeyPrefix("a{"), WithKeyPrefix("a b"), WithTimeout(0), WithTimeout(-time.Second),
 		WithBreaker(0, time.Second, 0), WithBreaker(1, 0, 0), WithBreaker(1, time.Second, -1),
+		WithKeyPrefix(strings.Repeat("p", 65)), nil,
 	} {
 		_, err := New(rdb, opt)
 		assert.ErrorIs(t, err, ErrInvalid)

@@ -147,7 +147,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 	}
 	enf, err := policy.NewEnforcer(policy.Config{
 		Redis:         rdb,
-		Prefix:        prefix,
+		KeyPrefix:     prefix,
 		HybridOptions: hybridOpts,
 		StrictTimeout: strictTimeout,
 		HashKey:       cfg.hashKey,
