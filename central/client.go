@@ -18,7 +18,8 @@ import (
 
 // Errors returned by the client. Redis errors are wrapped with %w. redisx.Class sorts all of them.
 var (
-	// ErrUnavailable means the breaker is open: the call was not sent. It is the same value as
+	// ErrUnavailable means Redis could not serve the call; returned bare or as
+	// redisx.ErrBreakerOpen, the breaker is open and the call was not sent. It is the same value as
 	// strict.ErrUnavailable.
 	ErrUnavailable = redisx.ErrUnavailable
 	// ErrBadReply means Redis answered with a reply of an unexpected shape. It is the same value as
@@ -346,7 +347,7 @@ func (c *Client) Take(ctx context.Context, u Update) (State, error) {
 	}
 	if !c.guard.AllowCheck(c.checks) {
 		c.stats.Rejected.Add(1)
-		return State{}, ErrUnavailable
+		return State{}, redisx.ErrBreakerOpen
 	}
 	caller := ctx
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.SyncTimeout)
@@ -433,10 +434,10 @@ func (c *Client) Reconcile(ctx context.Context, updates []Update, out []State, e
 		c.stats.Rejected.Add(1)
 		for _, g := range groups {
 			for _, i := range g {
-				errs[i] = ErrUnavailable
+				errs[i] = redisx.ErrBreakerOpen
 			}
 		}
-		return ErrUnavailable
+		return redisx.ErrBreakerOpen
 	}
 	caller := ctx
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.FlushTimeout)

@@ -35,7 +35,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 				i := 0
 				for pb.Next() {
 					ls, err := lim.TryAcquire(ctx, keys[i%nkeys], concurrency.MaxLimit, time.Minute)
-					if err != nil || !ls.Acquired() || ls.Source() != concurrency.SourceRedis {
+					if err != nil || !ls.Acquired() || ls.Source() != concurrency.SourceCentral {
 						b.Errorf("acquire: %v %v", err, ls)
 						return
 					}

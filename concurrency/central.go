@@ -1,11 +1,14 @@
 package concurrency
 
 // This file holds the package's only uses of the shared Redis plumbing (internal/redisx): its error
-// classes, its circuit breaker and its bound on calls to a hung server.
+// classes, its guard (circuit breaker, slot-map reload, caller-deadline rule), its script runner and
+// its bound on calls to a hung server.
 
 import (
+	"context"
 	"errors"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -55,14 +58,38 @@ func classify(err error) fault {
 	return faultRedis
 }
 
-// breaker guards Redis with the shared consecutive-failure breaker.
-type breaker struct{ b *redisx.Breaker }
+// newGuard returns the breaker and guard in front of rdb: the breaker defaults every package uses
+// (redisx.DefaultBreaker), the Cluster slot-map reload after a failure and the rule that a caller
+// that gave up says nothing about Redis, as for package strict.
+func newGuard(rdb redis.UniversalClient, log *slog.Logger) *redisx.Guard {
+	cfg := redisx.DefaultBreaker()
+	cfg.OnStateChange = func(ev redisx.BreakerEvent) { logBreaker(log, ev) }
+	return redisx.NewGuard(redisx.NewBreaker(cfg, nil), rdb)
+}
 
-func newBreaker(log *slog.Logger) breaker {
-	return breaker{redisx.NewBreaker(redisx.BreakerConfig{
-		Threshold: breakerThreshold, Cooldown: breakerCooldown, MinSpan: breakerMinSpan,
-		OnStateChange: func(ev redisx.BreakerEvent) { logBreaker(log, ev) },
-	}, nil)}
+// call runs one operation of concurrency.lua on rkey through the guard and the runner (EVALSHA with
+// EVAL on NOSCRIPT, the variant without "#!lua" on a server that predates script flags), bounded by
+// WithTimeout, and returns its decoded reply and what a failure means ([fault]).
+func (l *Limiter) call(ctx context.Context, rkey, op, id string, limit int, ttlMS int64) (reply, fault, error) {
+	if !l.guard.Allow() {
+		return reply{}, faultRedis, redisx.ErrBreakerOpen
+	}
+	caller := ctx
+	cctx, cancel := context.WithTimeout(ctx, l.o.timeout)
+	defer cancel()
+	res, err := l.runner.Run(cctx, l.rdb, script, []string{rkey}, op, id, strconv.Itoa(limit), strconv.FormatInt(ttlMS, 10))
+	l.guard.Done(caller, err)
+	if err == nil {
+		var rep reply
+		if rep, err = decodeReply(res); err == nil {
+			return rep, faultNone, nil
+		}
+	}
+	f := classify(err)
+	if f != faultNone && caller.Err() != nil {
+		f = faultCanceled
+	}
+	return reply{}, f, err
 }
 
 // logBreaker logs the breaker's state changes that an operator acts on: opened (with the failure that
@@ -75,21 +102,6 @@ func logBreaker(log *slog.Logger, ev redisx.BreakerEvent) {
 			"consecutive_failures", ev.Failures, "last_error", ev.Err, "class", redisx.Class(ev.Err).String())
 	case ev.To == redisx.BreakerClosed:
 		log.Info("concurrency: Redis available again, circuit breaker closed")
-	}
-}
-
-// allow reports whether a call may go to Redis now; a true answer must be followed by one done.
-func (b breaker) allow() bool { return b.b.Allow() }
-
-// done records the outcome of an allowed call, whose fault is f.
-func (b breaker) done(f fault, err error) {
-	switch f {
-	case faultRedis:
-		b.b.Fail(err)
-	case faultCanceled:
-		b.b.Cancel()
-	default:
-		b.b.Success()
 	}
 }
 

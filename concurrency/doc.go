@@ -57,8 +57,8 @@
 //     semaphore with the same TTLs ([WithNodes] says how many nodes share the limits), so the fleet
 //     admits at most max(limit, nodes) per key while Redis is away.
 //   - FailOpen: every lease is granted.
-//   - FailClosed: every lease is denied, with Source SourceFailClosed, so an HTTP server can answer
-//     503 rather than 429.
+//   - FailClosed: every lease is denied and marked Unavailable ([Lease.Unavailable]), so an HTTP
+//     server can answer 503 rather than 429.
 //
 // Leases granted by a failure policy are not in Redis: when Redis comes back, a key can briefly hold
 // its limit in Redis plus the fallback leases still running (at most limit/nodes per node), until

@@ -38,6 +38,6 @@ func Example() {
 	d, _ := lim.TryAcquire(ctx, "tenant-x", 2, time.Minute)
 	fmt.Println(d.Acquired(), d.InFlight())
 	// Output:
-	// true true false 2 redis
+	// true true false 2 central
 	// true 2
 }

@@ -42,7 +42,7 @@ func helperMain() int {
 	got := 0
 	for range n {
 		ls, err := lim.TryAcquire(context.Background(), f[1], limit, ttl)
-		if err != nil || ls.Source() != concurrency.SourceRedis {
+		if err != nil || ls.Source() != concurrency.SourceCentral {
 			fmt.Fprintln(os.Stderr, "helper: acquire:", err)
 			return 2
 		}

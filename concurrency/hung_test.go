@@ -32,7 +32,7 @@ func TestHungRedisBounded(t *testing.T) {
 			held, err := lim.TryAcquire(ctx, "k", 10, time.Minute)
 			require.NoError(t, err)
 			require.True(t, held.Acquired())
-			require.Equal(t, concurrency.SourceRedis, held.Source())
+			require.Equal(t, concurrency.SourceCentral, held.Source())
 			other, err := lim.TryAcquire(ctx, "k", 10, time.Minute)
 			require.NoError(t, err)
 			require.True(t, other.Acquired())
@@ -60,14 +60,14 @@ func TestHungRedisBounded(t *testing.T) {
 				timed("TryAcquire", func() {
 					ls, err := lim.TryAcquire(ctx, "k", 10, time.Minute)
 					require.NoError(t, err, "attempt %d", i)
-					assert.Equal(t, concurrency.SourceLocalFallback, ls.Source(), "attempt %d", i)
+					assert.Equal(t, concurrency.SourceFallback, ls.Source(), "attempt %d", i)
 				})
 			}
 
 			srv.Resume(t)
 			require.Eventually(t, func() bool {
 				ls, err := lim.TryAcquire(ctx, "k", 10, time.Minute)
-				return err == nil && ls.Source() == concurrency.SourceRedis && ls.Acquired() && ls.Release(ctx) == nil
+				return err == nil && ls.Source() == concurrency.SourceCentral && ls.Acquired() && ls.Release(ctx) == nil
 			}, 10*time.Second, 20*time.Millisecond, "Redis decides again after SIGCONT")
 		})
 	}
@@ -108,7 +108,7 @@ func TestHungClusterBounded(t *testing.T) {
 			var held *concurrency.Lease
 			require.Eventually(t, func() bool { // the first calls load the slot map and the script
 				ls, err := lim.TryAcquire(ctx, key, 10, time.Minute)
-				if err != nil || !ls.Acquired() || ls.Source() != concurrency.SourceRedis {
+				if err != nil || !ls.Acquired() || ls.Source() != concurrency.SourceCentral {
 					return false
 				}
 				held = ls
@@ -117,7 +117,7 @@ func TestHungClusterBounded(t *testing.T) {
 			other, err := lim.TryAcquire(ctx, key, 10, time.Minute)
 			require.NoError(t, err)
 			require.True(t, other.Acquired())
-			require.Equal(t, concurrency.SourceRedis, other.Source())
+			require.Equal(t, concurrency.SourceCentral, other.Source())
 
 			master := cl.MasterFor(t, "{"+key+"}")
 			master.Pause(t)
@@ -143,7 +143,7 @@ func TestHungClusterBounded(t *testing.T) {
 				timed("TryAcquire", func() {
 					ls, err := lim.TryAcquire(ctx, key, 10, time.Minute)
 					require.NoError(t, err, "attempt %d", i)
-					assert.Equal(t, concurrency.SourceLocalFallback, ls.Source(), "attempt %d", i)
+					assert.Equal(t, concurrency.SourceFallback, ls.Source(), "attempt %d", i)
 				})
 			}
 
@@ -151,7 +151,7 @@ func TestHungClusterBounded(t *testing.T) {
 			cl.WaitHealthy(t, 30*time.Second)
 			require.Eventually(t, func() bool {
 				ls, err := lim.TryAcquire(ctx, key, 10, time.Minute)
-				return err == nil && ls.Source() == concurrency.SourceRedis && ls.Acquired() && ls.Release(ctx) == nil
+				return err == nil && ls.Source() == concurrency.SourceCentral && ls.Acquired() && ls.Release(ctx) == nil
 			}, 10*time.Second, 20*time.Millisecond, "Redis decides again after SIGCONT")
 			require.NoError(t, lim.Close(ctx))
 			require.NoError(t, rdb.Ping(ctx).Err(), "the caller's client is not closed")

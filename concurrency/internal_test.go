@@ -167,15 +167,15 @@ func TestOptions(t *testing.T) {
 	}
 	assert.Equal(t, "fail-closed", FailClosed.String())
 	assert.Equal(t, "FailurePolicy(9)", FailurePolicy(9).String())
-	assert.Equal(t, "local-fallback", SourceLocalFallback.String())
-	assert.Equal(t, "Source(9)", Source(9).String())
+	assert.Equal(t, "fallback", SourceFallback.String())
+	assert.Equal(t, "central", SourceCentral.String())
 }
 
 func TestHeldLeasesAreSwept(t *testing.T) {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	defer rdb.Close()
-	lim, err := New(rdb)
+	lim, err := New(rdb, WithTimeout(time.Second)) // a loaded machine must not send a take to the fallback
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +200,7 @@ func TestHeldLeasesAreSwept(t *testing.T) {
 	if got := len(lim.held); got != minSweep-1 {
 		t.Fatalf("%d leases held, want %d", got, minSweep-1)
 	}
-	now = now.Add(2 * time.Second) // every lease so far has surely expired
+	now = now.Add(3 * time.Second) // every lease so far has surely expired (ttl 1s, timeout 1s)
 	last := take()
 	if got, want := len(lim.held), 1; got != want {
 		t.Errorf("%d leases held after the sweep, want %d", got, want)

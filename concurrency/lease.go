@@ -2,9 +2,12 @@ package concurrency
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
+
+	"github.com/hybridrate/hybridrate/internal/redisx"
 )
 
 // Lease is the answer to [Limiter.TryAcquire] or [Limiter.Acquire]: when [Lease.Acquired] reports
@@ -18,6 +21,7 @@ type Lease struct {
 	num        uint64 // the lease's number in this Limiter, its id in the local semaphore
 	acquired   bool
 	source     Source
+	fallback   FailurePolicy // the policy that decided under SourceFallback
 	inFlight   int
 	retryAfter time.Duration
 	released   atomic.Bool
@@ -29,17 +33,22 @@ func (ls *Lease) Acquired() bool { return ls.acquired }
 // Key returns the key the lease was asked for.
 func (ls *Lease) Key() string { return ls.key }
 
-// Source returns who decided: SourceRedis normally, or the failure policy while Redis could not.
+// Source returns who decided: SourceCentral normally, or SourceFallback when the failure policy did
+// while Redis could not.
 func (ls *Lease) Source() Source { return ls.source }
 
+// Unavailable reports a lease denied only because Redis could not decide and the failure policy is
+// FailClosed: it says nothing about the key's slots (an HTTP server answers 503, not 429).
+func (ls *Lease) Unavailable() bool { return ls.source == SourceFallback && ls.fallback == FailClosed }
+
 // InFlight returns the number of leases the key held just after the decision, this one included if
-// acquired: in Redis, or in the local semaphore under SourceLocalFallback (0 under SourceFailOpen and
-// SourceFailClosed).
+// acquired: in Redis, or in the local semaphore under LocalFallback (0 under FailOpen and
+// FailClosed).
 func (ls *Lease) InFlight() int { return ls.inFlight }
 
 // RetryAfter returns, for a lease that was not acquired, an upper bound on the wait for a slot: the
 // time until the earliest lease of the key expires (holders usually release sooner), or the circuit
-// breaker's cooldown under SourceFailClosed. It is 0 for an acquired lease.
+// breaker's cooldown when [Lease.Unavailable]. It is 0 for an acquired lease.
 func (ls *Lease) RetryAfter() time.Duration { return ls.retryAfter }
 
 // Release gives the lease's slot back. It is idempotent: only the first call on an acquired lease
@@ -53,14 +62,14 @@ func (ls *Lease) Release(ctx context.Context) error {
 		return nil
 	}
 	l := ls.l
-	switch ls.source {
-	case SourceRedis:
+	switch {
+	case ls.source == SourceCentral:
 		rkey, ok := l.untrack(ls)
 		if !ok { // Close released it, or it expired long ago
 			return nil
 		}
 		return l.releaseRedis(context.WithoutCancel(ctx), rkey, ls.id)
-	case SourceLocalFallback:
+	case ls.fallback == LocalFallback:
 		l.fb.release(ls.key, ls.num, l.o.now())
 	}
 	return nil
@@ -80,24 +89,17 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) (bool, error) {
 		return false, nil
 	}
 	l := ls.l
-	switch ls.source {
-	case SourceFailOpen:
-		return true, nil
-	case SourceLocalFallback:
-		return l.fb.extend(ls.key, ls.num, ttl, l.o.now()), nil
-	}
-	if !l.br.allow() {
-		return false, fmt.Errorf("%w: circuit breaker open", ErrUnavailable)
+	if ls.source == SourceFallback {
+		if ls.fallback == LocalFallback {
+			return l.fb.extend(ls.key, ls.num, ttl, l.o.now()), nil
+		}
+		return true, nil // FailOpen: nothing holds the slot
 	}
 	start := l.o.now()
-	cctx, cancel := context.WithTimeout(ctx, l.o.timeout)
-	rep, err := l.script.run(cctx, l.rdb, redisKey(l.o.prefix, ls.key), opExtend, ls.id, 0, ttlMS(ttl))
-	cancel()
-	f := classify(err)
-	if f != faultNone && ctx.Err() != nil {
-		f = faultCanceled
+	rep, f, err := l.call(ctx, redisKey(l.o.prefix, ls.key), opExtend, ls.id, 0, ttlMS(ttl))
+	if errors.Is(err, redisx.ErrBreakerOpen) {
+		return false, fmt.Errorf("concurrency: extend: %w", err)
 	}
-	l.br.done(f, err)
 	switch f {
 	case faultNone:
 		if rep.ok {
@@ -108,5 +110,5 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) (bool, error) {
 		return false, ctx.Err()
 	}
 	l.stats.RedisErrors.Add(1)
-	return false, fmt.Errorf("%w: extend: %v", ErrUnavailable, err)
+	return false, fmt.Errorf("%w: extend: %w", ErrUnavailable, err)
 }

@@ -14,6 +14,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/hybridrate/hybridrate/internal/outcome"
+	"github.com/hybridrate/hybridrate/internal/redisx"
 )
 
 // Errors returned by the Limiter. A full key is not an error: see [Lease.Acquired].
@@ -27,39 +30,23 @@ var (
 	// ErrClosed is returned by TryAcquire and Acquire after Close.
 	ErrClosed = errors.New("concurrency: limiter closed")
 	// ErrUnavailable is wrapped by the errors of the calls that cannot fall back on a failure policy
-	// ([Lease.Release], [Lease.Extend], [Limiter.InFlight]) when Redis could not serve them.
-	ErrUnavailable = errors.New("concurrency: redis unavailable")
+	// ([Lease.Release], [Lease.Extend], [Limiter.InFlight]) when Redis could not serve them. It is
+	// the same value as hybrid.ErrUnavailable and strict.ErrUnavailable.
+	ErrUnavailable = redisx.ErrUnavailable
 )
 
-// Source says who decided on a lease.
-type Source uint8
+// Source says who decided on a lease: SourceCentral (Redis) or SourceFallback (the failure policy,
+// while Redis could not). It is the same type as hybrid.Source; its String returns "central" or
+// "fallback".
+type Source = outcome.Source
 
-// The sources.
+// The sources of a lease.
 const (
-	// SourceRedis: Redis decided (the normal case).
-	SourceRedis Source = iota
-	// SourceLocalFallback: Redis could not decide; this node's local semaphore did (LocalFallback).
-	SourceLocalFallback
-	// SourceFailOpen: Redis could not decide; the lease was granted unchecked (FailOpen).
-	SourceFailOpen
-	// SourceFailClosed: Redis could not decide; the lease was denied (FailClosed).
-	SourceFailClosed
+	// SourceCentral: Redis decided (the normal case).
+	SourceCentral = outcome.SourceCentral
+	// SourceFallback: Redis could not decide; the failure policy did.
+	SourceFallback = outcome.SourceFallback
 )
-
-// String returns "redis", "local-fallback", "fail-open" or "fail-closed".
-func (s Source) String() string {
-	switch s {
-	case SourceRedis:
-		return "redis"
-	case SourceLocalFallback:
-		return "local-fallback"
-	case SourceFailOpen:
-		return "fail-open"
-	case SourceFailClosed:
-		return "fail-closed"
-	}
-	return "Source(" + strconv.Itoa(int(s)) + ")"
-}
 
 // Stats counts what a Limiter did; read the fields with Load.
 type Stats struct {
@@ -83,8 +70,8 @@ type Limiter struct {
 	owned   bool                  // rdb is a client of our own, which Close closes
 	cleanup runtime.Cleanup       // closes an rdb of our own if the Limiter is dropped without Close
 	o       options
-	script  *script
-	br      breaker
+	guard   *redisx.Guard // the breaker in front of rdb
+	runner  redisx.Runner // runs concurrency.lua
 	fb      fallback
 	stats   Stats
 	tag     string        // this Limiter's random lease-id prefix
@@ -130,8 +117,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		rdb:     brdb,
 		owned:   owned,
 		o:       o,
-		script:  newScript(),
-		br:      newBreaker(o.logger),
+		guard:   newGuard(brdb, o.logger),
 		tag:     hex.EncodeToString(b[:]),
 		held:    make(map[*Lease]heldInfo),
 		sweepAt: minSweep,
@@ -194,19 +180,12 @@ func (l *Limiter) TryAcquire(ctx context.Context, key string, limit int, ttl tim
 	}
 	ls := &Lease{l: l, key: key, num: l.seq.Add(1)}
 	ls.id = l.tag + "-" + strconv.FormatUint(ls.num, 36)
-	if !l.br.allow() {
-		return l.decideLocally(ls, limit, ttl), nil
-	}
 	rkey := redisKey(l.o.prefix, key)
 	start := l.o.now() // the lease expires no earlier than start+ttl on Redis's clock
-	cctx, cancel := context.WithTimeout(ctx, l.o.timeout)
-	rep, err := l.script.run(cctx, l.rdb, rkey, opAcquire, ls.id, limit, ttlMS(ttl))
-	cancel()
-	f := classify(err)
-	if f != faultNone && ctx.Err() != nil {
-		f = faultCanceled
+	rep, f, err := l.call(ctx, rkey, opAcquire, ls.id, limit, ttlMS(ttl))
+	if errors.Is(err, redisx.ErrBreakerOpen) {
+		return l.decideLocally(ls, limit, ttl), nil // nothing was sent: nothing to count as an error
 	}
-	l.br.done(f, err)
 	switch f {
 	case faultNone:
 	case faultCanceled:
@@ -217,7 +196,7 @@ func (l *Limiter) TryAcquire(ctx context.Context, key string, limit int, ttl tim
 		l.stats.RedisErrors.Add(1)
 		return l.decideLocally(ls, limit, ttl), nil
 	}
-	ls.source = SourceRedis
+	ls.source = SourceCentral
 	ls.inFlight = rep.inFlight
 	if !rep.ok {
 		l.stats.Denied.Add(1)
@@ -279,13 +258,13 @@ func (l *Limiter) extended(ls *Lease, expires time.Time) {
 // decideLocally applies the failure policy to ls.
 func (l *Limiter) decideLocally(ls *Lease, limit int, ttl time.Duration) *Lease {
 	l.stats.Fallbacks.Add(1)
+	ls.source, ls.fallback = SourceFallback, l.o.policy
 	switch l.o.policy {
 	case FailOpen:
-		ls.source, ls.acquired = SourceFailOpen, true
+		ls.acquired = true
 	case FailClosed:
-		ls.source, ls.retryAfter = SourceFailClosed, breakerCooldown
+		ls.retryAfter = redisx.DefaultBreakerCooldown
 	default:
-		ls.source = SourceLocalFallback
 		ls.acquired, ls.inFlight, ls.retryAfter = l.fb.acquire(ls.key, ls.num, share(limit, l.o.nodes), ttl, l.o.now())
 	}
 	if ls.acquired {
@@ -298,7 +277,7 @@ func (l *Limiter) decideLocally(ls *Lease, limit int, ttl time.Duration) *Lease 
 
 // Acquire is TryAcquire that waits for a free slot: it tries again, with growing pauses (2ms to
 // 50ms, with jitter), until it holds a lease or ctx ends, in which case it returns ctx's error. It
-// returns a lease that is not acquired only when the failure policy denied it (SourceFailClosed),
+// returns a lease that is not acquired only when the failure policy denied it ([Lease.Unavailable]),
 // so that the caller can tell "limiter unavailable" from "busy". Waiters are not queued: a waiter
 // may be overtaken by later callers.
 func (l *Limiter) Acquire(ctx context.Context, key string, limit int, ttl time.Duration) (*Lease, error) {
@@ -311,7 +290,7 @@ func (l *Limiter) Acquire(ctx context.Context, key string, limit int, ttl time.D
 	}()
 	for {
 		ls, err := l.TryAcquire(ctx, key, limit, ttl)
-		if err != nil || ls.acquired || ls.source == SourceFailClosed {
+		if err != nil || ls.acquired || ls.Unavailable() {
 			return ls, err
 		}
 		d := pause/2 + rand.N(pause/2+1)
@@ -333,47 +312,42 @@ func (l *Limiter) Acquire(ctx context.Context, key string, limit int, ttl time.D
 }
 
 // InFlight returns the number of unexpired leases key holds in Redis (leases granted by a failure
-// policy are not in Redis). It is for monitoring and tests; its error wraps ErrUnavailable when
-// Redis could not answer.
+// policy are not in Redis). It is for monitoring and tests; it goes through the circuit breaker as
+// every call does. Its error is ctx's if it ended first, or wraps ErrUnavailable when Redis could
+// not answer (the breaker is open, or the call failed).
 func (l *Limiter) InFlight(ctx context.Context, key string) (int, error) {
 	if len(key) == 0 || len(key) > MaxKeyLen {
 		return 0, fmt.Errorf("%w: %d bytes, want 1 to %d", ErrInvalidKey, len(key), MaxKeyLen)
 	}
-	cctx, cancel := context.WithTimeout(ctx, l.o.timeout)
-	defer cancel()
-	rep, err := l.script.run(cctx, l.rdb, redisKey(l.o.prefix, key), opCount, "", 0, 0)
-	if err != nil {
-		if ctx.Err() != nil {
-			return 0, ctx.Err()
-		}
-		return 0, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	rep, f, err := l.call(ctx, redisKey(l.o.prefix, key), opCount, "", 0, 0)
+	switch f {
+	case faultNone:
+		return rep.inFlight, nil
+	case faultCanceled:
+		return 0, ctx.Err()
 	}
-	return rep.inFlight, nil
+	if errors.Is(err, ErrUnavailable) {
+		return 0, fmt.Errorf("concurrency: in flight: %w", err)
+	}
+	return 0, fmt.Errorf("%w: in flight: %w", ErrUnavailable, err)
 }
 
 // releaseRedis removes a lease from Redis; its error wraps ErrUnavailable when Redis did not answer.
 func (l *Limiter) releaseRedis(ctx context.Context, rkey, id string) error {
-	if !l.br.allow() {
-		l.stats.ReleaseErrors.Add(1)
-		return fmt.Errorf("%w: circuit breaker open", ErrUnavailable)
-	}
-	cctx, cancel := context.WithTimeout(ctx, l.o.timeout)
-	_, err := l.script.run(cctx, l.rdb, rkey, opRelease, id, 0, 0)
-	cancel()
-	f := classify(err)
-	if f != faultNone && ctx.Err() != nil {
-		f = faultCanceled
-	}
-	l.br.done(f, err)
+	_, f, err := l.call(ctx, rkey, opRelease, id, 0, 0)
 	if f == faultNone {
 		return nil
+	}
+	if errors.Is(err, redisx.ErrBreakerOpen) {
+		l.stats.ReleaseErrors.Add(1)
+		return fmt.Errorf("concurrency: release: %w", err)
 	}
 	l.stats.ReleaseErrors.Add(1)
 	if n, ok := l.releaseLog.due(l.o.now()); ok {
 		l.o.logger.Warn("concurrency: release failed; the slot returns when the lease expires",
 			"failures", n, "last_error", err)
 	}
-	return fmt.Errorf("%w: release: %v", ErrUnavailable, err)
+	return fmt.Errorf("%w: release: %w", ErrUnavailable, err)
 }
 
 // Close makes TryAcquire and Acquire return ErrClosed, then releases every Redis lease of this

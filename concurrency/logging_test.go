@@ -51,7 +51,7 @@ func TestOutageLogsStateChanges(t *testing.T) {
 	for range 3 {
 		ls, err := lim.TryAcquire(ctx, "k", 10, time.Minute)
 		require.NoError(t, err)
-		require.Equal(t, concurrency.SourceRedis, ls.Source())
+		require.Equal(t, concurrency.SourceCentral, ls.Source())
 		held = append(held, ls)
 	}
 
@@ -76,7 +76,7 @@ func TestOutageLogsStateChanges(t *testing.T) {
 	srv.Restart(t)
 	require.Eventually(t, func() bool {
 		ls, err := lim.TryAcquire(ctx, "k", 10, time.Minute)
-		return err == nil && ls.Source() == concurrency.SourceRedis && ls.Release(ctx) == nil
+		return err == nil && ls.Source() == concurrency.SourceCentral && ls.Release(ctx) == nil
 	}, 10*time.Second, 20*time.Millisecond)
 
 	lines := rec.all()

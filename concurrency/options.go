@@ -4,9 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
+	"github.com/hybridrate/hybridrate/internal/limits"
+	"github.com/hybridrate/hybridrate/internal/outcome"
 	"github.com/hybridrate/hybridrate/internal/redisx"
 )
 
@@ -17,8 +18,9 @@ const (
 	DefaultKeyPrefix = "hr"
 	// DefaultTimeout bounds each Redis call unless [WithTimeout] says otherwise.
 	DefaultTimeout = 50 * time.Millisecond
-	// MaxKeyLen is the longest key the Limiter accepts, in bytes.
-	MaxKeyLen = 1024
+	// MaxKeyLen is the longest key the Limiter accepts, in bytes; the same bound as hybrid.MaxKeyLen
+	// and strict.MaxKeyLen.
+	MaxKeyLen = limits.MaxKeyLen
 	// MaxLimit is the largest limit the Limiter accepts.
 	MaxLimit = 1 << 20
 	// MaxTTL is the longest lease time to live the Limiter accepts.
@@ -30,42 +32,31 @@ const Layout = "v1"
 
 // internal tunables, not options.
 const (
-	breakerThreshold = redisx.DefaultBreakerThreshold // consecutive failed calls that open the breaker
-	breakerCooldown  = redisx.DefaultBreakerCooldown  // open time before a probe
-	breakerMinSpan   = redisx.DefaultBreakerMinSpan   // a run of failures must last this long to open it
-	pollMin          = 2 * time.Millisecond           // Acquire's first wait between tries
-	pollMax          = 50 * time.Millisecond          // and its longest
+	pollMin = 2 * time.Millisecond  // Acquire's first wait between tries
+	pollMax = 50 * time.Millisecond // and its longest
 )
 
 // FailurePolicy says what TryAcquire and Acquire do when Redis cannot decide: the call failed or
 // timed out, the circuit breaker is open, Redis refused the call (OOM, READONLY, NOAUTH, …), or the
-// key could not be used (WRONGTYPE: something else owns the Redis key).
-type FailurePolicy int
+// key could not be used (WRONGTYPE: something else owns the Redis key). It is the same type, with
+// the same values, as hybrid.FailurePolicy; its String returns "default", "local-fallback",
+// "fail-open" or "fail-closed".
+type FailurePolicy = outcome.FailurePolicy
 
 // The failure policies.
 const (
+	// DefaultFailure, the zero value, stands for the default: WithFailurePolicy(DefaultFailure)
+	// keeps LocalFallback.
+	DefaultFailure = outcome.DefaultFailure
 	// LocalFallback admits up to this node's share of the limit, max(1, limit/nodes) leases per key
 	// (nodes: [WithNodes]), counted in a local semaphore with the same TTLs, until Redis is back.
 	// This is the default.
-	LocalFallback FailurePolicy = iota
+	LocalFallback = outcome.LocalFallback
 	// FailOpen admits every request.
-	FailOpen
-	// FailClosed denies every request; the lease's Source is SourceFailClosed.
-	FailClosed
+	FailOpen = outcome.FailOpen
+	// FailClosed denies every request; the lease is marked Unavailable ([Lease.Unavailable]).
+	FailClosed = outcome.FailClosed
 )
-
-// String returns "local-fallback", "fail-open" or "fail-closed".
-func (p FailurePolicy) String() string {
-	switch p {
-	case LocalFallback:
-		return "local-fallback"
-	case FailOpen:
-		return "fail-open"
-	case FailClosed:
-		return "fail-closed"
-	}
-	return fmt.Sprintf("FailurePolicy(%d)", int(p))
-}
 
 // Option configures a [Limiter]; see the With functions.
 type Option interface{ apply(*options) error }
@@ -105,19 +96,23 @@ func badOption(format string, args ...any) error {
 // It must be 1 to 64 bytes with no braces or whitespace. The default is DefaultKeyPrefix ("hr").
 func WithKeyPrefix(p string) Option {
 	return optionFunc(func(o *options) error {
-		if p == "" || len(p) > 64 || strings.ContainsAny(p, "{} \t\r\n") {
-			return badOption("key prefix %q: want 1 to 64 bytes without braces or whitespace", p)
+		if !redisx.ValidPrefix(p) {
+			return badOption("key prefix %q: want 1 to %d bytes without braces or whitespace", p, limits.MaxKeyPrefixLen)
 		}
 		o.prefix = p
 		return nil
 	})
 }
 
-// WithFailurePolicy sets what happens while Redis cannot decide. The default is LocalFallback.
+// WithFailurePolicy sets what happens while Redis cannot decide. The default is LocalFallback, which
+// DefaultFailure also selects.
 func WithFailurePolicy(p FailurePolicy) Option {
 	return optionFunc(func(o *options) error {
-		if p < LocalFallback || p > FailClosed {
+		if !p.Valid() {
 			return badOption("unknown failure policy %d", int(p))
+		}
+		if p == DefaultFailure {
+			p = LocalFallback
 		}
 		o.policy = p
 		return nil

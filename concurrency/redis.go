@@ -1,15 +1,10 @@
 package concurrency
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"strconv"
-	"strings"
-	"sync/atomic"
 
+	"github.com/hybridrate/hybridrate/internal/redisx"
 	"github.com/hybridrate/hybridrate/lua"
-	"github.com/redis/go-redis/v9"
 )
 
 // keySpace is the namespace of this package's keys under the prefix: "<prefix>:v1:c:{<key>}". Package
@@ -30,8 +25,8 @@ const (
 	opCount   = "n"
 )
 
-// errBadReply is a reply of an unexpected shape.
-var errBadReply = errors.New("concurrency: unexpected reply from Redis")
+// errBadReply is a reply of an unexpected shape; it wraps redisx.ErrBadReply.
+var errBadReply = fmt.Errorf("concurrency: %w", redisx.ErrBadReply)
 
 // reply is concurrency.lua's reply.
 type reply struct {
@@ -60,46 +55,5 @@ func decodeReply(v any) (reply, error) {
 	return reply{ok: n[0] == 1, inFlight: int(n[1]), waitMS: n[2]}, nil
 }
 
-// script runs concurrency.lua, by EVALSHA with a fallback to EVAL, and without its "#!lua" line on a
-// server that predates script flags.
-type script struct {
-	std, legacy *redis.Script
-	useLegacy   atomic.Bool // the server rejected the #!lua line
-}
-
-func newScript() *script {
-	src := lua.Concurrency()
-	return &script{std: redis.NewScript(src), legacy: redis.NewScript(lua.StripShebang(src))}
-}
-
-// run calls the script on rkey and decodes its reply.
-func (s *script) run(ctx context.Context, rdb redis.Scripter, rkey, op, id string, limit int, ttlMS int64) (reply, error) {
-	keys := []string{rkey}
-	args := []any{op, id, strconv.Itoa(limit), strconv.FormatInt(ttlMS, 10)}
-	for attempt := 0; ; attempt++ {
-		legacy := s.useLegacy.Load()
-		sc := s.std
-		if legacy {
-			sc = s.legacy
-		}
-		res, err := sc.Run(ctx, rdb, keys, args...).Result()
-		if err != nil && attempt == 0 && !legacy && isShebangUnsupported(err) {
-			s.useLegacy.Store(true)
-			continue
-		}
-		if err != nil {
-			return reply{}, err
-		}
-		return decodeReply(res)
-	}
-}
-
-// isShebangUnsupported reports whether err is a server's complaint about the "#!lua" first line.
-func isShebangUnsupported(err error) bool {
-	var re redis.Error
-	if !errors.As(err, &re) {
-		return false
-	}
-	msg := re.Error()
-	return strings.Contains(msg, "compiling script") && strings.Contains(msg, "'#'")
-}
+// script is concurrency.lua, run by a redisx.Runner.
+var script = redisx.NewScript(lua.Concurrency())

@@ -37,7 +37,7 @@ func acquireAll(t *testing.T, lim *concurrency.Limiter, key string, limit, n int
 	for range n {
 		ls, err := lim.TryAcquire(context.Background(), key, limit, time.Minute)
 		require.NoError(t, err)
-		require.Equal(t, concurrency.SourceRedis, ls.Source())
+		require.Equal(t, concurrency.SourceCentral, ls.Source())
 		if ls.Acquired() {
 			got++
 		}
@@ -60,7 +60,7 @@ func TestLimitIsExactAcrossNodes(t *testing.T) {
 		for i := range nodes * callers {
 			wg.Go(func() {
 				ls, err := lims[i%nodes].TryAcquire(context.Background(), "burst", limit, time.Minute)
-				if assert.NoError(t, err) && assert.Equal(t, concurrency.SourceRedis, ls.Source()) && ls.Acquired() {
+				if assert.NoError(t, err) && assert.Equal(t, concurrency.SourceCentral, ls.Source()) && ls.Acquired() {
 					granted.Add(1)
 					assert.LessOrEqual(t, ls.InFlight(), limit)
 				}
@@ -78,7 +78,7 @@ func TestLimitIsExactAcrossNodes(t *testing.T) {
 				lim := lims[i%nodes]
 				for range 40 {
 					ls, err := lim.Acquire(context.Background(), "churn", limit, time.Minute)
-					if !assert.NoError(t, err) || !assert.Equal(t, concurrency.SourceRedis, ls.Source()) {
+					if !assert.NoError(t, err) || !assert.Equal(t, concurrency.SourceCentral, ls.Source()) {
 						return
 					}
 					n := inFlight.Add(1)
@@ -216,9 +216,9 @@ func TestRedisStopped(t *testing.T) {
 		source   concurrency.Source
 		acquired int // of 5 tries with limit 6 and 3 nodes
 	}{
-		{concurrency.LocalFallback, concurrency.SourceLocalFallback, 2},
-		{concurrency.FailOpen, concurrency.SourceFailOpen, 5},
-		{concurrency.FailClosed, concurrency.SourceFailClosed, 0},
+		{concurrency.LocalFallback, concurrency.SourceFallback, 2},
+		{concurrency.FailOpen, concurrency.SourceFallback, 5},
+		{concurrency.FailClosed, concurrency.SourceFallback, 0},
 	} {
 		t.Run(tc.policy.String(), func(t *testing.T) {
 			t.Parallel()
@@ -237,6 +237,7 @@ func TestRedisStopped(t *testing.T) {
 				ls, err := lim.TryAcquire(ctx, "k", 6, time.Minute)
 				require.NoError(t, err, "a Redis failure is never the caller's error")
 				assert.Equal(t, tc.source, ls.Source())
+				assert.Equal(t, tc.policy == concurrency.FailClosed, ls.Unavailable())
 				if ls.Acquired() {
 					got++
 					leases = append(leases, ls)
@@ -263,7 +264,7 @@ func TestRedisStopped(t *testing.T) {
 			srv.Restart(t)
 			require.Eventually(t, func() bool {
 				ls, err := lim.TryAcquire(ctx, "k", 6, time.Minute)
-				if err != nil || ls.Source() != concurrency.SourceRedis {
+				if err != nil || ls.Source() != concurrency.SourceCentral {
 					return false
 				}
 				return assert.True(t, ls.Acquired()) && assert.NoError(t, ls.Release(ctx))
@@ -290,13 +291,14 @@ func TestRedisRefuses(t *testing.T) {
 			ctx := context.Background()
 			ok, err := lim.TryAcquire(ctx, "warm", 1, time.Minute) // a pooled connection, for the NOAUTH case
 			require.NoError(t, err)
-			require.Equal(t, concurrency.SourceRedis, ok.Source())
+			require.Equal(t, concurrency.SourceCentral, ok.Source())
 			for _, cmd := range tc.break_ {
 				srv.Do(t, cmd...)
 			}
 			ls, err := lim.TryAcquire(ctx, "k", 1, time.Minute)
 			require.NoError(t, err, "a refusal is never the caller's error")
-			assert.Equal(t, concurrency.SourceFailClosed, ls.Source())
+			assert.Equal(t, concurrency.SourceFallback, ls.Source())
+			assert.True(t, ls.Unavailable())
 			assert.False(t, ls.Acquired())
 			assert.Equal(t, int64(1), lim.Stats().RedisErrors.Load())
 			if tc.mend == nil {
@@ -307,7 +309,7 @@ func TestRedisRefuses(t *testing.T) {
 			}
 			require.Eventually(t, func() bool {
 				ls, err := lim.TryAcquire(ctx, "k", 1, time.Minute)
-				return err == nil && ls.Source() == concurrency.SourceRedis && ls.Acquired()
+				return err == nil && ls.Source() == concurrency.SourceCentral && ls.Acquired()
 			}, 10*time.Second, 20*time.Millisecond)
 		})
 	}
@@ -327,12 +329,13 @@ func TestWrongTypeAffectsOnlyItsKey(t *testing.T) {
 		}
 		ls, err := lim.TryAcquire(ctx, "squatted", 3, time.Minute)
 		require.NoError(t, err, "WRONGTYPE is never the caller's error")
-		require.Equal(t, concurrency.SourceFailClosed, ls.Source(), "try %d", i)
+		require.Equal(t, concurrency.SourceFallback, ls.Source(), "try %d", i)
+		require.True(t, ls.Unavailable(), "try %d", i)
 	}
 	assert.Equal(t, int64(20), lim.Stats().RedisErrors.Load())
 	ls, err := lim.TryAcquire(ctx, "other", 3, time.Minute)
 	require.NoError(t, err)
-	assert.Equal(t, concurrency.SourceRedis, ls.Source(), "other keys are unaffected: the breaker stays closed")
+	assert.Equal(t, concurrency.SourceCentral, ls.Source(), "other keys are unaffected: the breaker stays closed")
 	assert.True(t, ls.Acquired())
 	assert.Equal(t, "not a sorted set", srv.Do(t, "get", "hr:v1:c:{squatted}"), "the squatter's value is untouched")
 }
@@ -496,7 +499,7 @@ func TestCluster(t *testing.T) {
 		for i := range 6 {
 			ls, err := lims[i%2].TryAcquire(ctx, key, 3, time.Minute)
 			require.NoError(t, err)
-			require.Equal(t, concurrency.SourceRedis, ls.Source(), "key %q", key)
+			require.Equal(t, concurrency.SourceCentral, ls.Source(), "key %q", key)
 			if ls.Acquired() {
 				got++
 				leases = append(leases, ls)
@@ -531,10 +534,10 @@ func TestLeastPrivilegeACL(t *testing.T) {
 
 	ls, err := lim.TryAcquire(ctx, "acl", 1, time.Minute)
 	require.NoError(t, err)
-	require.Equal(t, concurrency.SourceRedis, ls.Source(), "the ACL allows acquiring")
+	require.Equal(t, concurrency.SourceCentral, ls.Source(), "the ACL allows acquiring")
 	full, err := lim.TryAcquire(ctx, "acl", 1, time.Minute)
 	require.NoError(t, err)
-	assert.Equal(t, concurrency.SourceRedis, full.Source(), "and denying (ZRANGE for the wait)")
+	assert.Equal(t, concurrency.SourceCentral, full.Source(), "and denying (ZRANGE for the wait)")
 	assert.False(t, full.Acquired())
 	ok, err := ls.Extend(ctx, time.Minute)
 	require.NoError(t, err)
@@ -577,4 +580,29 @@ func TestCloseDuringAcquires(t *testing.T) {
 	n, err := newLimiter(t, srv).InFlight(ctx, "closing")
 	require.NoError(t, err)
 	assert.Equal(t, 0, n, "of %d leases granted, none outlives Close", granted.Load())
+}
+
+// TestInFlightGoesThroughTheBreaker: InFlight is guarded like every other call (issue 25): once the
+// breaker is open it fails at once, with no call sent, and its error wraps ErrUnavailable.
+func TestInFlightGoesThroughTheBreaker(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	lim, err := concurrency.New(rdb, concurrency.WithFailurePolicy(concurrency.FailClosed))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = lim.Close(context.Background()) })
+	ctx := context.Background()
+	for i := range 10 { // more failures than the breaker's threshold, over more than its minimum span
+		if i == 5 {
+			wait(t, 100*time.Millisecond)
+		}
+		ls, err := lim.TryAcquire(ctx, "k", 1, time.Minute)
+		require.NoError(t, err)
+		require.True(t, ls.Unavailable())
+	}
+	failed := lim.Stats().RedisErrors.Load()
+	require.Less(t, failed, int64(10), "the breaker opened: later tries were not sent")
+	_, err = lim.InFlight(ctx, "k")
+	require.ErrorIs(t, err, concurrency.ErrUnavailable)
+	assert.Contains(t, err.Error(), "circuit breaker open")
 }

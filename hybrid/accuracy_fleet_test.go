@@ -85,8 +85,11 @@ func accuracyFleet(t *testing.T, nodes int, d time.Duration, opts ...hybrid.Opti
 				k, w.limit.Rate, w.limit.Burst, tl.demanded[k], adm, float64(adm)/allowed, allowed, bound,
 				(allowed+bound)/allowed, localShare(tl.keySources[k]))
 			assert.LessOrEqual(t, float64(adm), allowed+bound, "%s over Burst + Rate·T + E", k)
-			// Liveness, loosely: on a loaded CI machine decisions can stall for a while.
-			assert.GreaterOrEqual(t, float64(adm), 0.8*w.limit.Rate*elapsed, "%s: an overloaded key still gets its rate", k)
+			// Liveness, loosely: on a loaded CI machine decisions can stall for a while, and the
+			// callers themselves may fall so far behind that a key is not over its rate at all
+			// (load average 9 on 2 cores: 194 requests in 3 s of a key at 80/s).
+			live := min(w.limit.Rate*elapsed, float64(tl.demanded[k]))
+			assert.GreaterOrEqual(t, float64(adm), 0.8*live, "%s: an overloaded key still gets its rate (or its demand, if less)", k)
 			assert.Equal(t, adm, got[k], "%s: Redis accounts for every admitted token", k)
 		}
 	}

@@ -191,7 +191,9 @@ func TestBanReachesEveryNode(t *testing.T) {
 		require.Eventually(t, func() bool {
 			d, err := l.Allow(ctx, "abuser", limit)
 			return err == nil && !d.Allowed && d.Source == hybrid.SourceDenyCache && d.RetryAfter > 50*time.Second
-		}, 2*time.Second, 5*time.Millisecond, "node %d", i)
+			// Pub/Sub carries it at once; a node whose subscription was not up yet (a loaded
+			// machine) reads it from the change log within banRefresh (10 s).
+		}, 15*time.Second, 5*time.Millisecond, "node %d", i)
 	}
 	require.NoError(t, f.lims[1].Unban(ctx, "abuser"))
 	for i, l := range f.lims {

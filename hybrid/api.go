@@ -8,11 +8,14 @@ import (
 	"time"
 
 	"github.com/hybridrate/hybridrate/central"
+	"github.com/hybridrate/hybridrate/internal/redisx"
 )
 
-// ErrUnavailable is returned by [Limiter.WaitN] when Redis cannot answer a decision that needs it
-// and the failure policy is FailClosed: the limit cannot be checked, so waiting would not help.
-var ErrUnavailable = errors.New("hybrid: limit cannot be checked: Redis is unavailable and the failure policy is FailClosed")
+// ErrUnavailable is wrapped by every error that means Redis could not serve a call and no failure
+// policy decided in its place: [Limiter.WaitN] when a decision needed Redis and the failure policy
+// is FailClosed (waiting would not help). It is the same value as concurrency.ErrUnavailable and
+// strict.ErrUnavailable, so one errors.Is test serves every package.
+var ErrUnavailable = redisx.ErrUnavailable
 
 // check validates the arguments of the methods other than AllowN (which checks them inline).
 func (l *Limiter) check(ctx context.Context, key string, limit Limit, n int64) error {
@@ -77,8 +80,8 @@ func (l *Limiter) WaitN(ctx context.Context, key string, limit Limit, n int64) e
 		if cerr := ctx.Err(); cerr != nil {
 			return fmt.Errorf("hybrid: wait(n=%d): %w", n, cerr) // the check timed out with ctx
 		}
-		if d.Source == SourceFallback && l.failurePolicy(limit) == FailClosed {
-			return fmt.Errorf("hybrid: wait(n=%d) for %q: %w", n, key, ErrUnavailable)
+		if d.Unavailable {
+			return fmt.Errorf("hybrid: wait(n=%d) for %q: the failure policy is FailClosed: %w", n, key, ErrUnavailable)
 		}
 		wait := max(d.RetryAfter, time.Microsecond)
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {

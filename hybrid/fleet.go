@@ -15,10 +15,23 @@ const (
 	fleetBeat        = 5 * time.Second       // heartbeat period, at least
 	fleetBeatPerNode = 10 * time.Millisecond // heartbeat period per live node, when longer
 	fleetTTL         = 15 * time.Second      // a node counts as live this long after its last heartbeat, at least
+	// fleetQuickBeat is the period of the next heartbeat after one that found the fleet more than a
+	// quarter larger than the last one did (or found it for the first time). A fleet that starts at
+	// once registers one node after another: the first nodes' first heartbeats count only the nodes
+	// before them, and until their next one they size what they grant themselves, and what they
+	// ask Redis to lend them, for a fleet that is too small. On the fleet simulator (64 nodes, small
+	// per-user bursts), nodes that counted 1 to 10 for their first 5 s held leases that the fleet's
+	// real size gives nobody: 9,700 tokens were written off unused in 10 s and 3.8% of the honest
+	// requests were denied (docs/benchmarks.md). A fleet that grows slowly (autoscaling) beats at
+	// its usual period.
+	fleetQuickBeat = 500 * time.Millisecond
 )
 
 // beatEvery returns the heartbeat period for a fleet of n live limiters.
 func (l *Limiter) beatEvery(n int64) time.Duration {
+	if l.fleetGrew.Load() {
+		return min(fleetQuickBeat, l.opts.fleetBeat)
+	}
 	return max(l.opts.fleetBeat, time.Duration(min(n, 1<<20))*fleetBeatPerNode)
 }
 
@@ -33,7 +46,9 @@ func (l *Limiter) beat(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	l.fleetSize.Store(max(n, 1))
+	n = max(n, 1)
+	prev := l.fleetSize.Swap(n)
+	l.fleetGrew.Store(prev == 0 || n > prev+prev/4)
 }
 
 // watchFleet beats now and then every beatEvery (fleetBeat: tests shorten it) until ctx ends.

@@ -69,3 +69,29 @@ func TestFleetRegistryCountsLiveLimiters(t *testing.T) {
 	require.Eventually(t, func() bool { return lims[0].FleetSize() == n-1 && lims[1].FleetSize() == n-1 },
 		10*time.Second, 5*time.Millisecond, "a closed limiter leaves the registry")
 }
+
+// TestFleetStartingAtOnceIsCountedQuickly (issue 21): limiters that start together register one
+// after another, so the first one's first heartbeat counts only itself. It beats again soon (not
+// after its usual period) because the count it found was new, and learns the fleet's real size
+// within about a second: before that, it sized its cold-start credit and leases for a fleet of
+// one.
+func TestFleetStartingAtOnceIsCountedQuickly(t *testing.T) {
+	srv := redistest.Start(t)
+	const n = 4
+	var lims []*hybrid.Limiter
+	for range n {
+		// A heartbeat period far longer than the test: only the quick beat can update the count.
+		lims = append(lims, newLimiter(t, srv.Client(t), hybrid.WithFleetBeat(time.Minute)))
+		require.Eventually(t, func() bool { return lims[len(lims)-1].FleetSize() >= 1 }, 10*time.Second,
+			time.Millisecond, "the limiter's first heartbeat")
+	}
+	assert.Less(t, lims[0].FleetSize(), int64(n), "the first limiter's first heartbeat found fewer than %d", n)
+	require.Eventually(t, func() bool {
+		for _, l := range lims {
+			if l.FleetSize() != n {
+				return false
+			}
+		}
+		return true
+	}, 5*time.Second, 5*time.Millisecond, "every limiter counts the whole fleet after a quick second heartbeat")
+}

@@ -144,6 +144,7 @@ func TestNewDoesNoIOAndRedisDownAtStart(t *testing.T) {
 		require.NoError(t, err, tc.policy.String())
 		assert.Equal(t, tc.allowed, d.Allowed, tc.policy.String())
 		assert.Equal(t, hybrid.SourceFallback, d.Source)
+		assert.Equal(t, tc.policy == hybrid.FailClosed, d.Unavailable, "%v: only a fail-closed denial is Unavailable", tc.policy)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		err = lim.Close(ctx)
 		cancel()

@@ -21,7 +21,7 @@ import (
 	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/denycache"
 	"github.com/hybridrate/hybridrate/internal/limits"
-	"github.com/hybridrate/hybridrate/internal/redisx"
+	"github.com/hybridrate/hybridrate/internal/outcome"
 	"github.com/hybridrate/hybridrate/local"
 	ratesync "github.com/hybridrate/hybridrate/sync"
 )
@@ -35,43 +35,32 @@ var (
 	ErrInvalidCost  = errors.New("hybrid: invalid cost")
 )
 
-// Source says who made a decision.
-type Source uint8
+// Source says who made a decision: SourceLocal, SourceCentral, SourceDenyCache or SourceFallback.
+// It is the same type as policy.Source and the Source of a concurrency lease; its String returns
+// "local", "central", "deny-cache" or "fallback", and "none" for the zero Source (that of a zero
+// Decision, which no decision returns).
+type Source = outcome.Source
 
-// The decision sources.
+// The decision sources of a Limiter.
 const (
 	// SourceLocal: this node's local allowance, no I/O.
-	SourceLocal Source = iota + 1
+	SourceLocal = outcome.SourceLocal
 	// SourceCentral: a synchronous Redis check.
-	SourceCentral
+	SourceCentral = outcome.SourceCentral
 	// SourceDenyCache: the key is banned, or Redis denied it recently and its retry-after has not passed.
-	SourceDenyCache
+	SourceDenyCache = outcome.SourceDenyCache
 	// SourceFallback: Redis was unavailable and the failure policy decided.
-	SourceFallback
+	SourceFallback = outcome.SourceFallback
 )
-
-// String returns "local", "central", "deny-cache" or "fallback"; for the zero Source (the Source of a
-// zero Decision, which no decision returns) and any other value, "none".
-func (s Source) String() string {
-	switch s {
-	case SourceLocal:
-		return "local"
-	case SourceCentral:
-		return "central"
-	case SourceDenyCache:
-		return "deny-cache"
-	case SourceFallback:
-		return "fallback"
-	}
-	return "none"
-}
 
 // Decision is the outcome of AllowN. The zero Decision denies.
 type Decision struct {
 	// Allowed reports whether the n tokens were granted.
 	Allowed bool
-	// Source says who decided. (Next to Allowed: the two pack into one word, which keeps a Decision
-	// at 56 bytes for the hot path's return.)
+	// Unavailable reports a denial made only because Redis could not answer and the failure policy
+	// is FailClosed (Source is then SourceFallback): it says nothing about the key's tokens.
+	Unavailable bool
+	// Source says who decided.
 	Source Source
 	// Limit is the limit the decision was made under.
 	Limit Limit
@@ -110,6 +99,7 @@ type Limiter struct {
 	// fleetSize is the live limiters under this key prefix at the last heartbeat (the fleet
 	// registry, fleet.go); 0 until Redis first answers.
 	fleetSize atomic.Int64
+	fleetGrew atomic.Bool // the last heartbeat found the fleet much larger (beatEvery)
 	fleetW    fleetWatch
 	evict     evictionWatch
 	bans      banWatch
@@ -143,19 +133,18 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	logs := newBGLog(o.logger, logSummaryEvery)
 	var self *Limiter // set below, before anything can call Fleet
 	cc, err := central.New(central.Config{
-		Client:       rdb,
-		Prefix:       o.prefix,
-		NodeID:       o.nodeID,
-		SyncTimeout:  o.syncTimeout,
-		FlushTimeout: o.flushTimeout,
-		MaxBatch:     scriptBatch,
-		PruneAge:     pruneAge,
-		Recount:      recountPeriod,
-		ActiveWindow: 2 * LeaseLife,
-		Horizon:      LeaseHorizon,
-		Advance:      o.leaseAdvance,
-		Breaker: redisx.BreakerConfig{Threshold: breakerThreshold, Cooldown: breakerCooldown, MinSpan: breakerMinSpan,
-			OnStateChange: logs.breaker},
+		Client:         rdb,
+		Prefix:         o.prefix,
+		NodeID:         o.nodeID,
+		SyncTimeout:    o.checkTimeout,
+		FlushTimeout:   o.flushTimeout,
+		MaxBatch:       scriptBatch,
+		PruneAge:       pruneAge,
+		Recount:        recountPeriod,
+		ActiveWindow:   2 * LeaseLife,
+		Horizon:        LeaseHorizon,
+		Advance:        o.leaseAdvance,
+		Breaker:        breakerConfig(logs.breaker),
 		OnCheckBreaker: logs.checkBreaker,
 		Now:            nil, // the breaker measures its cooldown on the monotonic clock, never WithClock's
 		ScriptNow:      o.scriptNow,
@@ -622,7 +611,7 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 			// only if that check saw every ban (issue 23, item 6).
 			u.Vetted = u.Inc == 0 && l.bansComplete()
 			// Bounded by the check timeout, as central.Client bounds a take.
-			uctx, cancel := context.WithTimeout(sctx, l.opts.syncTimeout)
+			uctx, cancel := context.WithTimeout(sctx, l.opts.checkTimeout)
 			res, err = l.opts.upstream.Take(uctx, l.nodeID, u)
 			cancel()
 		} else {
@@ -722,7 +711,7 @@ func (l *Limiter) failure(key string, e *local.Entry, limit Limit, n int64) Deci
 	case FailOpen:
 		d.Allowed = true
 	case FailClosed:
-		d.RetryAfter = breakerCooldown
+		d.RetryAfter, d.Unavailable = breakerCooldown, true
 	default:
 		active := l.fallbackShare(e)
 		r := limit.Rate / float64(active)

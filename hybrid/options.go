@@ -14,6 +14,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/internal/limits"
+	"github.com/hybridrate/hybridrate/internal/outcome"
 	"github.com/hybridrate/hybridrate/internal/redisx"
 )
 
@@ -27,8 +28,9 @@ const (
 	DefaultIdleEviction = 10 * time.Minute
 	DefaultCheckTimeout = 5 * time.Millisecond
 	DefaultFlushTimeout = 500 * time.Millisecond
-	// MaxKeyLen is the longest key AllowN accepts, in bytes.
-	MaxKeyLen = 1024
+	// MaxKeyLen is the longest key AllowN accepts, in bytes; the same bound as concurrency.MaxKeyLen
+	// and strict.MaxKeyLen.
+	MaxKeyLen = limits.MaxKeyLen
 	// LeaseHorizon is how long a lease should last at a node's demand on a key: its size is the
 	// demand × LeaseHorizon, within the node's demand-weighted share of the burst.
 	LeaseHorizon = 4 * time.Second
@@ -42,47 +44,50 @@ const (
 	LeaseAdvance = time.Second
 )
 
-// DefaultSyncTimeout is the former name of DefaultCheckTimeout.
-//
-// Deprecated: use DefaultCheckTimeout.
-const DefaultSyncTimeout = DefaultCheckTimeout
-
 // Tunables that have no option yet; documented in docs/operations.md.
 const (
-	breakerThreshold = redisx.DefaultBreakerThreshold // consecutive failed calls that open a breaker (also the checks' breaker)
-	breakerCooldown  = redisx.DefaultBreakerCooldown  // open time before a probe
-	breakerMinSpan   = redisx.DefaultBreakerMinSpan   // a run of failures must last this long to open a breaker
-	scriptBatch      = 256                            // keys per reconcile script call
-	flushBatch       = 4096                           // keys per pipelined reconcile
-	recountPeriod    = time.Minute                    // Redis scans a key's node records for departed nodes this often
-	pruneAge         = 10 * time.Minute               // a node's record on a key is dropped after this
-	banRefresh       = 10 * time.Second               // change-log read period (Pub/Sub carries changes at once)
-	banPage          = 10000                          // bans per page of the ban-list reads
-	banSweep         = 1000                           // ban-list entries swept for expiry per refresh
-	banCheckEvery    = time.Second                    // a key is checked in Redis's ban list at most this often
-	maxBanChecks     = 1 << 16                        // keys checked per banCheckEvery at most
-	maxDenied        = 1 << 16                        // cached Redis denials
-	maxBans          = 1 << 16                        // bans held locally; more are checked in Redis
-	maxFallback      = 1 << 16                        // keys with a LocalFallback limiter
-	logSummaryEvery  = 10 * time.Second               // at most one line per kind of background failure this often
-	evictionCheck    = time.Minute                    // how often Redis's maxmemory-policy is read
+	breakerCooldown = redisx.DefaultBreakerCooldown // open time before a probe (the breakers use redisx.DefaultBreaker)
+	scriptBatch     = 256                           // keys per reconcile script call
+	flushBatch      = 4096                          // keys per pipelined reconcile
+	recountPeriod   = time.Minute                   // Redis scans a key's node records for departed nodes this often
+	pruneAge        = 10 * time.Minute              // a node's record on a key is dropped after this
+	banRefresh      = 10 * time.Second              // change-log read period (Pub/Sub carries changes at once)
+	banPage         = 10000                         // bans per page of the ban-list reads
+	banSweep        = 1000                          // ban-list entries swept for expiry per refresh
+	banCheckEvery   = time.Second                   // a key is checked in Redis's ban list at most this often
+	maxBanChecks    = 1 << 16                       // keys checked per banCheckEvery at most
+	maxDenied       = 1 << 16                       // cached Redis denials
+	maxBans         = 1 << 16                       // bans held locally; more are checked in Redis
+	maxFallback     = 1 << 16                       // keys with a LocalFallback limiter
+	logSummaryEvery = 10 * time.Second              // at most one line per kind of background failure this often
+	evictionCheck   = time.Minute                   // how often Redis's maxmemory-policy is read
 )
 
 // FailurePolicy says what a limit does when Redis cannot answer a decision that needs it (the circuit
 // breaker is open, or the synchronous check failed or timed out). Keys with local allowance left keep
-// using it whatever the policy.
+// using it whatever the policy. It is the same type, with the same values, as
+// concurrency.FailurePolicy and the policy rules' OnFailure; its String returns "default",
+// "local-fallback", "fail-open" or "fail-closed", and Valid reports whether it is one of the four.
 //
 // A limiter has a default policy ([WithFailurePolicy]); a [Limit] may carry its own in
 // Limit.OnFailure, so that one limiter serves limits with different policies. The zero value,
 // [DefaultFailure], means "the limiter's default".
-type FailurePolicy int
+type FailurePolicy = outcome.FailurePolicy
+
+// breakerConfig is the breakers' configuration: the defaults every package uses (redisx.DefaultBreaker)
+// and onChange.
+func breakerConfig(onChange func(redisx.BreakerEvent)) redisx.BreakerConfig {
+	cfg := redisx.DefaultBreaker()
+	cfg.OnStateChange = onChange
+	return cfg
+}
 
 // The failure policies.
 const (
 	// DefaultFailure, the zero value, is not a policy of its own: in a [Limit] it stands for the
 	// limiter's default (WithFailurePolicy), and WithFailurePolicy(DefaultFailure) keeps the built-in
 	// default, LocalFallback.
-	DefaultFailure FailurePolicy = iota
+	DefaultFailure = outcome.DefaultFailure
 	// LocalFallback enforces, on this node, its share of the global limit (Rate/A, at least one token
 	// of burst, where A is the smaller of the live fleet, Limiter.FleetSize, and the nodes Redis last
 	// reported on the key) with golang.org/x/time/rate until Redis is back, from a bucket that starts
@@ -90,30 +95,12 @@ const (
 	// counted and applied to Redis later; of them, only those the bucket's own refill over the
 	// outage does not pay for are charged as debt, so a key that stayed under its limit is not denied
 	// after the outage (docs/accuracy.md, "Outages"). This is the limiter's default.
-	LocalFallback
+	LocalFallback = outcome.LocalFallback
 	// FailOpen admits every request; admitted tokens are counted and applied to Redis later.
-	FailOpen
-	// FailClosed denies every request that needs Redis.
-	FailClosed
+	FailOpen = outcome.FailOpen
+	// FailClosed denies every request that needs Redis; the [Decision] is marked Unavailable.
+	FailClosed = outcome.FailClosed
 )
-
-// String returns "default", "local-fallback", "fail-open" or "fail-closed".
-func (p FailurePolicy) String() string {
-	switch p {
-	case DefaultFailure:
-		return "default"
-	case LocalFallback:
-		return "local-fallback"
-	case FailOpen:
-		return "fail-open"
-	case FailClosed:
-		return "fail-closed"
-	}
-	return fmt.Sprintf("FailurePolicy(%d)", int(p))
-}
-
-// valid reports whether p is one of the constants above.
-func (p FailurePolicy) valid() bool { return p >= DefaultFailure && p <= FailClosed }
 
 // Option configures a [Limiter]; see the With functions.
 type Option interface{ apply(*options) error }
@@ -129,7 +116,7 @@ type options struct {
 	prefix         string
 	maxKeys        int
 	idleEviction   time.Duration
-	syncTimeout    time.Duration
+	checkTimeout   time.Duration
 	flushTimeout   time.Duration
 	now            func() time.Time
 	logger         *slog.Logger
@@ -157,7 +144,7 @@ func defaultOptions() options {
 		prefix:         DefaultKeyPrefix,
 		maxKeys:        DefaultMaxKeys,
 		idleEviction:   DefaultIdleEviction,
-		syncTimeout:    DefaultCheckTimeout,
+		checkTimeout:   DefaultCheckTimeout,
 		flushTimeout:   DefaultFlushTimeout,
 		now:            time.Now,
 		logger:         slog.New(slog.DiscardHandler),
@@ -213,7 +200,7 @@ func WithDriftThreshold(f float64) Option {
 // DefaultFailure. The default is LocalFallback (as is WithFailurePolicy(DefaultFailure)).
 func WithFailurePolicy(p FailurePolicy) Option {
 	return optionFunc(func(o *options) error {
-		if !p.valid() {
+		if !p.Valid() {
 			return badOption("unknown failure policy %d", int(p))
 		}
 		if p == DefaultFailure {
@@ -264,8 +251,8 @@ func WithLeaseAdvance(d time.Duration) Option {
 // It must be non-empty, at most 64 bytes, with no braces or whitespace. The default is "hr".
 func WithKeyPrefix(p string) Option {
 	return optionFunc(func(o *options) error {
-		if p == "" || len(p) > 64 || strings.ContainsAny(p, "{} \t\r\n") {
-			return badOption("key prefix %q: want 1 to 64 bytes without braces or whitespace", p)
+		if !redisx.ValidPrefix(p) {
+			return badOption("key prefix %q: want 1 to %d bytes without braces or whitespace", p, limits.MaxKeyPrefixLen)
 		}
 		o.prefix = p
 		return nil
@@ -317,16 +304,10 @@ func WithCheckTimeout(d time.Duration) Option {
 		if d < 100*time.Microsecond || d > 10*time.Second {
 			return badOption("check timeout %v out of range [100µs, 10s]", d)
 		}
-		o.syncTimeout = d
+		o.checkTimeout = d
 		return nil
 	})
 }
-
-// WithSyncTimeout is the former name of WithCheckTimeout ("sync" also names the background loop,
-// which this timeout does not bound).
-//
-// Deprecated: use WithCheckTimeout.
-func WithSyncTimeout(d time.Duration) Option { return WithCheckTimeout(d) }
 
 // WithFlushTimeout bounds one background reconcile (one pipeline round), from 1ms to 1 minute. The
 // default is 500ms.
@@ -479,7 +460,7 @@ func (l Limit) Validate() error {
 	if err := limits.CheckRate(l.Rate, l.Burst); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidLimit, err)
 	}
-	if !l.OnFailure.valid() {
+	if !l.OnFailure.Valid() {
 		return fmt.Errorf("%w: unknown failure policy %d", ErrInvalidLimit, int(l.OnFailure))
 	}
 	return nil

@@ -51,3 +51,18 @@ function A.fw.view(r)
   if r.c > 0 then reset = r.start + r.period - r.now end
   return r.limit - r.c, reset
 end
+
+-- uw, the upstream window: envoyproxy/ratelimit's fixed window, with the state, windows and view of fw.
+-- Every hit counts, admitted or refused (upstream's INCRBY), so a refused request still uses up the
+-- window; a check of n = 0 reads the count (over when the count is already above the limit) and writes
+-- nothing; n may exceed the limit (the request is over). The driver takes uw's n even when the check
+-- or another rule of the call refuses (counts_refused).
+
+A.uw = {nkeys = 1, counts_refused = true}
+A.uw.load = A.fw.load
+A.uw.check = A.fw.check
+A.uw.view = A.fw.view
+
+function A.uw.take(r)
+  if r.n > 0 then A.fw.take(r) end
+end

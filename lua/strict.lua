@@ -12,11 +12,13 @@
 -- ARGV[1]  time override in µs (tests only); "0" means Redis TIME, which production always uses
 -- ARGV[2]  max wait in µs: the longest delay the leaky-bucket shaper may hand out; "0" for the others
 -- then 4 arguments per rule: algorithm code, limit (integer 1..1e9), period in µs (integer
---          1000..1e14), n (integer 1..limit)
+--          1000..1e14), n (integer 1..limit; 0..1e9 for an algorithm that counts refused hits)
 -- Reply: {all, then 4 integers per rule: ok, remaining, wait_us, reset_us}
---   all        1 when every rule allowed and consumed; 0 when no rule consumed anything
+--   all        1 when every rule allowed and consumed; 0 when no rule consumed anything, except the
+--              rules of an algorithm with counts_refused (uw), which consume their n either way
 --   ok         1 when this rule alone had room for its n
---   remaining  whole units left (after consumption when all = 1; as they stand otherwise), at least 0
+--   remaining  whole units left (after consumption when all = 1; as they stand otherwise), at least 0;
+--              for a counts_refused algorithm, the limit minus the count, negative when it is above
 --   wait_us    ok = 0: how long until n would fit (retry-after, with no other traffic);
 --              ok = 1: how long the work must wait before it runs (0 except for the shaper)
 --   reset_us   how long until the rule is back to its full allowance, with no further traffic
@@ -34,6 +36,8 @@
 --   check(r)  -> ok, wait_us: from the loaded state, read-only
 --   take(r)   consume r.n: update r's fields and write the state, with its TTL
 --   view(r)   -> remaining, reset_us: from r's fields (taken or not)
+--   counts_refused  optional: true when take(r) runs whether or not the call admits (upstream's
+--             counting), and n may be 0 (a read) or above the limit
 
 -- TOL is the slack, in µs, of comparisons made on fractional times: a deficit that would be refilled
 -- within a nanosecond (plus a 1e-13 share of the period, for float rounding) counts as no deficit.
@@ -89,12 +93,13 @@ for i = 1, (#ARGV - 2) / 4 do
   local alg = A[ARGV[b + 1]]
   local limit = num(ARGV[b + 2], 1, 1e9)
   local period = num(ARGV[b + 3], 1000, 1e14)
-  local n = num(ARGV[b + 4], 1, 1e9)
+  local n = nil
+  if alg ~= nil and alg.counts_refused then n = num(ARGV[b + 4], 0, 1e9) else n = num(ARGV[b + 4], 1, 1e9) end
   local bad = nil
   if alg == nil then bad = 'algorithm'
   elseif limit == nil then bad = 'limit'
   elseif period == nil then bad = 'period'
-  elseif n == nil or n > limit then bad = 'n'
+  elseif n == nil or (n > limit and not alg.counts_refused) then bad = 'n'
   elseif alg.max_limit ~= nil and limit > alg.max_limit then bad = 'limit'
   end
   if bad then return redis.error_reply('ERR hybridrate: bad ' .. bad .. ' for rule ' .. i) end
@@ -122,9 +127,10 @@ end
 
 local out = {all}
 for i, r in ipairs(rules) do
-  if all == 1 then r.alg.take(r) end
+  if all == 1 or r.alg.counts_refused then r.alg.take(r) end
   local remaining, reset = r.alg.view(r)
-  if remaining < 0 then remaining = 0 end
+  if remaining < 0 and not r.alg.counts_refused then remaining = 0 end
+  if remaining < -1e15 then remaining = -1e15 end
   out[#out + 1] = oks[i] and 1 or 0
   out[#out + 1] = remaining
   out[#out + 1] = waits[i]

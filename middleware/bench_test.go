@@ -112,7 +112,7 @@ func warmUp(b *testing.B, m *middleware.Middleware, reqs []*http.Request) {
 		res, _ := middleware.FromContext(r.Context())
 		local = len(res.Decisions) > 0
 		for _, d := range res.Decisions {
-			local = local && d.Source == policy.SourceLocal
+			local = local && d.Source == hybrid.SourceLocal
 		}
 	}))
 	deadline := time.Now().Add(10 * time.Second)

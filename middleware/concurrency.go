@@ -109,7 +109,7 @@ func (m *Middleware) serveCapped(w http.ResponseWriter, r *http.Request, next ht
 		return
 	}
 	if !lease.Acquired() {
-		if lease.Source() == concurrency.SourceFailClosed {
+		if lease.Unavailable() {
 			retry := m.o.closedRetry
 			if retry == 0 {
 				retry = lease.RetryAfter()

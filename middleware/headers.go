@@ -21,34 +21,6 @@ const (
 	hdrContentType = "Content-Type"
 )
 
-// primary returns the decision the X-RateLimit headers describe: the denying one with the longest
-// retry-after when the request was denied, else the enforced one with the fewest units left. It
-// returns nil when no enforced counter was consulted.
-func primary(res *policy.Result) *policy.Decision {
-	var best *policy.Decision
-	for i := range res.Decisions {
-		d := &res.Decisions[i]
-		if d.Shadow {
-			continue
-		}
-		switch {
-		case best == nil:
-			best = d
-		case !d.Allowed && best.Allowed:
-			best = d
-		case !d.Allowed && !best.Allowed:
-			if d.RetryAfter > best.RetryAfter {
-				best = d
-			}
-		case d.Allowed && best.Allowed:
-			if d.Remaining < best.Remaining {
-				best = d
-			}
-		}
-	}
-	return best
-}
-
 // headerValues is the storage of one response's rate-limit header values, part of the request's
 // state (one allocation per request for everything): the five values' bytes and the five one-value
 // slices the header map holds.
@@ -60,7 +32,7 @@ type headerValues struct {
 // writeHeaders sets the selected rate-limit headers of res on h, building every value in one string
 // held in hv: no allocation unless the values outgrow hv.buf (many counters with long names).
 func writeHeaders(h http.Header, set HeaderSet, res *policy.Result, hv *headerValues) {
-	p := primary(res)
+	p := res.Primary()
 	if p == nil {
 		return
 	}

@@ -8,26 +8,19 @@ import (
 	"github.com/hybridrate/hybridrate/policy"
 )
 
-// Checker decides on requests; *policy.Enforcer is the one most callers want.
-type Checker interface {
-	Check(ctx context.Context, req *policy.Request) (policy.Result, error)
-}
-
-var _ Checker = (*policy.Enforcer)(nil)
-
 // Middleware rate-limits HTTP requests with a policy: for each request it extracts the dimensions
-// (API key, user, client address, tenant, route, method, and your own), asks its [Checker], and
+// (API key, user, client address, tenant, route, method, and your own), asks its policy.Checker, and
 // either answers 429 itself or passes the request on with the decision in its context
 // ([FromContext]). Create it with [New]; its [Middleware.Handler] method is a
 // func(http.Handler) http.Handler for any net/http router. It is safe for concurrent use.
 type Middleware struct {
-	c Checker
+	c policy.Checker
 	o options
 }
 
 // New returns a middleware that asks c about every request. Options are applied in order; New
 // returns the first option error.
-func New(c Checker, opts ...Option) (*Middleware, error) {
+func New(c policy.Checker, opts ...Option) (*Middleware, error) {
 	if c == nil {
 		return nil, errors.New("middleware: nil Checker")
 	}
@@ -155,11 +148,16 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 	})
 }
 
-// defaultErrorHandler answers 500 for an invalid cost and 503 otherwise.
+// defaultErrorHandler answers with policy.ErrorStatus(err): 400 {"error":"bad_request"} for a
+// request the policy refuses (an unknown domain, an invalid cost), 499 {"error":"canceled"} when the
+// client gave up, 503 {"error":"rate_limiter_unavailable"} otherwise.
 func defaultErrorHandler(w http.ResponseWriter, _ *http.Request, err error) {
-	if errors.Is(err, policy.ErrInvalidCost) {
-		writeJSON(w, http.StatusInternalServerError, []byte(`{"error":"rate_limiter_error"}`))
-		return
+	switch code := policy.ErrorStatus(err); code {
+	case http.StatusBadRequest:
+		writeJSON(w, code, []byte(`{"error":"bad_request"}`))
+	case policy.StatusClientClosedRequest:
+		writeJSON(w, code, []byte(`{"error":"canceled"}`))
+	default:
+		writeJSON(w, code, []byte(`{"error":"rate_limiter_unavailable"}`))
 	}
-	writeJSON(w, http.StatusServiceUnavailable, []byte(`{"error":"rate_limiter_unavailable"}`))
 }

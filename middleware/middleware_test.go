@@ -62,7 +62,7 @@ func do(t *testing.T, h http.Handler, r *http.Request) *httptest.ResponseRecorde
 	return w
 }
 
-func mustNew(t *testing.T, c middleware.Checker, opts ...middleware.Option) *middleware.Middleware {
+func mustNew(t *testing.T, c policy.Checker, opts ...middleware.Option) *middleware.Middleware {
 	t.Helper()
 	m, err := middleware.New(c, opts...)
 	require.NoError(t, err)
@@ -189,8 +189,8 @@ func TestErrorAnswers(t *testing.T) {
 	assert.Equal(t, http.StatusServiceUnavailable, w.Code)
 	assert.Equal(t, `{"error":"rate_limiter_unavailable"}`, w.Body.String())
 	w = do(t, mustNew(t, &fake{err: policy.ErrInvalidCost}).Handler(next), httptest.NewRequest("GET", "/", nil))
-	assert.Equal(t, http.StatusInternalServerError, w.Code)
-	assert.Equal(t, `{"error":"rate_limiter_error"}`, w.Body.String())
+	assert.Equal(t, http.StatusBadRequest, w.Code)
+	assert.Equal(t, `{"error":"bad_request"}`, w.Body.String())
 	assert.Equal(t, int64(0), next.n.Load())
 
 	// An error handler may fail open.

@@ -265,7 +265,8 @@ func WithMissingKeyStatus(code int) Option {
 
 // WithErrorHandler sets what answers a request when no decision could be made (the policy's
 // Enforcer returned an error: Redis error replies, a closed Enforcer, an invalid cost). The default
-// answers 500 {"error":"rate_limiter_error"} for an invalid cost and 503
+// answers with policy.ErrorStatus, the statuses of the sidecar too: 400 {"error":"bad_request"} for
+// an unknown domain or an invalid cost, 499 {"error":"canceled"} when the client gave up, and 503
 // {"error":"rate_limiter_unavailable"} otherwise. A handler that wants to fail open may call the
 // next handler itself.
 func WithErrorHandler(f func(w http.ResponseWriter, r *http.Request, err error)) Option {

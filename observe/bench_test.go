@@ -37,7 +37,7 @@ func BenchmarkCheck(b *testing.B) {
 		reqs[i] = &policy.Request{Method: "GET", Decisions: make([]policy.Decision, 0, 4),
 			Dims: policy.Values{"api_key": "key-" + strconv.Itoa(i), "route": "GET /v1/items/{id}"}}
 	}
-	for name, c := range map[string]observe.Checker{"enforcer": enf, "observer": obs} {
+	for name, c := range map[string]policy.Checker{"enforcer": enf, "observer": obs} {
 		b.Run(name, func(b *testing.B) {
 			ctx := context.Background()
 			for _, r := range reqs { // every key local

@@ -38,11 +38,11 @@ const fleetName = "{dashboard}"
 type FleetConfig struct {
 	// Redis is where reports are written and read: the limiter's Redis.
 	Redis redis.UniversalClient
-	// Prefix starts the keys, as the limiter's do; the default is hybrid.DefaultKeyPrefix. The keys
+	// KeyPrefix starts the keys, as the limiter's WithKeyPrefix does; the default is hybrid.DefaultKeyPrefix. The keys
 	// are "<prefix>:v3:x:{dashboard}" (a sorted set: report id → time of its last write) and
 	// "<prefix>:v3:x:{dashboard}:<id>" (a string: the report as JSON, with a TTL), in the limiter's
 	// own namespace, which no user key can reach; one hash tag, so one Cluster slot.
-	Prefix string
+	KeyPrefix string
 	// Interval is how often Run writes this instance's report; the default is 5s.
 	Interval time.Duration
 	// TTL is how long a report outlives its last write (an instance that stopped leaves the fleet
@@ -84,8 +84,8 @@ func NewFleet(o *Observer, cfg FleetConfig) (*Fleet, error) {
 	if o == nil || cfg.Redis == nil {
 		return nil, errors.New("observe: NewFleet needs an Observer and FleetConfig.Redis")
 	}
-	if cfg.Prefix == "" {
-		cfg.Prefix = hybrid.DefaultKeyPrefix
+	if cfg.KeyPrefix == "" {
+		cfg.KeyPrefix = hybrid.DefaultKeyPrefix
 	}
 	if cfg.Interval == 0 {
 		cfg.Interval = DefaultFleetInterval
@@ -122,7 +122,7 @@ func NewFleet(o *Observer, cfg FleetConfig) (*Fleet, error) {
 		_, _ = rand.Read(b[:])
 		cfg.ID = o.cfg.Instance + "-" + hex.EncodeToString(b[:])
 	}
-	return &Fleet{o: o, cfg: cfg, index: hybrid.InternalKey(cfg.Prefix, fleetName)}, nil
+	return &Fleet{o: o, cfg: cfg, index: hybrid.InternalKey(cfg.KeyPrefix, fleetName)}, nil
 }
 
 // ID returns the id of this instance's report.

@@ -35,10 +35,18 @@ const (
 	None = "none"
 )
 
-// Checker decides on requests: *policy.Enforcer is the one most callers wrap.
-type Checker interface {
-	Check(ctx context.Context, req *policy.Request) (policy.Result, error)
+// HealthReporter is what an [Observer] asks of the Checker it wraps for its health (Observer.Health,
+// the dashboard) and its Redis metrics: the hybrid limiter (nil if none yet), the strict rules'
+// client and the Enforcer's counters. *policy.Enforcer implements it; a Checker that does not
+// reports an empty, OK Health and no such metrics.
+type HealthReporter interface {
+	policy.Checker
+	Limiter() *hybrid.Limiter
+	StrictHealth() policy.StrictHealth
+	Stats() *policy.Stats
 }
+
+var _ HealthReporter = (*policy.Enforcer)(nil)
 
 // Config configures an [Observer]. Every field is optional.
 type Config struct {
@@ -86,7 +94,8 @@ type Event struct {
 	Route, Tier string
 	// Method is the request's method.
 	Method string
-	// Path is "local" (no Redis round trip), "redis" or "fallback" (a failure policy answered).
+	// Path is "local" (no Redis round trip), "central" (a synchronous or strict Redis call, as
+	// hybrid.SourceCentral names it) or "fallback" (a failure policy answered).
 	Path string
 	// Result is the policy's answer; Err is non-nil when no decision could be made.
 	Result policy.Result
@@ -120,7 +129,7 @@ func shadowDenied(res *policy.Result) bool {
 // to the wrapped Checker. Create it with [New] and [Observer.Close] it when done; it is safe for
 // concurrent use.
 type Observer struct {
-	c   Checker
+	c   policy.Checker
 	cfg Config
 	key []byte
 
@@ -140,7 +149,7 @@ type Observer struct {
 }
 
 // New returns an Observer of c.
-func New(c Checker, cfg Config) (*Observer, error) {
+func New(c policy.Checker, cfg Config) (*Observer, error) {
 	if c == nil {
 		return nil, errors.New("observe: nil Checker")
 	}
@@ -196,7 +205,7 @@ func New(c Checker, cfg Config) (*Observer, error) {
 	o.counters[kindShadow], errs[3] = m.Int64ObservableCounter("hybridrate.rule.shadow_denials",
 		metric.WithDescription("Would-be denials of rules in shadow mode, by rule, route and tier."))
 	o.latency, errs[4] = m.Float64Histogram("hybridrate.check.duration", metric.WithUnit("s"),
-		metric.WithDescription("Decision latency, by path (local, redis, fallback) and outcome."),
+		metric.WithDescription("Decision latency, by path (local, central, fallback) and outcome."),
 		metric.WithExplicitBucketBoundaries(1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3,
 			2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25))
 	health, err := m.Int64ObservableGauge("hybridrate.window.denied",
@@ -233,7 +242,7 @@ func New(c Checker, cfg Config) (*Observer, error) {
 				ob.ObserveInt64(o.counters[c.kind], c.n.Load(), c.obs)
 			}
 		}
-		enf, ok := o.c.(*policy.Enforcer)
+		enf, ok := o.c.(HealthReporter)
 		if !ok {
 			return nil
 		}
@@ -264,7 +273,7 @@ func (o *Observer) Close() error { return o.reg.Unregister() }
 func (o *Observer) Instance() string { return o.cfg.Instance }
 
 // Checker returns the wrapped Checker.
-func (o *Observer) Checker() Checker { return o.c }
+func (o *Observer) Checker() policy.Checker { return o.c }
 
 // SetPolicy forwards p to the wrapped Checker when it is a policy.Target, and returns an error
 // otherwise.
@@ -381,10 +390,10 @@ func path(res *policy.Result) string {
 	p := "local"
 	for _, d := range res.Decisions {
 		switch d.Source {
-		case policy.SourceFallback:
+		case hybrid.SourceFallback:
 			return "fallback"
-		case policy.SourceCentral, policy.SourceStrict:
-			p = "redis"
+		case hybrid.SourceCentral, policy.SourceStrict:
+			p = "central"
 		}
 	}
 	return p
@@ -542,7 +551,8 @@ func (o *Observer) Subject(key string) (string, bool) {
 	return o.reveal.get(key)
 }
 
-var builtinDims = []string{policy.DimAPIKey, policy.DimUser, policy.DimIP, policy.DimTenant, policy.DimRoute}
+// builtinDims are the dimensions of a rule the policy in force does not name.
+var builtinDims = policy.BuiltinDimensions()
 
 // ruleDims returns the dimensions of rule in the policy in force.
 func (o *Observer) ruleDims(rule string) []string {

@@ -223,9 +223,9 @@ func TestShadowWouldDenyAndRedisPathLatency(t *testing.T) {
 	assert.EqualValues(t, 2, snap.Sum.ShadowDenied)
 	assert.Zero(t, snap.Sum.Denied)
 
-	before := histCount(t, f.reader, "hybridrate.check.duration", attribute.String("path", "redis"))
+	before := histCount(t, f.reader, "hybridrate.check.duration", attribute.String("path", "central"))
 	f.check(t, "k", "POST /v1/exports", "") // a strict rule: a Redis round trip
-	assert.Equal(t, before+1, histCount(t, f.reader, "hybridrate.check.duration", attribute.String("path", "redis")))
+	assert.Equal(t, before+1, histCount(t, f.reader, "hybridrate.check.duration", attribute.String("path", "central")))
 	assert.EqualValues(t, 1, sums(t, f.reader, "hybridrate.rule.decisions", attribute.String("rule", "exports"), attribute.String("source", "strict")))
 }
 

@@ -314,15 +314,15 @@ func (o *Observer) Snapshot(span time.Duration) Snapshot {
 	return s
 }
 
-// Health returns the state of the Redis paths of the wrapped *policy.Enforcer (an empty, OK Health
-// for other Checkers).
+// Health returns the state of the Redis paths of the wrapped Checker when it implements
+// [HealthReporter] (a *policy.Enforcer does), and an empty, OK Health for any other Checker.
 func (o *Observer) Health() Health {
 	h := Health{OK: true}
-	enf, ok := o.c.(*policy.Enforcer)
+	enf, ok := o.c.(HealthReporter)
 	if !ok {
 		return h
 	}
-	for _, l := range enf.Limiters() {
+	if l := enf.Limiter(); l != nil {
 		st := l.Stats()
 		h.Limiters = append(h.Limiters, LimiterHealth{FailurePolicy: l.FailurePolicy().String(), Breaker: st.Breaker,
 			RedisCommands: st.RedisCommands, RedisErrors: st.RedisErrors, RedisRejected: st.RedisRejected,

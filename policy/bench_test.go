@@ -55,7 +55,7 @@ func BenchmarkCheck(b *testing.B) {
 						b.Fatal(err)
 					}
 					for _, d := range res.Decisions {
-						local = local && d.Source == policy.SourceLocal
+						local = local && d.Source == hybrid.SourceLocal
 					}
 				}
 				if time.Now().After(deadline) {

@@ -2,47 +2,27 @@ package policy
 
 import (
 	"time"
+
+	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/internal/outcome"
 )
 
-// Source says who made a rule's decision. It extends hybrid.Source, whose four sources a hybrid
-// rule's decision keeps, with those only an Enforcer has: strict rules and its memo.
-type Source uint8
+// Source says who made a rule's decision. It is hybrid.Source, the same type with the same names: a
+// hybrid rule's decision keeps the source its limiter gave (hybrid.SourceLocal,
+// hybrid.SourceCentral, hybrid.SourceDenyCache, hybrid.SourceFallback, the last also for a strict
+// rule its failure policy answered), and two values only an Enforcer gives complete it, SourceStrict
+// and SourceMemo. Its String returns "local", "central", "deny-cache", "fallback", "strict" or
+// "memo".
+type Source = hybrid.Source
 
-// The decision sources.
+// The decision sources only an Enforcer gives.
 const (
-	// SourceLocal: a hybrid rule's local allowance, no I/O.
-	SourceLocal Source = iota + 1
-	// SourceCentral: a hybrid rule's synchronous Redis check.
-	SourceCentral
-	// SourceDenyCache: a hybrid rule's deny cache (banned, or denied by Redis until its retry-after).
-	SourceDenyCache
-	// SourceFallback: Redis could not answer; the rule's failure policy decided.
-	SourceFallback
 	// SourceStrict: a strict rule, in one atomic Redis call with the request's other strict rules.
-	SourceStrict
+	SourceStrict = outcome.SourceStrict
 	// SourceMemo: this Enforcer remembered the rule's denial of the subject until its retry-after;
 	// nothing was asked and nothing consumed.
-	SourceMemo
+	SourceMemo = outcome.SourceMemo
 )
-
-// String returns "local", "central", "deny-cache", "fallback", "strict" or "memo".
-func (s Source) String() string {
-	switch s {
-	case SourceLocal:
-		return "local"
-	case SourceCentral:
-		return "central"
-	case SourceDenyCache:
-		return "deny-cache"
-	case SourceFallback:
-		return "fallback"
-	case SourceStrict:
-		return "strict"
-	case SourceMemo:
-		return "memo"
-	}
-	return "none"
-}
 
 // Decision is one counter's answer for a request.
 type Decision struct {
@@ -64,6 +44,9 @@ type Decision struct {
 	Window time.Duration
 	// Remaining estimates the units left (exact for strict rules and hybrid central decisions).
 	Remaining int64
+	// Excess is, for an upstream_window rule, how far its count is above Limit (refused units
+	// included); 0 otherwise.
+	Excess int64
 	// RetryAfter is how long until the request's cost would fit, when not Allowed.
 	RetryAfter time.Duration
 	// ResetAfter estimates how long until the quota is full again.

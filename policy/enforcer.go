@@ -39,8 +39,9 @@ type Config struct {
 	// Strict rules are not idempotent under go-redis's retries (a re-sent script may count twice,
 	// never admit twice); MaxRetries: -1 keeps each charge single (see strict.Limiter).
 	Redis redis.UniversalClient
-	// Prefix starts every Redis key (hybrid and strict); the default is hybrid.DefaultKeyPrefix.
-	Prefix string
+	// KeyPrefix starts every Redis key (hybrid and strict rules): what hybrid.WithKeyPrefix and
+	// strict.WithKeyPrefix accept. The default is hybrid.DefaultKeyPrefix.
+	KeyPrefix string
 	// HybridOptions are passed to hybrid.New for the hybrid rules' limiter (one per Enforcer, created
 	// when a policy first needs it), before the Enforcer's own WithLogger and WithKeyPrefix. Each rule
 	// carries its failure policy in its limits (hybrid.Limit.OnFailure), so hybrid.WithFailurePolicy
@@ -120,8 +121,8 @@ func NewEnforcer(cfg Config) (*Enforcer, error) {
 	if cfg.Redis == nil {
 		return nil, errors.New("policy: Config.Redis is nil")
 	}
-	if cfg.Prefix == "" {
-		cfg.Prefix = hybrid.DefaultKeyPrefix
+	if cfg.KeyPrefix == "" {
+		cfg.KeyPrefix = hybrid.DefaultKeyPrefix
 	}
 	if cfg.StrictTimeout == 0 {
 		cfg.StrictTimeout = DefaultStrictTimeout
@@ -258,6 +259,17 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (Result, error) {
 	return res, nil
 }
 
+// readable reports whether every strict counter of enforced can be read without counting (see
+// Algorithm.countsRefused): only then does a check-only request consult Redis for them.
+func readable(enforced []planned) bool {
+	for i := range enforced {
+		if p := &enforced[i]; p.r.strict && !p.r.algo.countsRefused() {
+			return false
+		}
+	}
+	return true
+}
+
 // check is the request path: plan → memo → hybrid → strict → shadow. Each step after the plan runs
 // only while no counter has denied; a denial goes to denied, which applies the policy's shadow mode.
 func (e *Enforcer) check(ctx context.Context, c *compiled, req *Request) (Result, error) {
@@ -284,6 +296,12 @@ func (e *Enforcer) check(ctx context.Context, c *compiled, req *Request) (Result
 	if req.CheckOnly {
 		if res.Allowed {
 			if err := e.peekHybrid(ctx, enforced, &res); err != nil {
+				return Result{}, err
+			}
+		}
+		if res.Allowed && pl.nStrict > 0 && readable(enforced) {
+			// Every strict counter counts refused hits: its script reads the count at a cost of 0.
+			if err := e.checkStrict(ctx, c, pl.tag, enforced, &res); err != nil {
 				return Result{}, err
 			}
 		}

@@ -469,7 +469,7 @@ func TestFailurePolicyPerRuleWhenRedisIsDown(t *testing.T) {
 			}
 			require.NotEmpty(t, res.Decisions)
 			last := res.Decisions[len(res.Decisions)-1]
-			assert.Contains(t, []policy.Source{policy.SourceFallback, policy.SourceMemo, policy.SourceDenyCache}, last.Source,
+			assert.Contains(t, []policy.Source{hybrid.SourceFallback, policy.SourceMemo, hybrid.SourceDenyCache}, last.Source,
 				"%s: %v", route, units(res))
 		}
 		return out
@@ -643,12 +643,12 @@ func TestLimitersAndStrictHealth(t *testing.T) {
 		HybridOptions: []hybrid.Option{hybrid.WithCheckTimeout(time.Second)}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = enf.Close(context.Background()) })
-	assert.Empty(t, enf.Limiters(), "no limiter before a policy needs one")
+	assert.Nil(t, enf.Limiter(), "no limiter before a policy needs one")
 	require.NoError(t, enf.SetPolicy(&policy.Policy{Rules: []policy.Rule{
 		{ID: "h", Rate: 10, Burst: 10},
 		{ID: "s", Algorithm: policy.GCRA, Rate: 10, Burst: 10, OnFailure: hybrid.FailOpen},
 	}}))
-	assert.Len(t, enf.Limiters(), 1)
+	assert.NotNil(t, enf.Limiter())
 	_, err = enf.Check(context.Background(), &policy.Request{})
 	require.NoError(t, err)
 	h := enf.StrictHealth()
@@ -675,7 +675,7 @@ func TestOneHybridLimiterServesEveryFailurePolicy(t *testing.T) {
 	e := newEnv(t, policy.Config{HybridOptions: opts}, p)
 	require.NoError(t, e.enf.SetPolicy(p), "a second policy reuses the limiter")
 	assert.Equal(t, int64(1), created.Load(), "one hybrid limiter for every failure policy")
-	assert.Len(t, e.enf.Limiters(), 1)
+	assert.NotNil(t, e.enf.Limiter())
 
 	e.srv.Kill(t)
 	answers := func(route string, n int) (allowed []bool, sources []policy.Source, unavailable []bool) {
@@ -687,7 +687,7 @@ func TestOneHybridLimiterServesEveryFailurePolicy(t *testing.T) {
 		}
 		return allowed, sources, unavailable
 	}
-	fb, memo := policy.SourceFallback, policy.SourceMemo
+	fb, memo := hybrid.SourceFallback, policy.SourceMemo
 	for _, tc := range []struct {
 		route       string
 		allowed     []bool
@@ -707,6 +707,6 @@ func TestOneHybridLimiterServesEveryFailurePolicy(t *testing.T) {
 		assert.Equal(t, tc.unavailable, unavailable, "%s: unavailable", tc.route)
 	}
 	assert.Equal(t, int64(1), created.Load())
-	assert.Len(t, e.enf.Limiters(), 1)
-	assert.Equal(t, hybrid.FailOpen, e.enf.Limiters()[0].FailurePolicy(), "the limiter keeps the default it was given")
+	require.NotNil(t, e.enf.Limiter())
+	assert.Equal(t, hybrid.FailOpen, e.enf.Limiter().FailurePolicy(), "the limiter keeps the default it was given")
 }

@@ -74,7 +74,7 @@ func TestHungClusterBounded(t *testing.T) {
 			rdb := cl.Client(t, tc.Opt)
 			const timeout = 50 * time.Millisecond
 			enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, StrictTimeout: timeout,
-				Prefix: "hung" + string(rune('a'+len(tc.Name)))})
+				KeyPrefix: "hung" + string(rune('a'+len(tc.Name)))})
 			require.NoError(t, err)
 			require.NoError(t, enf.SetPolicy(&policy.Policy{Rules: []policy.Rule{
 				{ID: "h", Rate: 1000, Burst: 1000, OnFailure: hybrid.FailOpen},

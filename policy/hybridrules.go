@@ -17,7 +17,7 @@ func (e *Enforcer) limiterLocked() (*hybrid.Limiter, error) {
 		return e.lim, nil
 	}
 	opts := append(append([]hybrid.Option(nil), e.cfg.HybridOptions...),
-		hybrid.WithLogger(e.cfg.Logger), hybrid.WithKeyPrefix(e.cfg.Prefix))
+		hybrid.WithLogger(e.cfg.Logger), hybrid.WithKeyPrefix(e.cfg.KeyPrefix))
 	l, err := newHybrid(e.cfg.Redis, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("policy: hybrid limiter: %w", err)
@@ -26,16 +26,13 @@ func (e *Enforcer) limiterLocked() (*hybrid.Limiter, error) {
 	return l, nil
 }
 
-// Limiters returns the hybrid limiters the Enforcer has created so far, for their Stats: none before
-// a policy with hybrid rules is set, then one, which serves every hybrid rule whatever its failure
-// policy. They belong to the Enforcer: do not close them.
-func (e *Enforcer) Limiters() []*hybrid.Limiter {
+// Limiter returns the hybrid limiter that serves every hybrid rule whatever its failure policy, for
+// its Stats; nil until a policy with hybrid rules has been set. It belongs to the Enforcer: do not
+// close it. Safe for concurrent use; no I/O.
+func (e *Enforcer) Limiter() *hybrid.Limiter {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.lim == nil {
-		return nil
-	}
-	return []*hybrid.Limiter{e.lim}
+	return e.lim
 }
 
 // withFailure sets the failure policy of hybrid units.
@@ -47,17 +44,9 @@ func withFailure(units []unit, fp hybrid.FailurePolicy) {
 
 // hybridDecision converts a hybrid rule's hybrid.Decision.
 func hybridDecision(p *planned, hd hybrid.Decision) Decision {
-	d := p.decision(hd.Allowed, SourceFallback)
-	switch hd.Source {
-	case hybrid.SourceLocal:
-		d.Source = SourceLocal
-	case hybrid.SourceCentral:
-		d.Source = SourceCentral
-	case hybrid.SourceDenyCache:
-		d.Source = SourceDenyCache
-	}
+	d := p.decision(hd.Allowed, hd.Source)
 	d.Remaining, d.RetryAfter, d.ResetAfter = max(hd.Remaining, 0), max(hd.RetryAfter, 0), max(hd.ResetAfter, hd.RetryAfter, 0)
-	d.Unavailable = hd.Source == hybrid.SourceFallback && !hd.Allowed && p.r.failure == hybrid.FailClosed
+	d.Unavailable = hd.Unavailable
 	return d
 }
 

@@ -162,7 +162,7 @@ func (p *Policy) normalizeRule(i int, r *Rule, env *checkEnv) (normRule, error) 
 		nr.algo = Hybrid
 	}
 	if !r.Algorithm.valid() {
-		return nr, r.errorf(p, i, "algorithm", "algorithm %q: want hybrid, token_bucket, gcra, fixed_window, sliding_window or sliding_log", r.Algorithm)
+		return nr, r.errorf(p, i, "algorithm", "algorithm %q: want hybrid, token_bucket, gcra, fixed_window, sliding_window, sliding_log or upstream_window", r.Algorithm)
 	}
 	if !r.MissingKey.valid() {
 		return nr, r.errorf(p, i, "missing_key", "missing_key %q: want reject, shared or skip", r.MissingKey)

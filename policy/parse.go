@@ -504,7 +504,7 @@ func (d *decoder) rule(n *yaml.Node, i int, r *Rule) error {
 			s, err := d.str(v, what()+": algorithm")
 			r.Algorithm = Algorithm(s)
 			if err == nil && !r.Algorithm.valid() {
-				err = d.errAt(v, "%s: algorithm %q: want hybrid, token_bucket, gcra, fixed_window, sliding_window or sliding_log", what(), s)
+				err = d.errAt(v, "%s: algorithm %q: want hybrid, token_bucket, gcra, fixed_window, sliding_window, sliding_log or upstream_window", what(), s)
 			}
 			return err
 		},

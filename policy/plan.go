@@ -105,7 +105,7 @@ func (e *Enforcer) planRule(c *compiled, r *crule, req *Request, pl *plan, count
 	}
 	for i := range units {
 		u := &units[i]
-		if n > u.limit {
+		if n > u.limit && !r.algo.countsRefused() { // a window that counts refused hits refuses it itself
 			return counters, fmt.Errorf("%w: rule %q: cost %d above its limit %d", ErrInvalidCost, r.id, n, u.limit)
 		}
 		key := u.name + ":" + string(subject) // one allocation: the subject is a slice of the key
@@ -166,6 +166,9 @@ func (r *crule) matches(method, route string, routeOK bool, tier string) bool {
 // cost returns the request's cost under r.
 func (r *crule) cost(req *Request) (int64, error) {
 	if req.CheckOnly {
+		if r.algo.countsRefused() {
+			return 0, nil // a read of the count
+		}
 		return 1, nil
 	}
 	if req.Cost > 0 && !r.ownCost {

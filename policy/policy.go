@@ -15,13 +15,26 @@ import (
 // concrete error is an [*Error], which names the file and line when the policy came from a file.
 var ErrInvalid = errors.New("policy: invalid policy")
 
+// ErrBadRequest is matched (errors.Is) by every error of [Enforcer.Check] that blames the request
+// rather than the limiter: [ErrUnknownDomain] and [ErrInvalidCost]. [ErrorStatus] answers it with 400.
+var ErrBadRequest = errors.New("policy: bad request")
+
 // ErrUnknownDomain is wrapped by the error [Enforcer.Check] returns for a request of a domain other
 // than the policy's Domain when its UnknownDomain is DomainReject: nothing was consulted or consumed.
-var ErrUnknownDomain = errors.New("policy: unknown domain")
+// It matches [ErrBadRequest].
+var ErrUnknownDomain error = &badRequest{"policy: unknown domain"}
 
 // ErrInvalidCost is wrapped by the error [Enforcer.Check] returns when a request's cost, computed by
-// a [CostFunc], is below 1 or above a rule's limit: no rule was consulted and nothing was consumed.
-var ErrInvalidCost = errors.New("policy: invalid request cost")
+// a [CostFunc] or given in Request.Cost, is below 1 or above a rule's limit: no rule was consulted
+// and nothing was consumed. It matches [ErrBadRequest]: the request asks for more than a rule can
+// ever admit.
+var ErrInvalidCost error = &badRequest{"policy: invalid request cost"}
+
+// badRequest is a sentinel error that matches ErrBadRequest.
+type badRequest struct{ msg string }
+
+func (e *badRequest) Error() string        { return e.msg }
+func (e *badRequest) Is(target error) bool { return target == ErrBadRequest }
 
 // Error is a policy that cannot be used. Line and Column are 1-based positions in File, zero when
 // unknown (a policy built in Go, or a whole-file problem).
@@ -68,6 +81,11 @@ const (
 	FixedWindow   Algorithm = "fixed_window"
 	SlidingWindow Algorithm = "sliding_window"
 	SlidingLog    Algorithm = "sliding_log"
+	// UpstreamWindow is envoyproxy/ratelimit's fixed window (strict.UpstreamWindow): every request
+	// counts, admitted or refused, and one is refused when the count after it is above the limit;
+	// a check-only request (Request.CheckOnly) reads the count. It is what upstream's configuration
+	// files compile to by default ([UpstreamOptions]).
+	UpstreamWindow Algorithm = "upstream_window"
 )
 
 // strict returns the central algorithm of a, or 0 for Hybrid and unknown names.
@@ -83,6 +101,8 @@ func (a Algorithm) strict() strict.Algorithm {
 		return strict.SlidingWindow
 	case SlidingLog:
 		return strict.SlidingLog
+	case UpstreamWindow:
+		return strict.UpstreamWindow
 	}
 	return 0
 }
@@ -91,8 +111,11 @@ func (a Algorithm) valid() bool { return a == "" || a == Hybrid || a.strict() !=
 
 // windowed reports whether a counts per window (limit and period only; no rate/burst form).
 func (a Algorithm) windowed() bool {
-	return a == FixedWindow || a == SlidingWindow || a == SlidingLog
+	return a == FixedWindow || a == SlidingWindow || a == SlidingLog || a == UpstreamWindow
 }
+
+// countsRefused reports whether a counts refused requests (and so can be read with a cost of 0).
+func (a Algorithm) countsRefused() bool { return a == UpstreamWindow }
 
 // UnknownDomain is the answer to a request of a domain the policy does not serve (see
 // Policy.Domain). The empty UnknownDomain means [DomainReject].

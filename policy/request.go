@@ -33,9 +33,11 @@ type Request struct {
 	// each rule's own cost (1 when it sets none).
 	Cost int64
 	// CheckOnly asks whether the request would be admitted without consuming anything (Envoy's
-	// hits_addend of 0): hybrid rules answer with hybrid.Limiter.Peek's estimate for one unit, strict
-	// rules only from the memo of their recent denials (a strict script cannot look without
-	// counting), shadow rules are not consulted, and nothing is remembered.
+	// hits_addend of 0): hybrid rules answer with hybrid.Limiter.Peek's estimate for one unit;
+	// strict rules, when all of them are UpstreamWindow rules, read their counts in Redis (refused
+	// only when a count is already above its limit, with the remaining count as upstream reports
+	// it); other strict rules answer only from the memo of their recent denials (their scripts
+	// cannot look without counting); shadow rules are not consulted.
 	CheckOnly bool
 	// Rule names the one rule the request is checked against when the policy has Select set
 	// (package sidecar sets it from envoyproxy/ratelimit's descriptor tree); ignored otherwise.

@@ -65,12 +65,12 @@ func (e *Enforcer) strictFallback(ps []*planned, res *Result) {
 	allowed := true
 	start := len(res.Decisions)
 	for i, p := range ps {
-		d := p.decision(false, SourceFallback)
+		d := p.decision(false, hybrid.SourceFallback)
 		switch p.r.failure {
 		case hybrid.FailOpen:
 			d.Allowed = true
 		case hybrid.FailClosed:
-			d.RetryAfter = strictBreakerCooldown
+			d.RetryAfter = strict.DefaultBreakerCooldown
 			d.Unavailable = true
 		default:
 			ok, wait, cancel := e.fb.reserve(p.key, p.u, p.n, e.cfg.FallbackNodes, now)
@@ -96,6 +96,7 @@ func strictDecision(p *planned, m strict.MultiResult, i int) Decision {
 	r, all := m.Results[i], m.Allowed
 	d := p.decision(r.Allowed, SourceStrict)
 	d.Remaining, d.RetryAfter, d.ResetAfter = r.Remaining, r.RetryAfter, max(r.ResetAfter, r.RetryAfter)
+	d.Excess = r.Excess
 	if !all && r.Allowed {
 		// This counter had room, but another denied: nothing was counted.
 		d.RetryAfter = 0
@@ -121,6 +122,9 @@ func newFallbacks(size int) *fallbacks {
 // returns whether they were available, how long until they would be, and a function that puts them
 // back (nil when nothing was taken).
 func (f *fallbacks) reserve(key string, u *unit, n int64, nodes int, now time.Time) (bool, time.Duration, func()) {
+	if n > u.limit {
+		return false, u.window, nil // only UpstreamWindow takes such a cost, which it always refuses
+	}
 	r := rate.Limit(float64(u.limit) / u.window.Seconds() / float64(nodes))
 	b := int(max(u.limit/int64(nodes), n, 1))
 	l, ok := f.c.Get(key)

@@ -4,21 +4,11 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/hybridrate/hybridrate/internal/redisx"
 	"github.com/hybridrate/hybridrate/strict"
 )
 
 // This file holds every call the Enforcer makes to the strict rules' Redis client (strict.Limiter):
 // its creation, the one script call of a request, and its health.
-
-const (
-	// strictBreakerThreshold, strictBreakerCooldown and strictBreakerMinSpan configure the strict
-	// client's breaker, as the hybrid limiter's: 5 consecutive failures, lasting at least 50ms, open
-	// it for 500ms.
-	strictBreakerThreshold = redisx.DefaultBreakerThreshold
-	strictBreakerCooldown  = redisx.DefaultBreakerCooldown
-	strictBreakerMinSpan   = redisx.DefaultBreakerMinSpan
-)
 
 // StrictHealth is a snapshot of the strict rules' Redis client.
 type StrictHealth struct {
@@ -35,12 +25,12 @@ func (e *Enforcer) StrictHealth() StrictHealth {
 		Breaker: e.strict.BreakerState().String()}
 }
 
-// newStrictClient returns the strict rules' client for a validated cfg. It does no I/O.
+// newStrictClient returns the strict rules' client for a validated cfg, with strict's default breaker
+// (the defaults of every package's breaker). It does no I/O.
 func newStrictClient(cfg *Config) (*strict.Limiter, error) {
 	s, err := strict.New(cfg.Redis,
-		strict.WithPrefix(cfg.Prefix),
+		strict.WithKeyPrefix(cfg.KeyPrefix),
 		strict.WithTimeout(cfg.StrictTimeout),
-		strict.WithBreaker(strictBreakerThreshold, strictBreakerCooldown, strictBreakerMinSpan),
 		strict.WithClock(cfg.Now),
 	)
 	if err != nil {

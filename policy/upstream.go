@@ -21,7 +21,7 @@ import (
 )
 
 // This file reads envoyproxy/ratelimit's configuration files unchanged and compiles them to the
-// same rules as the native format (one strict fixed-window rule per rate_limit by default), with
+// same rules as the native format (one strict UpstreamWindow rule per rate_limit by default), with
 // the descriptor tree that picks, for each descriptor of a request, the one rule that applies, as
 // upstream's GetLimit does. docs/sidecar.md has the migration guide.
 
@@ -365,8 +365,9 @@ type UpstreamOptions struct {
 	// MergeDomains merges files of the same domain into one tree (upstream's MERGE_DOMAIN_CONFIG);
 	// otherwise a domain given twice is an error.
 	MergeDomains bool
-	// Algorithm counts every limit; empty means FixedWindow, upstream's windows aligned to the Unix
-	// epoch, which give upstream's answers. Hybrid (or another algorithm) is an opt-in.
+	// Algorithm counts every limit; empty means UpstreamWindow, upstream's windows aligned to the
+	// Unix epoch, counting refused hits as upstream does, which give upstream's answers. Hybrid (or
+	// another algorithm) is an opt-in.
 	Algorithm Algorithm
 }
 
@@ -400,10 +401,10 @@ type unode struct {
 func NewUpstreamConfig(files []*UpstreamFile, opts UpstreamOptions) (*UpstreamConfig, error) {
 	algo := opts.Algorithm
 	if algo == "" {
-		algo = FixedWindow
+		algo = UpstreamWindow
 	}
 	if !algo.valid() {
-		return nil, &Error{Msg: fmt.Sprintf("algorithm %q: want hybrid, token_bucket, gcra, fixed_window, sliding_window or sliding_log", algo)}
+		return nil, &Error{Msg: fmt.Sprintf("algorithm %q: want hybrid, token_bucket, gcra, fixed_window, sliding_window, sliding_log or upstream_window", algo)}
 	}
 	c := &UpstreamConfig{domains: map[string]*unode{}, policy: &Policy{Select: true}}
 	for _, f := range files {
@@ -475,7 +476,9 @@ func (c *UpstreamConfig) load(d *decoder, algo Algorithm, domain string, parent 
 				c.policy.Rules = append(c.policy.Rules, Rule{
 					ID: n.rule, Algorithm: algo, Dimensions: []string{DimDescriptor},
 					// Above strict.MaxLimit (10⁹), a limit counts as 10⁹: docs/sidecar.md.
-					Limit: min(int64(l.RequestsPerUnit), strict.MaxLimit), Period: period, Shadow: u.ShadowMode,
+					// shadow_mode is applied by the caller (UpstreamMatch.Shadow), not by the rule:
+					// upstream counts and reads a shadow limit as any other, then answers OK.
+					Limit: min(int64(l.RequestsPerUnit), strict.MaxLimit), Period: period,
 					MissingKey: MissingSkip, line: l.line, column: l.column,
 				})
 			}
@@ -508,6 +511,9 @@ func upstreamRuleID(domain, path, unit string) string {
 // requests_per_unit above 0), counting per DimDescriptor, with Select set. Give it to
 // [Enforcer.SetPolicy], and name each request's rule with [UpstreamConfig.Lookup].
 func (c *UpstreamConfig) Policy() *Policy { return c.policy }
+
+// HasDomain reports whether a file configures domain.
+func (c *UpstreamConfig) HasDomain(domain string) bool { return c.domains[domain] != nil }
 
 // Domains returns the domains configured, sorted.
 func (c *UpstreamConfig) Domains() []string {

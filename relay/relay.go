@@ -138,6 +138,7 @@ type entry struct {
 	retryAt        int64 // Redis said the pool's lease is short: the next round's refill waits until then
 	denyUntil      int64 // Redis denied a synchronous refill: calls short of tokens are denied until then
 	poolUntil      int64 // the pool's tokens are written off after this
+	bannedUntil    int64 // Redis answered that the key is banned: nothing is served before then
 	flight         chan struct{}
 
 	takes     float64 // tokens asked by one-off takes since takesFrom
@@ -366,6 +367,11 @@ func (r *Relay) Take(ctx context.Context, node string, u central.Update) (centra
 				r.stats.Errors.Add(1)
 				return central.State{}, err
 			}
+			if st.Status == central.StatusBanned {
+				e.mu.Lock()
+				e.bannedUntil = max(e.bannedUntil, r.cfg.Now()+int64(st.RetryAfter))
+				e.mu.Unlock()
+			}
 			return st, nil
 		}
 		if f := e.flight; f != nil {
@@ -424,7 +430,12 @@ func (r *Relay) serve(e *entry, node string, u central.Update, now int64) (centr
 		return central.State{Status: status, Charged: charged, Tokens: min(e.tokens+(e.chg-e.cum)*1_000_000, burstU),
 			Demand: e.global, RetryAfter: retry, ResetAfter: e.resetAfter}
 	}
+	banned := now < e.bannedUntil
 	if u.Inc == 0 {
+		if banned {
+			// The key's ban reached the relay with a Redis answer (apply): nothing from the pool.
+			return view(central.StatusBanned, 0, time.Duration(e.bannedUntil-now)), false
+		}
 		// A one-off take: n from the pool, counted at once; nothing is lent.
 		e.takes += float64(u.N)
 		if pool >= u.N {
@@ -457,6 +468,12 @@ func (r *Relay) serve(e *entry, node string, u central.Update, now int64) (centr
 		// admissions): the relay's, as debt on its pool.
 		e.cum += u.Cum - c.chg
 		c.chg = u.Cum
+	}
+	if banned {
+		// The report above is applied (consumption is never forgotten); nothing is granted, and
+		// the child denies the key locally for the ban's remaining time, as reconcile.lua answers
+		// a node.
+		return view(central.StatusBanned, c.chg, time.Duration(e.bannedUntil-now)), false
 	}
 	status := central.StatusDone
 	var retry time.Duration
@@ -600,6 +617,13 @@ func (r *Relay) apply(e *entry, up central.Update, st central.State, now int64) 
 	}
 	e.acked = st.Charged
 	e.uacked = max(e.uacked, up.Used)
+	if st.Status == central.StatusBanned {
+		// The key is banned (its ban is in its bucket: issue 23, item 6): Redis applied the report
+		// and granted nothing. The pool is not served until the ban ends, to any child, whatever
+		// its own copy of the ban list holds.
+		e.bannedUntil = now + int64(st.RetryAfter)
+		return
+	}
 	if up.N > 0 {
 		if st.Status == central.StatusCovered {
 			// Redis counted N as admitted: the child's take that needed them reports them.

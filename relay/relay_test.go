@@ -499,3 +499,72 @@ func TestRelayColdCredit(t *testing.T) {
 		t.Errorf("an unvetted take was admitted on the cold credit")
 	}
 }
+
+// TestRelayBanReachesItsPool (issue 23): a key banned after its relay took a pool is not served
+// from that pool once the relay's next Redis call for the key is answered: the relay's children
+// get StatusBanned with the ban's remaining time (a child denies the key locally until then),
+// whatever their own copies of the ban list hold, and a child's report is still applied.
+func TestRelayBanReachesItsPool(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	clk := &fakeClock{}
+	const prefix = "rt9"
+	r := newRelay(t, rdb, prefix, "relay", func(c *relay.Config) { c.Now = clk.now })
+	ctx := context.Background()
+	// Child a leases from the relay, which refills its pool from Redis.
+	st, err := r.Take(ctx, "a", central.Update{Key: "k", Limit: lim, Inc: 1, Want: 4, N: 1, Demand: 5})
+	if err != nil || st.Status != central.StatusCovered {
+		t.Fatalf("child a's lease: %+v, %v", st, err)
+	}
+	charged := st.Charged
+	c, err := central.New(relay.ClientConfig(rdb, prefix, "admin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Ban(ctx, "k", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	// Child b's one-off take: the relay's pool has tokens, so it needs no Redis call before the
+	// relay's next round (a child whose ban copy is complete never sends it: it denies locally).
+	if _, err := r.Take(ctx, "b", central.Update{Key: "k", Limit: lim, N: 1}); err != nil {
+		t.Fatal(err)
+	}
+	clk.add(100 * time.Millisecond)
+	if err := r.Tick(ctx); err != nil { // reports b's take: Redis answers that k is banned
+		t.Fatal(err)
+	}
+	st, err = r.Take(ctx, "b", central.Update{Key: "k", Limit: lim, N: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Status != central.StatusBanned || st.RetryAfter <= 50*time.Second || st.RetryAfter > time.Minute {
+		t.Errorf("a one-off take of a banned key after the relay's round: %+v, want StatusBanned for about a minute", st)
+	}
+	st, err = r.Take(ctx, "a", central.Update{Key: "k", Limit: lim, Inc: 1, Acked: charged, Cum: charged, Used: charged, Want: 4, N: 1, Demand: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Status != central.StatusBanned || st.Charged != charged {
+		t.Errorf("child a's leasing take of a banned key: %+v, want StatusBanned and nothing more charged (%d)", st, charged)
+	}
+	var out [1]central.State
+	var errs [1]error
+	if err := r.Reconcile(ctx, "a", []central.Update{{Key: "k", Limit: lim, Inc: 1, Acked: charged, Cum: charged + 1, Used: charged + 1, Want: 4, Demand: 5}}, out[:], errs[:]); err != nil || errs[0] != nil {
+		t.Fatalf("child a's round: %v %v", err, errs[0])
+	}
+	if out[0].Status != central.StatusBanned || out[0].Charged != charged+1 {
+		t.Errorf("child a's round for a banned key: %+v, want StatusBanned, its overdraft charged (%d)", out[0], charged+1)
+	}
+	// The ban ends: the key is served again.
+	if err := c.Unban(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	clk.add(61 * time.Second)
+	st, err = r.Take(ctx, "b", central.Update{Key: "k", Limit: lim, N: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Status == central.StatusBanned {
+		t.Errorf("after the ban's time: %+v", st)
+	}
+}

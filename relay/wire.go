@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hybridrate/hybridrate/central"
+	"github.com/hybridrate/hybridrate/internal/limits"
 )
 
 // The wire format of a relay's HTTP endpoint (Handler, Remote): little-endian binary, one request
@@ -22,8 +23,8 @@ import (
 //	          and for an error: msg_len(u16) msg
 const (
 	wireVersion   = 2
-	maxWireKeys   = 4096 // updates in one request: a node's flush batch
-	maxWireKeyLen = 1024 // longer than any limiter key (hybrid.MaxKeyLen)
+	maxWireKeys   = 4096             // updates in one request: a node's flush batch
+	maxWireKeyLen = limits.MaxKeyLen // the longest limiter key (hybrid.MaxKeyLen)
 	updateFixed   = 2 + 8*10 + 1
 	stateFixed    = 1 + 1 + 8*5
 )

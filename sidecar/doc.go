@@ -29,11 +29,14 @@
 //
 // A descriptor is OVER_LIMIT when the policy denies it (a missing key under missing_key: reject
 // included) and OK otherwise; the overall code is OVER_LIMIT when any descriptor is. Each status
-// carries the limit, the remaining units and the time to reset of its counter closest to the limit;
-// the response adds X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset for the most
-// constrained descriptor, and Retry-After when over the limit. When no decision can be made (Redis
-// failing under a rule without a failure policy that answers, say), the call fails with gRPC status
-// Unavailable (503 over HTTP); Envoy's failure_mode_deny decides what the proxy does then.
+// carries the limit, the remaining units and the time to reset of its counter closest to the limit
+// (policy.Result.Primary); the response adds X-RateLimit-Limit, X-RateLimit-Remaining and
+// X-RateLimit-Reset for the most constrained descriptor, with the values package middleware sends
+// for the same result, and Retry-After when over the limit. Errors map to statuses as
+// policy.ErrorStatus says, the middleware's mapping too: a bad request is InvalidArgument (400 over
+// HTTP), a caller that gave up Canceled (499); when no decision can be made (Redis failing under a
+// rule without a failure policy that answers, say), the call fails with gRPC status Unavailable (503
+// over HTTP); Envoy's failure_mode_deny decides what the proxy does then.
 //
 // # Upstream's configuration
 //

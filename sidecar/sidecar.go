@@ -43,15 +43,10 @@ const (
 	HitsCostName = "hits_addend"
 )
 
-// Checker decides on requests: an *observe.Observer or a *policy.Enforcer.
-type Checker interface {
-	Check(ctx context.Context, req *policy.Request) (policy.Result, error)
-}
-
 // Config configures a [Server]. Checker is required.
 type Config struct {
-	// Checker decides on each descriptor.
-	Checker Checker
+	// Checker decides on each descriptor: an *observe.Observer or a *policy.Enforcer.
+	Checker policy.Checker
 	// Keys maps descriptor entry keys to dimension names, beyond the defaults ("remote_address" is
 	// "ip"; any other key names the dimension of the same name; "tier" sets the tier).
 	Keys map[string]string
@@ -70,6 +65,16 @@ type Config struct {
 	// UpstreamHeaders, when set, adds upstream's rate-limit headers (LIMIT_RESPONSE_HEADERS_ENABLED)
 	// under these names. Only with Upstream.
 	UpstreamHeaders *HeaderNames
+	// UpstreamStopIncrement is upstream's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT: when a request's
+	// hits would take some of its limits over, only those limits count them (upstream reads every
+	// count first, then charges only those). Only with Upstream.
+	UpstreamStopIncrement bool
+	// UpstreamStats, when set, counts each limit's hits as upstream's statistics do (see
+	// [UpstreamStats]). Only with Upstream.
+	UpstreamStats *UpstreamStats
+	// UpstreamNearLimitRatio is upstream's NEAR_LIMIT_RATIO: the share of a limit above which hits
+	// count as near_limit in UpstreamStats (upstream's default is 0.8).
+	UpstreamNearLimitRatio float32
 	// Now is the clock of duration_until_reset in upstream's answers; nil means time.Now.
 	Now func() time.Time
 }
@@ -149,19 +154,24 @@ func (s *Server) Register(gs grpc.ServiceRegistrar) { rlsv3.RegisterRateLimitSer
 func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	resp, err := s.decide(ctx, "grpc", req)
 	if err != nil {
-		code := codes.Unavailable
-		switch {
-		case errors.Is(err, errBadRequest):
-			code = codes.InvalidArgument
-		case errors.Is(err, context.Canceled):
-			code = codes.Canceled
-		}
-		return nil, status.Error(code, err.Error())
+		return nil, status.Error(grpcCode(err), err.Error())
 	}
 	return resp, nil
 }
 
-var errBadRequest = errors.New("sidecar: bad request")
+// grpcCode is policy.ErrorStatus in gRPC's terms: 400 InvalidArgument, 499 Canceled, 503 Unavailable.
+func grpcCode(err error) codes.Code {
+	switch policy.ErrorStatus(err) {
+	case http.StatusBadRequest:
+		return codes.InvalidArgument
+	case policy.StatusClientClosedRequest:
+		return codes.Canceled
+	}
+	return codes.Unavailable
+}
+
+// errBadRequest is wrapped by the errors of a malformed request; it matches policy.ErrBadRequest.
+var errBadRequest = fmt.Errorf("sidecar: %w", policy.ErrBadRequest)
 
 // decide checks every descriptor of req.
 func (s *Server) decide(ctx context.Context, api string, req *rlsv3.RateLimitRequest) (resp *rlsv3.RateLimitResponse, err error) {
@@ -209,7 +219,7 @@ func (s *Server) decide(ctx context.Context, api string, req *rlsv3.RateLimitReq
 		pr.Tier, _ = dims.Dimension("tier")
 		pr.Method, _ = dims.Dimension(policy.DimMethod)
 		res, err := s.cfg.Checker.Check(ctx, &pr)
-		if errors.Is(err, policy.ErrUnknownDomain) || errors.Is(err, policy.ErrInvalidCost) {
+		if errors.Is(err, policy.ErrBadRequest) {
 			// The caller's domain or hits_addend: a bad request, not a limiter failure.
 			return nil, fmt.Errorf("%w: descriptor %d: %w", errBadRequest, i, err)
 		}
@@ -222,7 +232,7 @@ func (s *Server) decide(ctx context.Context, api string, req *rlsv3.RateLimitReq
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 			retry = max(retry, res.RetryAfter)
 		}
-		if p := primary(&res); p != nil {
+		if p := res.Primary(); p != nil {
 			st.CurrentLimit = currentLimit(p)
 			st.LimitRemaining = uint32(min(max(p.Remaining, 0), math.MaxUint32))
 			st.DurationUntilReset = durationpb.New(p.ResetAfter)
@@ -238,7 +248,7 @@ func (s *Server) decide(ctx context.Context, api string, req *rlsv3.RateLimitReq
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
 			header("X-RateLimit-Limit", strconv.FormatInt(worst.Limit, 10)),
 			header("X-RateLimit-Remaining", strconv.FormatInt(max(worst.Remaining, 0), 10)),
-			header("X-RateLimit-Reset", strconv.FormatInt(ceilSeconds(worst.ResetAfter), 10)))
+			header("X-RateLimit-Reset", strconv.FormatInt(worst.ResetSeconds(), 10)))
 	}
 	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
@@ -250,25 +260,6 @@ func (s *Server) decide(ctx context.Context, api string, req *rlsv3.RateLimitReq
 func header(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k, Value: v} }
 
 func ceilSeconds(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
-
-// primary returns the decision a descriptor's status reports: the denying rule's when denied, else
-// the enforced counter with the least remaining share of its limit; nil when no rule counted it.
-func primary(res *policy.Result) *policy.Decision {
-	var best *policy.Decision
-	for i := range res.Decisions {
-		d := &res.Decisions[i]
-		if d.Shadow || d.Limit <= 0 {
-			continue
-		}
-		if !res.Allowed && d.Rule == res.Rule && !d.Allowed {
-			return d
-		}
-		if best == nil || float64(d.Remaining)/float64(d.Limit) < float64(best.Remaining)/float64(best.Limit) {
-			best = d
-		}
-	}
-	return best
-}
 
 var units = []struct {
 	unit rlsv3.RateLimitResponse_RateLimit_Unit
@@ -366,8 +357,14 @@ func (s *Server) CheckHandler() http.Handler {
 			return
 		}
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBody))
-		if err != nil {
+		var tooLarge *http.MaxBytesError
+		switch {
+		case errors.As(err, &tooLarge):
 			writeError(w, http.StatusRequestEntityTooLarge, "body_too_large")
+			return
+		case err != nil: // the client's body broke off: nothing to decide on
+			s.reqs.Add(r.Context(), 1, s.opts[[2]string{"http", "bad_request"}])
+			writeReason(w, http.StatusBadRequest, "bad_request", "reading the body: "+err.Error())
 			return
 		}
 		var req rlsv3.RateLimitRequest
@@ -377,12 +374,13 @@ func (s *Server) CheckHandler() http.Handler {
 			return
 		}
 		resp, err := s.decide(r.Context(), "http", &req)
-		switch {
-		case errors.Is(err, errBadRequest):
-			writeReason(w, http.StatusBadRequest, "bad_request", strings.TrimPrefix(err.Error(), errBadRequest.Error()+": "))
+		switch code := policy.ErrorStatus(err); code {
+		case http.StatusOK:
+		case http.StatusBadRequest:
+			writeReason(w, code, "bad_request", strings.TrimPrefix(err.Error(), errBadRequest.Error()+": "))
 			return
-		case err != nil:
-			writeError(w, http.StatusServiceUnavailable, "rate_limiter_unavailable")
+		default:
+			writeError(w, code, errorName(code))
 			return
 		}
 		out, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(resp)
@@ -402,6 +400,14 @@ func (s *Server) CheckHandler() http.Handler {
 		w.WriteHeader(code)
 		_, _ = w.Write(out)
 	})
+}
+
+// errorName is the "error" of the JSON body of an answer with status code when no decision was made.
+func errorName(code int) string {
+	if code == policy.StatusClientClosedRequest {
+		return "canceled"
+	}
+	return "rate_limiter_unavailable"
 }
 
 func writeError(w http.ResponseWriter, code int, msg string) {

@@ -73,6 +73,7 @@ func newEnv(t *testing.T) *env {
 	t.Cleanup(func() { _ = rdb.Close() })
 	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb,
 		HybridOptions: []hybrid.Option{hybrid.WithCheckTimeout(time.Second)},
+		StrictTimeout: time.Second, // a loaded machine must not send a strict rule to its failure policy
 		CostFuncs:     map[string]policy.CostFunc{sidecar.HitsCostName: sidecar.HitsCost}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = enf.Close(context.Background()) })

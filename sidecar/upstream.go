@@ -48,6 +48,9 @@ func (s *Server) decideUpstream(ctx context.Context, req *rlsv3.RateLimitRequest
 			ents = append(ents, policy.DescriptorEntry{Key: e.Key, Value: e.Value})
 		}
 		matches[i], found[i] = cfg.Lookup(req.Domain, ents)
+		if st := s.cfg.UpstreamStats; st != nil && !found[i] && !cfg.HasDomain(req.Domain) {
+			st.domainNotFound(req.Domain)
+		}
 		if found[i] {
 			for _, r := range matches[i].Limit.Replaces {
 				if replacing == nil {
@@ -57,24 +60,36 @@ func (s *Server) decideUpstream(ctx context.Context, req *rlsv3.RateLimitRequest
 			}
 		}
 	}
+	// hits_addend: the descriptor's (0 checks only), else the request's (0 means 1). Above
+	// maxHits a request is over any limit, as upstream answers it; it counts maxHits.
+	hits := make([]int64, n)
+	limited := 0
+	for i, d := range req.Descriptors {
+		h := max(uint64(req.HitsAddend), 1)
+		if d.HitsAddend != nil {
+			h = d.HitsAddend.Value
+		}
+		hits[i] = int64(min(h, maxHits))
+		m := matches[i]
+		if found[i] && !m.Limit.Unlimited && m.Limit.Name != "" && replacing[m.Limit.Name] {
+			found[i] = false
+		}
+		if found[i] && !m.Limit.Unlimited {
+			limited++
+		}
+	}
+	if s.cfg.UpstreamStopIncrement && limited > 1 {
+		if err := s.stopIncrement(ctx, req.Domain, matches, found, hits); err != nil {
+			return nil, err
+		}
+	}
 	now := s.cfg.Now()
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK,
 		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)}
 	var minimum *rlsv3.RateLimitResponse_DescriptorStatus
 	minRemaining := uint32(math.MaxUint32)
-	for i, d := range req.Descriptors {
+	for i := range req.Descriptors {
 		m := matches[i]
-		if found[i] && !m.Limit.Unlimited && m.Limit.Name != "" && replacing[m.Limit.Name] {
-			found[i] = false
-		}
-		// hits_addend: the descriptor's (0 checks only), else the request's (0 means 1).
-		hits := max(uint64(req.HitsAddend), 1)
-		if d.HitsAddend != nil {
-			hits = d.HitsAddend.Value
-		}
-		if hits > math.MaxInt32 {
-			return nil, fmt.Errorf("%w: descriptor %d: hits_addend %d too large", errBadRequest, i, hits)
-		}
 		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 		resp.Statuses[i] = st
 		switch {
@@ -84,12 +99,20 @@ func (s *Server) decideUpstream(ctx context.Context, req *rlsv3.RateLimitRequest
 			st.LimitRemaining = math.MaxUint32
 			continue
 		}
-		over, remaining, ok, err := s.checkUpstream(ctx, req.Domain, m, int64(hits))
+		c, err := s.checkUpstream(ctx, req.Domain, m, hits[i])
 		if err != nil {
 			return nil, fmt.Errorf("sidecar: descriptor %d: %w", i, err)
 		}
-		if !ok {
+		if !c.ok {
 			continue // the rule went away in a reload between the lookup and the check: no limit
+		}
+		over, remaining := c.over, c.remaining
+		if st := s.cfg.UpstreamStats; st != nil {
+			after := uint64(m.Limit.RequestsPerUnit) - uint64(min(max(remaining, 0), int64(m.Limit.RequestsPerUnit)))
+			if over {
+				after = uint64(m.Limit.RequestsPerUnit) + uint64(max(c.excess, 0))
+			}
+			st.record(m, s.cfg.UpstreamNearLimitRatio, uint64(hits[i]), after, over)
 		}
 		secs := int64(m.Period.Seconds())
 		st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: m.Limit.Name, RequestsPerUnit: m.Limit.RequestsPerUnit,
@@ -120,29 +143,76 @@ func (s *Server) decideUpstream(ctx context.Context, req *rlsv3.RateLimitRequest
 	return resp, nil
 }
 
-// checkUpstream charges hits to a matched limit: over is whether the limit is exceeded (a limit of
-// 0 per unit always is, unless hits is 0), remaining what is left; ok is false when the policy in
-// force no longer has the rule.
-func (s *Server) checkUpstream(ctx context.Context, domain string, m policy.UpstreamMatch, hits int64) (over bool, remaining int64, ok bool, err error) {
+// maxHits is the most hits one descriptor counts: strict.MaxLimit, above every limit.
+const maxHits = 1_000_000_000
+
+// stopIncrement applies STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT as upstream's Redis cache does: it
+// reads every limited descriptor's count, and when the request's hits would take one or more of them
+// over their limits, only those count their hits (upstream increments those and reads the others);
+// hits of the others are set to 0. Like upstream's GET then INCRBY, the read and the charge are
+// separate calls.
+func (s *Server) stopIncrement(ctx context.Context, domain string, matches []policy.UpstreamMatch, found []bool, hits []int64) error {
+	wouldOver := make([]bool, len(hits))
+	some := false
+	for i, m := range matches {
+		if !found[i] || m.Limit.Unlimited {
+			continue
+		}
+		c, err := s.checkUpstream(ctx, domain, m, 0)
+		if err != nil {
+			return fmt.Errorf("sidecar: descriptor %d: %w", i, err)
+		}
+		wouldOver[i] = c.ok && (c.over || hits[i] > c.remaining)
+		some = some || wouldOver[i]
+	}
+	if some {
+		for i := range hits {
+			if !wouldOver[i] {
+				hits[i] = 0
+			}
+		}
+	}
+	return nil
+}
+
+// upstreamCheck is the outcome of charging a descriptor's hits to its limit.
+type upstreamCheck struct {
+	over      bool  // the limit is exceeded
+	remaining int64 // what is left, when not over
+	excess    int64 // how far the count is above the limit, when over (upstream_window rules)
+	ok        bool  // false when the policy in force no longer has the rule
+}
+
+// checkUpstream charges hits to a matched limit (a limit of 0 per unit is always over, unless hits
+// is 0).
+func (s *Server) checkUpstream(ctx context.Context, domain string, m policy.UpstreamMatch, hits int64) (upstreamCheck, error) {
 	if m.Rule == "" { // requests_per_unit: 0
-		return hits > 0, 0, true, nil
+		return upstreamCheck{over: hits > 0, excess: hits, ok: true}, nil
 	}
 	pr := policy.Request{Domain: domain, Rule: m.Rule, Dims: policy.Values{policy.DimDescriptor: m.Subject},
 		Cost: hits, CheckOnly: hits == 0}
 	res, err := s.cfg.Checker.Check(ctx, &pr)
 	if errors.Is(err, policy.ErrInvalidCost) {
-		return true, 0, true, nil // more hits than the limit: over it, as upstream answers
+		// More hits than the limit under an algorithm that refuses them uncounted: over it, as
+		// upstream answers.
+		return upstreamCheck{over: true, excess: hits - int64(m.Limit.RequestsPerUnit), ok: true}, nil
 	}
 	if err != nil {
-		return false, 0, false, err
+		return upstreamCheck{}, err
 	}
 	for _, d := range res.Decisions {
 		if d.Rule == m.Rule {
-			return !d.Allowed, d.Remaining, true, nil
+			c := upstreamCheck{over: !d.Allowed, remaining: d.Remaining, excess: d.Excess, ok: true}
+			if d.Source == policy.SourceMemo {
+				// A remembered denial: the count was above the limit before these hits, which
+				// upstream would have counted on top (its exact value is not known here).
+				c.excess = max(c.excess, hits)
+			}
+			return c, nil
 		}
 	}
 	if hits == 0 {
-		return !res.Allowed, 0, true, nil
+		return upstreamCheck{over: !res.Allowed, ok: true}, nil
 	}
-	return false, 0, false, nil
+	return upstreamCheck{}, nil
 }

@@ -259,7 +259,7 @@ func TestStrictMemoryPerKey(t *testing.T) {
 
 	// Each measure runs on a fresh client, closed before used_memory is read again.
 	newStrict := func(rdb redis.UniversalClient) *Limiter {
-		return newTestStrict(t, rdb, WithPrefix("hr"), WithHashedSubjects(nil))
+		return newTestStrict(t, rdb, WithKeyPrefix("hr"), WithHashedSubjects(nil))
 	}
 	for _, m := range ms {
 		rdb := srv.Client(t, func(o *redis.Options) { o.PoolSize = 16 })

@@ -49,6 +49,7 @@ func TestStrictCallerGivingUpIsNotARedisFailure(t *testing.T) {
 		_, err := l.Allow(ctx, rule, "s")
 		require.Error(t, err)
 		require.True(t, IsTransport(err), "%v", err)
+		require.ErrorIs(t, err, ErrUnavailable, "a call Redis could not serve wraps ErrUnavailable, as the open breaker's does")
 	}
 
 	for range 5 {

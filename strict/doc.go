@@ -17,7 +17,8 @@
 // # Errors
 //
 // A denial is not an error. An error means no decision was made: the request was invalid (it wraps
-// [ErrInvalid] and was never sent), the circuit breaker is open ([ErrUnavailable]), or Redis failed.
-// [IsTransport] tells which errors call for the caller's failure policy. The scripts run on Redis
+// [ErrInvalid] and was never sent), the circuit breaker is open or Redis could not serve the call (it
+// wraps [ErrUnavailable]), or Redis refused this key alone. [ErrUnavailable], like [IsTransport],
+// tells which errors call for the caller's failure policy. The scripts run on Redis
 // TIME, so clock skew between processes does not matter.
 package strict

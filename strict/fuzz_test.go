@@ -43,7 +43,7 @@ func FuzzDecode(f *testing.F) {
 			res = "not an array"
 		}
 		out := make([]Result, n)
-		all, err := decode(res, out, func(int) int64 { return limit })
+		all, err := decode(res, out, func(int) int64 { return limit }, nil)
 		if err != nil {
 			if !errors.Is(err, ErrBadReply) {
 				t.Fatalf("decode error %v does not wrap ErrBadReply", err)

@@ -4,14 +4,15 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/hybridrate/hybridrate/internal/limits"
 	"github.com/hybridrate/hybridrate/internal/redisx"
 )
 
 // The defaults of [New]. They match the hybrid limiter's (package hybrid) and the policy enforcer's.
 const (
-	// DefaultPrefix starts every key unless [WithPrefix] says otherwise; it is also the hybrid
-	// limiter's default prefix (the key layouts do not collide).
-	DefaultPrefix = "hr"
+	// DefaultKeyPrefix starts every key unless [WithKeyPrefix] says otherwise; it is also the hybrid
+	// and concurrency limiters' default prefix (the key layouts do not collide).
+	DefaultKeyPrefix = "hr"
 	// DefaultTimeout bounds one Redis call unless [WithTimeout] says otherwise.
 	DefaultTimeout = 50 * time.Millisecond
 	// DefaultBreakerThreshold is the number of consecutive failed calls that opens the circuit
@@ -44,7 +45,7 @@ type options struct {
 
 func newOptions() options {
 	return options{
-		prefix:  DefaultPrefix,
+		prefix:  DefaultKeyPrefix,
 		timeout: DefaultTimeout,
 		breaker: redisx.BreakerConfig{Threshold: DefaultBreakerThreshold, Cooldown: DefaultBreakerCooldown,
 			MinSpan: DefaultBreakerMinSpan},
@@ -52,12 +53,12 @@ func newOptions() options {
 	}
 }
 
-// WithPrefix sets the string that starts every key: non-empty, with no braces or whitespace. The
-// default is DefaultPrefix ("hr").
-func WithPrefix(p string) Option {
+// WithKeyPrefix sets the string that starts every key: 1 to 64 bytes with no braces or whitespace.
+// The default is DefaultKeyPrefix ("hr").
+func WithKeyPrefix(p string) Option {
 	return optionFunc(func(o *options) error {
 		if !redisx.ValidPrefix(p) {
-			return fmt.Errorf("%w: key prefix %q: want a non-empty prefix without braces or whitespace", ErrInvalid, p)
+			return fmt.Errorf("%w: key prefix %q: want 1 to %d bytes without braces or whitespace", ErrInvalid, p, limits.MaxKeyPrefixLen)
 		}
 		o.prefix = p
 		return nil

@@ -19,12 +19,14 @@ func assemble(algorithms ...string) string {
 // limiter for AllowMulti calls that mix algorithms, and the shaper (GCRA's state and arithmetic plus
 // the leaky bucket's check).
 var (
-	algoScripts = [...]*redisx.Script{
-		TokenBucket:   redisx.NewScript(assemble(lua.TokenBucket())),
-		GCRA:          redisx.NewScript(assemble(lua.GCRA())),
-		FixedWindow:   redisx.NewScript(assemble(lua.FixedWindow())),
-		SlidingWindow: redisx.NewScript(assemble(lua.SlidingWindow())),
-		SlidingLog:    redisx.NewScript(assemble(lua.SlidingLog())),
+	fixedWindowScript = redisx.NewScript(assemble(lua.FixedWindow()))
+	algoScripts       = [...]*redisx.Script{
+		TokenBucket:    redisx.NewScript(assemble(lua.TokenBucket())),
+		GCRA:           redisx.NewScript(assemble(lua.GCRA())),
+		FixedWindow:    fixedWindowScript,
+		SlidingWindow:  redisx.NewScript(assemble(lua.SlidingWindow())),
+		SlidingLog:     redisx.NewScript(assemble(lua.SlidingLog())),
+		UpstreamWindow: fixedWindowScript, // defined in fixed_window.lua, beside FixedWindow
 	}
 	allScript = redisx.NewScript(assemble(lua.TokenBucket(), lua.GCRA(), lua.FixedWindow(), lua.SlidingWindow(),
 		lua.SlidingLog()))

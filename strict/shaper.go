@@ -119,7 +119,7 @@ func (sh *Shaper) reserve(ctx context.Context, subject string, n int64, maxWait 
 		return Reservation{}, fmt.Errorf("strict: shaper %s on %q: %w", sh.rule.Name, subject, err)
 	}
 	var out [1]Result
-	ok, err := decode(res, out[:], func(int) int64 { return sh.rule.Limit })
+	ok, err := decode(res, out[:], func(int) int64 { return sh.rule.Limit }, nil)
 	if err != nil {
 		l.stats.Errors.Add(1)
 		return Reservation{}, err

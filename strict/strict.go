@@ -25,8 +25,10 @@ var (
 	// [New]'s errors for an invalid option). Such a request never reaches Redis and never counts
 	// against the breaker.
 	ErrInvalid = redisx.NewError(redisx.ClassInvalid, "strict: invalid request")
-	// ErrUnavailable means the circuit breaker is open: the call was not sent. It is the same value
-	// as central.ErrUnavailable.
+	// ErrUnavailable is wrapped by every error that means Redis could not serve the call: the
+	// circuit breaker is open (the call was not sent), or the call failed in transport, timed out or
+	// was refused (exactly the errors for which [IsTransport] is true). It is the same value as
+	// hybrid.ErrUnavailable and concurrency.ErrUnavailable.
 	ErrUnavailable = redisx.ErrUnavailable
 	// ErrBadReply means Redis answered with a reply of an unexpected shape.
 	ErrBadReply = redisx.ErrBadReply
@@ -56,8 +58,9 @@ const (
 	MaxPeriod = limits.MaxPeriod
 	// MaxChecks is the largest number of checks in one [Limiter.AllowMulti] call.
 	MaxChecks = 16
-	// MaxSubjectLen is the longest subject or tag, in bytes (before hashing).
-	MaxSubjectLen = 1024
+	// MaxKeyLen is the longest subject or tag, in bytes (before hashing); the same bound as
+	// hybrid.MaxKeyLen and concurrency.MaxKeyLen.
+	MaxKeyLen = limits.MaxKeyLen
 )
 
 // Algorithm selects how a [Rule] counts. The zero Algorithm is invalid, so a Rule whose
@@ -80,6 +83,12 @@ const (
 	// SlidingLog records every admitted request and admits at most Limit in any Period, exactly;
 	// memory and work grow with the requests in the window (Limit is capped at MaxSlidingLogLimit).
 	SlidingLog
+	// UpstreamWindow is FixedWindow as envoyproxy/ratelimit counts: every request counts, admitted
+	// or refused, even when another rule of the same call refuses; a request is refused when the
+	// count after it is above Limit. N may be 0 (a read: refused only when the count is already
+	// above Limit; nothing is written) or above Limit (always refused), up to MaxLimit. Its counters
+	// are apart from FixedWindow's.
+	UpstreamWindow
 )
 
 // String returns the algorithm's name, e.g. "token_bucket".
@@ -95,6 +104,8 @@ func (a Algorithm) String() string {
 		return "sliding_window"
 	case SlidingLog:
 		return "sliding_log"
+	case UpstreamWindow:
+		return "upstream_window"
 	}
 	return "Algorithm(" + strconv.Itoa(int(a)) + ")"
 }
@@ -112,6 +123,8 @@ func (a Algorithm) code() string {
 		return "sw"
 	case SlidingLog:
 		return "sl"
+	case UpstreamWindow:
+		return "uw"
 	}
 	return ""
 }
@@ -220,14 +233,17 @@ type Limiter struct {
 }
 
 // New returns a Limiter that keeps its counters in rdb: a *redis.Client, a *redis.ClusterClient or
-// a Sentinel failover client. It returns the first error of the options (wrapping [ErrInvalid]), and
-// does no I/O; scripts are loaded on first use.
+// a Sentinel failover client. It returns the first error of the options, a nil Option included
+// (wrapping [ErrInvalid]), and does no I/O; scripts are loaded on first use.
 func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	if rdb == nil {
 		return nil, fmt.Errorf("%w: nil redis client", ErrInvalid)
 	}
 	o := newOptions()
 	for _, opt := range opts {
+		if opt == nil {
+			return nil, fmt.Errorf("%w: nil option", ErrInvalid)
+		}
 		if err := opt.apply(&o); err != nil {
 			return nil, err
 		}
@@ -289,13 +305,16 @@ type Result struct {
 	RetryAfter time.Duration
 	// ResetAfter is how long until the rule is back to its full allowance, with no further traffic.
 	ResetAfter time.Duration
+	// Excess is, for UpstreamWindow, how far the window's count is above Limit (refused units
+	// included; Remaining is then 0); 0 otherwise.
+	Excess int64
 }
 
 // Check is one rule to apply to one subject within [Limiter.AllowMulti].
 type Check struct {
 	Rule    Rule   // the limit to apply
-	Subject string // who is limited; non-empty, at most MaxSubjectLen bytes
-	N       int64  // the request's cost under this rule; 1 to Rule.Limit
+	Subject string // who is limited; non-empty, at most MaxKeyLen bytes
+	N       int64  // the request's cost under this rule; 1 to Rule.Limit (0 to MaxLimit for UpstreamWindow)
 }
 
 // MultiResult is the answer of [Limiter.AllowMulti]. The zero MultiResult denies.
@@ -316,8 +335,8 @@ func (l *Limiter) Allow(ctx context.Context, rule Rule, subject string) (Result,
 
 // AllowN reports whether a request of cost n by subject is admitted under rule, and counts it if so,
 // in one atomic script call. A denial is not an error: an error means no decision was made (invalid
-// input, wrapping [ErrInvalid]; [ErrUnavailable] while the breaker is open; or a Redis failure, for
-// which [IsTransport] is true unless Redis refused this key alone). The subject is also the hash tag
+// input, wrapping [ErrInvalid]; wrapping [ErrUnavailable] while the breaker is open or when Redis could
+// not serve the call, for which [IsTransport] is also true; or a reply Redis gave for this key alone). The subject is also the hash tag
 // of the key, so it must not contain '}' unless subjects are hashed ([WithHashedSubjects]).
 func (l *Limiter) AllowN(ctx context.Context, rule Rule, subject string, n int64) (Result, error) {
 	checks := [1]Check{{Rule: rule, Subject: subject, N: n}}
@@ -333,7 +352,7 @@ func (l *Limiter) AllowN(ctx context.Context, rule Rule, subject string, n int64
 // AllowMulti applies every check to one request in one atomic script call: if every rule has room,
 // every rule counts the request; if any rule denies, none counts anything. All the keys of the call
 // carry tag as their hash tag (typically the tenant), so they live in one Redis Cluster slot; the tag
-// must be non-empty, at most MaxSubjectLen bytes and, unless subjects are hashed, free of '}'.
+// must be non-empty, at most MaxKeyLen bytes and, unless subjects are hashed, free of '}'.
 // Checks must name distinct (rule, subject) pairs; there may be 1 to MaxChecks of them.
 func (l *Limiter) AllowMulti(ctx context.Context, tag string, checks []Check) (MultiResult, error) {
 	out := make([]Result, len(checks))
@@ -357,10 +376,14 @@ func (l *Limiter) evaluate(ctx context.Context, tag string, checks []Check, out 
 		if err := c.Rule.Validate(); err != nil {
 			return false, 0, err
 		}
-		if c.Subject == "" || len(c.Subject) > MaxSubjectLen {
-			return false, 0, fmt.Errorf("%w: rule %q: subject of %d bytes: want 1 to %d", ErrInvalid, c.Rule.Name, len(c.Subject), MaxSubjectLen)
+		if c.Subject == "" || len(c.Subject) > MaxKeyLen {
+			return false, 0, fmt.Errorf("%w: rule %q: subject of %d bytes: want 1 to %d", ErrInvalid, c.Rule.Name, len(c.Subject), MaxKeyLen)
 		}
-		if c.N < 1 || c.N > c.Rule.Limit {
+		if c.Rule.Algorithm == UpstreamWindow {
+			if c.N < 0 || c.N > MaxLimit {
+				return false, 0, fmt.Errorf("%w: rule %q: n=%d out of range [0, %d]", ErrInvalid, c.Rule.Name, c.N, MaxLimit)
+			}
+		} else if c.N < 1 || c.N > c.Rule.Limit {
 			return false, 0, fmt.Errorf("%w: rule %q: n=%d out of range [1, limit=%d]", ErrInvalid, c.Rule.Name, c.N, c.Rule.Limit)
 		}
 		for _, d := range checks[:i] {
@@ -395,7 +418,8 @@ func (l *Limiter) evaluate(ctx context.Context, tag string, checks []Check, out 
 	if err != nil {
 		return false, 0, fmt.Errorf("strict: %s on %q: %w", checks[0].Rule.Name, tag, err)
 	}
-	allowed, err := decode(res, out, func(i int) int64 { return checks[i].Rule.Limit })
+	allowed, err := decode(res, out, func(i int) int64 { return checks[i].Rule.Limit },
+		func(i int) bool { return checks[i].Rule.Algorithm == UpstreamWindow })
 	if err != nil {
 		l.stats.Errors.Add(1)
 		return false, 0, err
@@ -417,8 +441,8 @@ func (l *Limiter) evaluate(ctx context.Context, tag string, checks []Check, out 
 // validTag checks a hash tag (or an AllowN subject, which is its own tag).
 func (l *Limiter) validTag(tag string) error {
 	switch {
-	case tag == "" || len(tag) > MaxSubjectLen:
-		return fmt.Errorf("%w: tag or subject of %d bytes: want 1 to %d", ErrInvalid, len(tag), MaxSubjectLen)
+	case tag == "" || len(tag) > MaxKeyLen:
+		return fmt.Errorf("%w: tag or subject of %d bytes: want 1 to %d", ErrInvalid, len(tag), MaxKeyLen)
 	case !l.opts.hash && strings.IndexByte(tag, '}') >= 0:
 		return fmt.Errorf("%w: tag %q contains '}', which would end the hash tag early (hash the subjects)", ErrInvalid, tag)
 	}
@@ -459,7 +483,7 @@ func key(prefix, tag, rule, code, subject string) string {
 func (l *Limiter) call(ctx context.Context, sc *redisx.Script, keys []string, args []any) (any, error) {
 	if !l.guard.Allow() {
 		l.stats.Rejected.Add(1)
-		return nil, ErrUnavailable
+		return nil, redisx.ErrBreakerOpen
 	}
 	caller := ctx
 	ctx, cancel := context.WithTimeout(ctx, l.opts.timeout)
@@ -469,12 +493,17 @@ func (l *Limiter) call(ctx context.Context, sc *redisx.Script, keys []string, ar
 		l.stats.Errors.Add(1)
 	}
 	l.guard.Done(caller, err)
+	if err != nil && redisx.IsTransport(err) {
+		err = fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
 	return res, err
 }
 
 // decode decodes a strict reply, {all, then ok, remaining, wait_us, reset_us per rule}, into out
-// (Allowed is set to the rule's own ok, RetryAfter to its wait) and returns all.
-func decode(res any, out []Result, limit func(i int) int64) (bool, error) {
+// (Allowed is set to the rule's own ok, RetryAfter to its wait) and returns all. excess, when not nil,
+// names the rules whose remaining may be negative (UpstreamWindow's count above its limit), decoded
+// into Excess.
+func decode(res any, out []Result, limit func(i int) int64, excess func(i int) bool) (bool, error) {
 	vals, ok := res.([]any)
 	if !ok || len(vals) != 1+4*len(out) {
 		return false, fmt.Errorf("%w: want %d integers, got %T of length %d", ErrBadReply, 1+4*len(out), res, lenOf(res))
@@ -493,6 +522,10 @@ func decode(res any, out []Result, limit func(i int) int64) (bool, error) {
 			v[j] = x
 		}
 		lim := limit(i)
+		var over int64
+		if v[1] < 0 && v[1] >= -1e15 && excess != nil && excess(i) {
+			over, v[1] = -v[1], 0 // a count above the limit (UpstreamWindow)
+		}
 		// The scripts clamp both durations to 1e15µs (about 31 years); a larger value would overflow
 		// time.Duration into a wrong (even negative) wait.
 		if v[0] < 0 || v[0] > 1 || v[1] < 0 || v[1] > lim || v[2] < 0 || v[3] < 0 || v[2] > 1e15 || v[3] > 1e15 ||
@@ -505,6 +538,7 @@ func decode(res any, out []Result, limit func(i int) int64) (bool, error) {
 			Remaining:  v[1],
 			RetryAfter: time.Duration(v[2]) * time.Microsecond,
 			ResetAfter: time.Duration(v[3]) * time.Microsecond,
+			Excess:     over,
 		}
 	}
 	return all == 1, nil

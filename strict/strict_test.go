@@ -34,7 +34,7 @@ const strictT0 = int64(1763771220000000)
 // of 3 failures and 50ms), then opts.
 func newTestStrict(t testing.TB, rdb redis.UniversalClient, opts ...Option) *Limiter {
 	t.Helper()
-	s, err := New(rdb, append([]Option{WithPrefix("t"), WithTimeout(2 * time.Second),
+	s, err := New(rdb, append([]Option{WithKeyPrefix("t"), WithTimeout(2 * time.Second),
 		WithBreaker(3, 50*time.Millisecond, 0)}, opts...)...)
 	require.NoError(t, err)
 	return s
@@ -51,6 +51,7 @@ type strictStep struct {
 	remaining int64
 	retry     time.Duration
 	reset     time.Duration
+	excess    int64 // UpstreamWindow only
 }
 
 // Short names for the tables.
@@ -65,7 +66,7 @@ func runStrictSteps(t *testing.T, s *Limiter, rule Rule, subject string, steps [
 		s.at(st.at)
 		got, err := s.AllowN(context.Background(), rule, subject, st.n)
 		require.NoError(t, err, "step %d", i)
-		want := Result{Allowed: st.allowed, Limit: rule.Limit, Remaining: st.remaining, RetryAfter: st.retry, ResetAfter: st.reset}
+		want := Result{Allowed: st.allowed, Limit: rule.Limit, Remaining: st.remaining, RetryAfter: st.retry, ResetAfter: st.reset, Excess: st.excess}
 		assert.Equal(t, want, got, "step %d: n=%d at +%dµs", i, st.n, st.at)
 	}
 }
@@ -177,6 +178,50 @@ func TestStrictFixedWindow(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, map[string]string{"w": strconv.FormatInt(strictT0+20_000_000, 10), "c": "10"}, h)
 		assertStrictPTTL(t, rdb, key, 5001*ms) // set when the window's count started, at +25s: until its end
+	})
+}
+
+func TestStrictUpstreamWindow(t *testing.T) {
+	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
+		s := newTestStrict(t, rdb)
+		rule := Rule{Name: "api", Algorithm: UpstreamWindow, Limit: 3, Period: 10 * time.Second}
+		sec := time.Second
+		runStrictSteps(t, s, rule, "alice", []strictStep{
+			{at: 0, n: 0, allowed: true, remaining: 3, reset: 0}, // a read of an empty window writes nothing
+			{at: 0, n: 2, allowed: true, remaining: 1, reset: 10 * sec},
+			{at: 1_000_000, n: 2, allowed: false, remaining: 0, retry: 9 * sec, reset: 9 * sec, excess: 1},    // counted: 4
+			{at: 1_000_000, n: 1, allowed: false, remaining: 0, retry: 9 * sec, reset: 9 * sec, excess: 2},    // 5, as upstream
+			{at: 1_000_000, n: 0, allowed: false, remaining: 0, retry: 9 * sec, reset: 9 * sec, excess: 2},    // 5 > 3: over
+			{at: 10_000_000, n: 7, allowed: false, remaining: 0, retry: 10 * sec, reset: 10 * sec, excess: 4}, // above the limit
+			{at: 20_000_000, n: 3, allowed: true, remaining: 0, reset: 10 * sec},
+			{at: 20_000_000, n: 0, allowed: true, remaining: 0, reset: 10 * sec}, // at the limit, not above: OK
+		})
+		s.at(21_000_000)
+		r, err := s.AllowN(context.Background(), rule, "alice", 2)
+		require.NoError(t, err)
+		assert.Equal(t, Result{Limit: 3, Excess: 2, RetryAfter: 9 * sec, ResetAfter: 9 * sec}, r, "5 counted, 2 above the limit")
+		r, err = s.AllowN(context.Background(), rule, "alice", 0)
+		require.NoError(t, err)
+		assert.Equal(t, int64(2), r.Excess)
+		key := "t:v1:{alice}:api:uw"
+		h, err := rdb.HGetAll(context.Background(), key).Result()
+		require.NoError(t, err)
+		assert.Equal(t, map[string]string{"w": strconv.FormatInt(strictT0+20_000_000, 10), "c": "5"}, h)
+	})
+}
+
+func TestStrictUpstreamWindowCountsWhenAnotherRuleRefuses(t *testing.T) {
+	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
+		s := newTestStrict(t, rdb)
+		s.at(0)
+		up := Rule{Name: "up", Algorithm: UpstreamWindow, Limit: 10, Period: 10 * time.Second}
+		fw := Rule{Name: "fw", Algorithm: FixedWindow, Limit: 1, Period: 10 * time.Second}
+		for i, want := range []bool{true, false} {
+			m, err := s.AllowMulti(context.Background(), "alice", []Check{{Rule: up, Subject: "alice", N: 1}, {Rule: fw, Subject: "alice", N: 1}})
+			require.NoError(t, err)
+			assert.Equal(t, want, m.Allowed, "call %d", i)
+			assert.Equal(t, int64(10-1-i), m.Results[0].Remaining, "call %d: the upstream window counts either way", i)
+		}
 	})
 }
 
@@ -530,7 +575,7 @@ func TestStrictValidation(t *testing.T) {
 		n       int64
 	}{
 		{"empty subject", ok, "", 1},
-		{"oversized subject", ok, strings.Repeat("x", MaxSubjectLen+1), 1},
+		{"oversized subject", ok, strings.Repeat("x", MaxKeyLen+1), 1},
 		{"subject with a closing brace", ok, "a}b", 1},
 		{"zero n", ok, "s", 0},
 		{"negative n", ok, "s", -1},
@@ -593,8 +638,9 @@ func TestStrictValidation(t *testing.T) {
 	_, err = New(nil)
 	assert.ErrorIs(t, err, ErrInvalid, "no client")
 	for _, opt := range []Option{
-		WithPrefix(""), WithPrefix("a{"), WithPrefix("a b"), WithTimeout(0), WithTimeout(-time.Second),
+		WithKeyPrefix(""), WithKeyPrefix("a{"), WithKeyPrefix("a b"), WithTimeout(0), WithTimeout(-time.Second),
 		WithBreaker(0, time.Second, 0), WithBreaker(1, 0, 0), WithBreaker(1, time.Second, -1),
+		WithKeyPrefix(strings.Repeat("p", 65)), nil,
 	} {
 		_, err := New(rdb, opt)
 		assert.ErrorIs(t, err, ErrInvalid)
@@ -653,7 +699,8 @@ func TestStrictScriptRejectsBadArguments(t *testing.T) {
 func TestStrictScriptsAssemble(t *testing.T) {
 	t.Parallel()
 	seen := map[string]bool{}
-	for i, sc := range append(algoScripts[1:], allScript, shaperScript) {
+	assert.Same(t, algoScripts[FixedWindow], algoScripts[UpstreamWindow], "one script serves both windows")
+	for i, sc := range append(algoScripts[1:UpstreamWindow], allScript, shaperScript) {
 		require.NotNil(t, sc, i)
 		assert.NotEqual(t, sc.Variant(false).Hash(), sc.Variant(true).Hash(), "script %d has two variants", i)
 		assert.False(t, seen[sc.Variant(false).Hash()], "script %d is distinct", i)
@@ -796,7 +843,7 @@ func TestStrictDecodeRejectsBadReplies(t *testing.T) {
 		[]any{int64(0), int64(0), int64(1), int64(0), int64(1e15 + 1)}, // a reset beyond the scripts' clamp
 	} {
 		var out [1]Result
-		_, err := decode(res, out[:], limit)
+		_, err := decode(res, out[:], limit, nil)
 		assert.ErrorIs(t, err, ErrBadReply, "%v", res)
 	}
 }

@@ -24,10 +24,13 @@ import (
 // from envoyproxy/ratelimit"): hybridrated started with upstream's environment variables and no
 // command line serves upstream's configuration directory on upstream's ports.
 type compat struct {
-	configDir  string // RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY
-	ignoreDot  bool   // RUNTIME_IGNOREDOTFILES
-	merge      bool   // MERGE_DOMAIN_CONFIG
-	shadow     bool   // SHADOW_MODE
+	configDir  string           // RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY
+	ignoreDot  bool             // RUNTIME_IGNOREDOTFILES
+	merge      bool             // MERGE_DOMAIN_CONFIG
+	algorithm  policy.Algorithm // HYBRIDRATED_ALGORITHM: every limit's; empty is upstream_window
+	shadow     bool             // SHADOW_MODE
+	stopIncr   bool             // STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT
+	nearRatio  float64          // NEAR_LIMIT_RATIO (upstream's default 0.8)
 	headers    *sidecar.HeaderNames
 	debugAddr  string        // DEBUG_HOST:DEBUG_PORT
 	promAddr   string        // PROMETHEUS_ADDR, with USE_PROMETHEUS
@@ -78,8 +81,6 @@ var ignoredSettings = []struct{ name, why string }{
 	{"MEMCACHE_HOST_PORT", "counters are kept in Redis only"},
 	{"MEMCACHE_SRV", "counters are kept in Redis only"},
 	{"EXPIRATION_JITTER_MAX_SECONDS", "keys expire at their window's end"},
-	{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "refused hits are never counted here (as if it were true)"},
-	{"NEAR_LIMIT_RATIO", "no near_limit statistic yet"},
 	{"QUOTA_MODE", "quota mode is not supported: limits deny"},
 	{"RESPONSE_DYNAMIC_METADATA", "no dynamic metadata in answers"},
 	{"TRACING_ENABLED", "no tracing"},
@@ -151,6 +152,16 @@ func parseCompat(getenv func(string) string) (config, error) {
 	add(err)
 	cm.shadow, err = boolean("SHADOW_MODE", false)
 	add(err)
+	cm.stopIncr, err = boolean("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", false)
+	add(err)
+	cm.nearRatio = 0.8
+	if v := getenv("NEAR_LIMIT_RATIO"); v != "" {
+		f, err := strconv.ParseFloat(v, 32)
+		if err != nil || f < 0 || f > 1 {
+			add(fmt.Errorf("NEAR_LIMIT_RATIO %q: want a number from 0 to 1", v))
+		}
+		cm.nearRatio = f
+	}
 	if b, err := boolean("LIMIT_RESPONSE_HEADERS_ENABLED", false); err != nil {
 		add(err)
 	} else if b {
@@ -241,6 +252,14 @@ func parseCompat(getenv func(string) string) (config, error) {
 	if k := getenv("HYBRIDRATED_HASH_KEY"); k != "" {
 		c.hashKey = []byte(k)
 	}
+	// HYBRIDRATED_ALGORITHM, which upstream never reads, is the opt-in to another algorithm for
+	// every limit (hybrid: local-first token buckets); empty keeps upstream's windows and answers.
+	if a := policy.Algorithm(getenv("HYBRIDRATED_ALGORITHM")); a != "" {
+		if _, err := policy.NewUpstreamConfig(nil, policy.UpstreamOptions{Algorithm: a}); err != nil {
+			add(fmt.Errorf("HYBRIDRATED_ALGORITHM: %w", err))
+		}
+		cm.algorithm = a
+	}
 	if err := errors.Join(errs...); err != nil {
 		return c, err
 	}
@@ -256,12 +275,13 @@ func joinHostPort(host string, port int) string { return host + ":" + strconv.It
 // sidecar, its Policy in the Enforcer, reloaded when the directory's files change (a symlink swap
 // included: the directory is read whole, through its links, on every poll).
 type upstreamSource struct {
-	cm     *compat
-	target policy.Target
-	log    *slog.Logger
-	rl     *reloads
-	cur    atomic.Pointer[policy.UpstreamConfig]
-	digest [sha256.Size]byte
+	cm      *compat
+	target  policy.Target
+	log     *slog.Logger
+	rl      *reloads
+	metrics *upstreamMetrics // counts the loads under upstream's names
+	cur     atomic.Pointer[policy.UpstreamConfig]
+	digest  [sha256.Size]byte
 }
 
 // load reads the directory and, when it changed since the last load (or force), puts it in
@@ -276,7 +296,7 @@ func (u *upstreamSource) load(force bool) error {
 		var files []*policy.UpstreamFile
 		files, err = policy.LoadUpstreamDir(u.cm.configDir, u.cm.ignoreDot)
 		if err == nil {
-			cfg, err = policy.NewUpstreamConfig(files, policy.UpstreamOptions{MergeDomains: u.cm.merge})
+			cfg, err = policy.NewUpstreamConfig(files, policy.UpstreamOptions{MergeDomains: u.cm.merge, Algorithm: u.cm.algorithm})
 		}
 	}
 	if err == nil {
@@ -284,11 +304,13 @@ func (u *upstreamSource) load(force bool) error {
 	}
 	u.digest = d
 	if err != nil {
+		u.metrics.loadFail.Add(1)
 		u.rl.failedWith(err, time.Now())
 		u.log.Error("error loading new configuration; the previous one stays in force", "dir", u.cm.configDir, "err", err)
 		return err
 	}
 	u.cur.Store(cfg)
+	u.metrics.loadOK.Add(1)
 	u.rl.succeeded(len(cfg.Policy().Rules), time.Now())
 	u.log.Info("successfully loaded new configuration", "dir", u.cm.configDir, "domains", cfg.Domains(), "limits", len(cfg.Policy().Rules))
 	return nil

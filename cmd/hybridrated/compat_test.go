@@ -15,6 +15,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/policy"
 )
 
 func TestCompatReadsUpstreamsEnvironment(t *testing.T) {
@@ -71,6 +72,19 @@ func TestCompatReadsUpstreamsEnvironment(t *testing.T) {
 	require.True(t, c.compat.cluster, "one address is a Cluster's seed when REDIS_TYPE says so")
 	_, err = parseConfig(nil, func(k string) string { return map[string]string{"REDIS_URL": "r", "REDIS_TYPE": "ring"}[k] }, io.Discard)
 	require.ErrorContains(t, err, "REDIS_TYPE")
+
+	c, err = parseConfig(nil, func(k string) string {
+		return map[string]string{"REDIS_URL": "r", "HYBRIDRATED_ALGORITHM": "hybrid", "NEAR_LIMIT_RATIO": "0.5",
+			"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT": "true"}[k]
+	}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, policy.Hybrid, c.compat.algorithm)
+	require.Equal(t, 0.5, c.compat.nearRatio)
+	require.True(t, c.compat.stopIncr)
+	_, err = parseConfig(nil, func(k string) string { return map[string]string{"REDIS_URL": "r", "HYBRIDRATED_ALGORITHM": "leaky"}[k] }, io.Discard)
+	require.ErrorContains(t, err, "HYBRIDRATED_ALGORITHM")
+	_, err = parseConfig(nil, func(k string) string { return map[string]string{"REDIS_URL": "r", "NEAR_LIMIT_RATIO": "2"}[k] }, io.Discard)
+	require.ErrorContains(t, err, "NEAR_LIMIT_RATIO")
 }
 
 // TestCompatReloadsOnASymlinkSwap starts hybridrated from upstream's environment and swaps the

@@ -90,7 +90,7 @@ func TestLoad(t *testing.T) {
 	// The same requests answered in this process, without gRPC: the same packages, on the same Redis.
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
 	defer rdb.Close()
-	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, Prefix: "inproc", CostFuncs: map[string]policy.CostFunc{sidecar.HitsCostName: sidecar.HitsCost}})
+	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, KeyPrefix: "inproc", CostFuncs: map[string]policy.CostFunc{sidecar.HitsCostName: sidecar.HitsCost}})
 	require.NoError(t, err)
 	defer enf.Close(ctx)
 	obs, err := observe.New(enf, observe.Config{})

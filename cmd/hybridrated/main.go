@@ -112,7 +112,6 @@ type config struct {
 	reload          time.Duration    // how often the policy file is read
 	shutdownTimeout time.Duration    // bound on the graceful shutdown
 	checkTimeout    time.Duration    // the hybrid limiters' synchronous Redis check bound; 0: default
-	syncTimeout     time.Duration    // the deprecated name of checkTimeout (-sync-timeout)
 	maxKeys         int              // the hybrid limiters' local key cap (hybrid.WithMaxKeys)
 	idleEviction    time.Duration    // hybrid.WithIdleEviction; 0: off
 	hashKey         []byte           // HMAC key for keys in Redis, from the environment
@@ -221,7 +220,6 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 		{"shutdown-grace", "5s", "after SIGTERM, how long to keep serving while /readyz reports not ready (so load balancers stop sending), before draining", &c.shutdownGrace},
 		{"fleet-interval", "5s", "how often this instance writes its dashboard counters to Redis for the fleet view (one small key with a TTL); 0: never, and no fleet view", &c.fleetInterval},
 		{"check-timeout", "0s", "bound on a synchronous Redis check of a hybrid rule; 0: the library default (1s on the embedded Redis)", &c.checkTimeout},
-		{"sync-timeout", "0s", "deprecated: -check-timeout", &c.syncTimeout},
 		{"idle-eviction", hybrid.DefaultIdleEviction.String(), "drop keys idle this long (up to twice as long), with nothing pending, from local memory, and give the memory back; 0: off", &c.idleEviction},
 	}
 	for _, d := range durations {
@@ -244,9 +242,6 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	if c.checkTimeout == 0 {
-		c.checkTimeout = c.syncTimeout
 	}
 	if c.reload < time.Millisecond || c.shutdownTimeout <= 0 || c.checkTimeout < 0 || c.shutdownGrace < 0 || c.idleEviction < 0 {
 		return c, errors.New("-reload must be at least 1ms, -shutdown-timeout positive, -check-timeout, -shutdown-grace and -idle-eviction not negative")

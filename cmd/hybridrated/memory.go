@@ -7,12 +7,12 @@ import (
 	"github.com/hybridrate/hybridrate/hybrid"
 )
 
-// releaseMin is how many keys must have left the hybrid limiters' memory since the last release
+// releaseMin is how many keys must have left the hybrid limiter's memory since the last release
 // before returnMemory gives the memory back: about 20 MB at some 300 bytes a key.
 const releaseMin = 65_536
 
 // returnMemory gives the OS back the memory of keys that went idle, checking every interval (the idle
-// eviction's) until ctx ends: when the keys the limiters hold (keys) have fallen by releaseMin or
+// eviction's) until ctx ends: when the keys the limiter holds (keys) have fallen by releaseMin or
 // more, and to half their peak or less, since the last release, it calls release
 // (debug.FreeOSMemory in hybridrated).
 //
@@ -45,13 +45,12 @@ func returnMemory(ctx context.Context, interval time.Duration, keys func() int, 
 	}
 }
 
-// heldKeys returns the keys the limiters hold in local memory.
-func heldKeys(limiters func() []*hybrid.Limiter) func() int {
+// heldKeys returns the keys the limiter holds in local memory; 0 while it has none (nil).
+func heldKeys(limiter func() *hybrid.Limiter) func() int {
 	return func() int {
-		n := 0
-		for _, l := range limiters() {
-			n += l.Stats().Keys
+		if l := limiter(); l != nil {
+			return l.Stats().Keys
 		}
-		return n
+		return 0
 	}
 }

@@ -148,7 +148,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 	}
 	enf, err := policy.NewEnforcer(policy.Config{
 		Redis:         rdb,
-		Prefix:        prefix,
+		KeyPrefix:     prefix,
 		HybridOptions: hybridOpts,
 		StrictTimeout: strictTimeout,
 		HashKey:       cfg.hashKey,
@@ -169,7 +169,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 	memDone := make(chan struct{})
 	go func() {
 		defer close(memDone)
-		returnMemory(memCtx, cfg.idleEviction, heldKeys(enf.Limiters), debug.FreeOSMemory)
+		returnMemory(memCtx, cfg.idleEviction, heldKeys(enf.Limiter), debug.FreeOSMemory)
 	}()
 	defer func() { stopMem(); <-memDone }()
 	obs, err := observe.New(enf, observe.Config{MeterProvider: mp, Instance: instance, HashKey: cfg.dashboardKey,
@@ -203,7 +203,11 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 	var ups *upstreamSource
 	if cfg.compat != nil {
 		rl.source = "envoyproxy/ratelimit configuration " + cfg.compat.configDir
-		ups = &upstreamSource{cm: cfg.compat, target: obs, log: log, rl: rl}
+		um := &upstreamMetrics{stats: new(sidecar.UpstreamStats)}
+		if err := reg.Register(um); err != nil {
+			return fmt.Errorf("metrics: %w", err)
+		}
+		ups = &upstreamSource{cm: cfg.compat, target: obs, log: log, rl: rl, metrics: um}
 		if err := ups.load(true); err != nil {
 			return err
 		}
@@ -239,6 +243,8 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 	scfg := sidecar.Config{Checker: obs, MeterProvider: mp, Instance: instance}
 	if ups != nil {
 		scfg.Upstream, scfg.UpstreamShadow, scfg.UpstreamHeaders = ups.cur.Load, cfg.compat.shadow, cfg.compat.headers
+		scfg.UpstreamStopIncrement = cfg.compat.stopIncr
+		scfg.UpstreamStats, scfg.UpstreamNearLimitRatio = ups.metrics.stats, float32(cfg.compat.nearRatio)
 	}
 	srv, err := sidecar.New(scfg)
 	if err != nil {

@@ -169,7 +169,6 @@ func parseConfig(args []string, out io.Writer) (*config, error) {
 		drift        = fs.Float64("drift", hybrid.DefaultDriftThreshold, "hybrid: drift `threshold`, 0 to 1 (0 = every decision in Redis)")
 		policy       = fs.String("policy", "local-fallback", "hybrid: failure `policy`: local-fallback, fail-open or fail-closed")
 		syncTO       = fs.Duration("check-timeout", hybrid.DefaultCheckTimeout, "hybrid: `timeout` of a synchronous Redis check (50ms on the embedded miniredis)")
-		oldSyncTO    = fs.Duration("sync-timeout", 0, "deprecated: --check-timeout")
 		maxKeys      = fs.Int("max-keys", hybrid.DefaultMaxKeys, "hybrid: local key `cap` per node")
 		leaseAdv     = fs.Duration("lease-advance", hybrid.LeaseAdvance, "hybrid: refill Redis may lend ahead while a key is under its rate (`duration`, 0 to 1m; 0 = none)")
 		jsonPath     = fs.String("json", "", "write the full report as JSON to `file`")
@@ -206,9 +205,6 @@ func parseConfig(args []string, out io.Writer) (*config, error) {
 				return nil, fmt.Errorf("scenario %s: %s=%s: %w", *scenarioName, name, v, err) // a bug in presets
 			}
 		}
-	}
-	if set["sync-timeout"] && !set["check-timeout"] {
-		*syncTO, set["check-timeout"] = *oldSyncTO, true
 	}
 	routed := false // --affinity given or set by the scenario
 	fs.Visit(func(f *flag.Flag) { routed = routed || f.Name == "affinity" })

@@ -84,9 +84,6 @@ func TestParseConfigFlags(t *testing.T) {
 			assert.Equal(t, 2*time.Millisecond, c.syncTimeout)
 			assert.Equal(t, 1000, c.maxKeys)
 		}},
-		{"the deprecated --sync-timeout still sets the check timeout", []string{"--sync-timeout", "3ms"}, func(t *testing.T, c *config) {
-			assert.Equal(t, 3*time.Millisecond, c.syncTimeout)
-		}},
 		{"churn takes its demand in requests per second", []string{"--pattern", "churn", "--keys", "1000", "--rps", "500"}, func(t *testing.T, c *config) {
 			assert.Equal(t, workload.Churn, c.pattern)
 			assert.InDelta(t, 500, c.rps, 1e-9)
@@ -250,7 +247,7 @@ func TestParseConfigRejects(t *testing.T) {
 		{[]string{"--drift", "-0.1"}, "--drift -0.1"},
 		{[]string{"--policy", "yolo"}, `--policy "yolo"`},
 		{[]string{"--check-timeout", "1µs"}, "--check-timeout 1µs"},
-		{[]string{"--sync-timeout", "1µs"}, "--check-timeout 1µs"},
+		{[]string{"--sync-timeout", "1ms"}, "flag provided but not defined: -sync-timeout"},
 		{[]string{"--max-keys", "10"}, "--max-keys 10"},
 		{[]string{"--load", "0"}, "--load 0"},
 		{[]string{"--load", "-2"}, "--load -2"},

@@ -41,7 +41,7 @@ type config struct {
 	reloadInterval time.Duration // how often the policy file is read
 	trustedProxies string        // comma-separated CIDR prefixes of our own proxies
 	maxInFlight    int           // load-shedding capacity
-	syncTimeout    time.Duration // bound of a synchronous Redis check; 0: the library's default
+	checkTimeout   time.Duration // bound of a synchronous Redis check; 0: the library's default
 }
 
 func main() {
@@ -52,7 +52,7 @@ func main() {
 	flag.DurationVar(&cfg.reloadInterval, "reload-interval", time.Second, "how often the policy file is checked for changes")
 	flag.StringVar(&cfg.trustedProxies, "trusted-proxies", "", "comma-separated CIDR prefixes of proxies whose X-Forwarded-For is trusted")
 	flag.IntVar(&cfg.maxInFlight, "max-in-flight", 512, "requests in flight at which even critical requests are shed")
-	flag.DurationVar(&cfg.syncTimeout, "sync-timeout", 0, "bound of a synchronous Redis check before the failure policy answers (0: hybridrate's default, 5ms; 1s with the embedded server)")
+	flag.DurationVar(&cfg.checkTimeout, "check-timeout", 0, "bound of a synchronous Redis check before the failure policy answers (0: hybridrate's default, 5ms; 1s with the embedded server)")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -131,14 +131,14 @@ func newService(cfg config, log *slog.Logger) (*service, error) {
 		log.Warn("no -redis address given: using an embedded, in-memory Redis-compatible server (miniredis); " +
 			"limits are per process and lost on exit. Pass -redis host:port to share them across replicas")
 		// miniredis runs Lua in Go, far slower than Redis: give its calls time.
-		if cfg.syncTimeout == 0 {
-			cfg.syncTimeout = time.Second
+		if cfg.checkTimeout == 0 {
+			cfg.checkTimeout = time.Second
 		}
 		strictTimeout = time.Second
 	}
-	if cfg.syncTimeout > 0 {
-		hybridOpts = append(hybridOpts, hybrid.WithCheckTimeout(cfg.syncTimeout))
-		strictTimeout = max(strictTimeout, cfg.syncTimeout)
+	if cfg.checkTimeout > 0 {
+		hybridOpts = append(hybridOpts, hybrid.WithCheckTimeout(cfg.checkTimeout))
+		strictTimeout = max(strictTimeout, cfg.checkTimeout)
 	}
 	// MaxRetries -1: a strict script that go-redis re-sent after a timeout could count twice.
 	// ContextTimeoutEnabled: the limiters' own deadlines bound every call, through this client.

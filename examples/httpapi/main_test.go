@@ -99,7 +99,7 @@ func TestBurstsGet429AndAWellBehavedClientSucceeds(t *testing.T) {
 	// A generous sync timeout: on a loaded test machine the default 5ms can expire, and the failure
 	// policy (local_fallback) would then admit on its own.
 	base := serve(t, config{redisAddr: srv.Addr, policyPath: copyPolicy(t), reloadInterval: time.Second, maxInFlight: 512,
-		syncTimeout: time.Second}, io.Discard)
+		checkTimeout: time.Second}, io.Discard)
 	client := &http.Client{Timeout: 10 * time.Second}
 	t.Cleanup(client.CloseIdleConnections)
 	url := base + "/v1/items/42"

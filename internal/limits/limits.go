@@ -20,6 +20,10 @@ const (
 	MinPeriod = time.Millisecond
 	// MaxPeriod is the longest period of a window, 1e14 µs (about 3.2 years).
 	MaxPeriod = 100_000_000_000_000 * time.Microsecond
+	// MaxKeyLen is the longest key (a strict subject or tag) any limiter accepts, in bytes.
+	MaxKeyLen = 1024
+	// MaxKeyPrefixLen is the longest key prefix (WithKeyPrefix) any limiter accepts, in bytes.
+	MaxKeyPrefixLen = 64
 )
 
 // CheckRate reports why a token bucket of rate tokens per second and burst tokens is out of bounds,

@@ -3,6 +3,7 @@ package redisx
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 
@@ -10,11 +11,15 @@ import (
 )
 
 // Errors shared by every package that calls Redis through this one. The public packages re-export
-// them (central.ErrUnavailable, strict.ErrUnavailable are this same value), so errors.Is works with
-// either name.
+// them (hybrid.ErrUnavailable, concurrency.ErrUnavailable, strict.ErrUnavailable and
+// central.ErrUnavailable are this same value), so errors.Is works with any name.
 var (
-	// ErrUnavailable means the breaker is open: the call was not sent.
-	ErrUnavailable = errors.New("hybridrate: redis unavailable (circuit breaker open)")
+	// ErrUnavailable means Redis could not serve the call and nothing decided in its place: the
+	// breaker was open (the call was not sent, [ErrBreakerOpen]), or the call failed in transport,
+	// timed out or was refused. Returned bare, it means the breaker was open.
+	ErrUnavailable = errors.New("hybridrate: redis unavailable")
+	// ErrBreakerOpen wraps ErrUnavailable: the breaker is open, the call was not sent.
+	ErrBreakerOpen = fmt.Errorf("%w (circuit breaker open)", ErrUnavailable)
 	// ErrBadReply means Redis answered with a reply of an unexpected shape.
 	ErrBadReply = errors.New("hybridrate: unexpected reply from redis")
 )

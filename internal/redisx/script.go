@@ -8,6 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/hybridrate/hybridrate/internal/limits"
 	"github.com/hybridrate/hybridrate/lua"
 )
 
@@ -110,9 +111,10 @@ func isShebangUnsupported(err error) bool {
 }
 
 // ValidPrefix reports whether p can start a Redis key without disturbing the hash tag that follows
-// it: it is not empty and holds no brace or whitespace.
+// it: it is 1 to limits.MaxKeyPrefixLen bytes and holds no brace or whitespace. Every WithKeyPrefix
+// option checks its prefix with it.
 func ValidPrefix(p string) bool {
-	return p != "" && !strings.ContainsAny(p, "{} \t\r\n")
+	return p != "" && len(p) <= limits.MaxKeyPrefixLen && !strings.ContainsAny(p, "{} \t\r\n")
 }
 
 // Variant returns the go-redis script of one variant: without the "#!lua" line when legacy is true.
