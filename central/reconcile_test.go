@@ -181,9 +181,9 @@ func TestScriptDebtFloorAndRetry(t *testing.T) {
 	})
 }
 
-// TestScriptLeaseAdvance: while a key's demand is under its rate (below 1.25·Rate), leases may draw
+// TestScriptLeaseAdvance: while a key's demand is under its rate, leases may draw
 // on the next Advance of refill: the bucket is lent below zero, down to -Rate·Advance, and the node is
-// told what could still be lent. Over 1.25·Rate, a node that called before may lend the refill its
+// told what could still be lent. At or over the rate, a node that called before may lend the refill its
 // leases hold while they wait (the lend: -Rate/demand, at most -Rate·Advance), not told to the node.
 func TestScriptLeaseAdvance(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
@@ -217,10 +217,15 @@ func TestScriptLeaseAdvance(t *testing.T) {
 		slow := &node{c: c, key: "slow", lim: Limit{Rate: 10, Burst: 20}, inc: 1, demand: 0.5}
 		st = slow.call(t, 0, 40, 0)
 		assert.Equal(t, int64(20), st.Charged, "demand 0.5/s takes no whole token of the next second")
-		busy := &node{c: c, key: "busy", lim: Limit{Rate: 10, Burst: 20}, inc: 1, demand: 12}
+		busy := &node{c: c, key: "busy", lim: Limit{Rate: 10, Burst: 20}, inc: 1, demand: 9.9}
 		st = busy.call(t, 0, 80, 0)
-		assert.Equal(t, int64(30), st.Charged, "demand 12/s: the advance is capped at Rate·Advance, 10")
-		// Over 1.25× the rate (demand 20/s ≥ 12.5/s) the advance is not lent. A node that called
+		assert.Equal(t, int64(19), st.Charged,
+			"demand 9.9/s: burst 20 plus 9 tokens of the next second, less the reserve of half a burst (the demand over the horizon is more than those 29)")
+		assert.Equal(t, int64(10_000_000), st.Tokens, "the reserve stays in the bucket")
+		at := &node{c: c, key: "at", lim: Limit{Rate: 10, Burst: 20}, inc: 1, demand: 10}
+		st = at.call(t, 0, 80, 0)
+		assert.Equal(t, int64(20), st.Charged, "demand 10/s, at the rate: no advance")
+		// Over the rate (demand 20/s) the advance is not lent either. A node that called
 		// before may lend the refill its leases hold while they wait for its requests instead:
 		// Rate/demand tokens below zero, rounded (here 10/20 → 1), not told to the node.
 		hot := &node{c: c, key: "over", lim: Limit{Rate: 10, Burst: 20}, inc: 1, demand: 20}

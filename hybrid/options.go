@@ -40,7 +40,7 @@ const (
 	LeaseLife = 8 * time.Second
 	// LeaseAdvance is the default of WithLeaseAdvance: lease renewals (not a node's first call for a
 	// key) may draw on what the key's demand takes of the next second's refill while the key is
-	// under 1.25× its rate, and over it on the refill its leases hold while they wait.
+	// under its rate, and over it on the refill its leases hold while they wait.
 	LeaseAdvance = time.Second
 )
 
@@ -224,7 +224,7 @@ func WithoutColdStart() Option {
 }
 
 // WithLeaseAdvance lets Redis lend, as leases, refill that has not come yet: while a key's demand W
-// is under 1.25 × its rate, a node's lease renewal may draw on what that demand takes of the next d
+// is under its rate, a node's lease renewal may draw on what that demand takes of the next d
 // (W·d tokens, at most Rate·d; the bucket may be lent down to -Rate·d, which the refill repays
 // because the demand is below the rate). Leases then last longer than a share of the burst allows:
 // fewer Redis calls per decision for keys whose burst is small next to their rate or split over
@@ -232,7 +232,7 @@ func WithoutColdStart() Option {
 // has no demand to lend ahead for, so a burst on a quiet key takes at most its burst. The price: a
 // key that has run at W under its rate holds leases that include refill lent ahead, so a sudden
 // burst on it can admit up to Burst + W·d at once, and the overshoot bound widens by Rate·d
-// (docs/accuracy.md). Over 1.25 × its rate a key lends instead the refill its leases hold while
+// (docs/accuracy.md). At or over its rate a key lends instead the refill its leases hold while
 // they wait for their nodes' next requests (Rate/d_i tokens for node i of demand d_i, at most
 // Rate·d), so that an overloaded key spread over many nodes admits what an exact bucket would. The
 // default, LeaseAdvance, is one second; 0 lends only tokens in the bucket (a burst never exceeds

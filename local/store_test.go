@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -135,17 +136,48 @@ func TestDemandEstimate(t *testing.T) {
 	e.Seen(1)
 	e.Add(4)
 	c := e.Next(2e9) // 4 tokens in 2s
-	assert.InDelta(t, 2.0, c.Demand, 1e-6)
+	assert.InDelta(t, 1.5, c.Demand, 1e-6, "young: the requests after the first over the life (3 in 2 s)")
 	assert.True(t, c.Active)
 	e.Deny(6) // denied demand counts too: 6 tokens in 1s
 	c = e.Next(3e9)
-	decay := math.Exp(-1 / (32.0 / 6)) // τ = 32 events at the larger of the estimate and the observation
-	assert.InDelta(t, 2*decay+6*(1-decay), c.Demand, 1e-9)
-	prev := c.Demand
+	assert.InDelta(t, 3.0, c.Demand, 1e-6, "young: 9 after the first in 3 s")
 	c = e.Next(4e9)
+	assert.False(t, c.Active)
+	assert.InDelta(t, 2.25, c.Demand, 1e-6, "young and idle: 9 in 4 s")
+
+	// Past demandEvents requests, the estimate is exponentially weighted.
+	e.Add(25)
+	c = e.Next(14e9) // 35 seen: mature
+	prev := c.Demand
+	e.Deny(6) // 6 tokens in 1s
+	c = e.Next(15e9)
+	decay := math.Exp(-1 / (32 / max(prev, 6))) // τ = 32 events at the larger of the estimate and the observation
+	assert.InDelta(t, prev*decay+6*(1-decay), c.Demand, 1e-9)
+	prev = c.Demand
+	c = e.Next(16e9)
 	assert.False(t, c.Active)
 	assert.Less(t, c.Demand, prev, "idle: the estimate decays")
 	assert.Greater(t, c.Demand, 0.8*prev, "slowly at a few requests a second")
+}
+
+// A young key a node sees every 2.3 s (Poisson-like gaps) is estimated at about its rate, 0.43/s,
+// not at the 1/s its first request, alone in its first second, would read (youngDemand).
+func TestDemandEstimateYoungSparseKey(t *testing.T) {
+	s := newStore(t, 64)
+	e := insert(t, s, "k")
+	e.Seen(1)
+	now := int64(1)
+	e.Add(1)
+	now += 20e6
+	c := e.Next(now)
+	assert.InDelta(t, 0.5, c.Demand, 1e-9, "one request: half a request over the first second")
+	for i := range 8 {
+		gap := []int64{300e6, 4000e6, 1500e6, 3100e6}[i%4] // 2.225 s on average
+		now += gap
+		e.Add(1)
+		c = e.Next(now + 20e6)
+	}
+	assert.InDelta(t, 1/2.3, c.Demand, 0.1, "after 9 requests in %v", time.Duration(now))
 }
 
 func TestRecentRate(t *testing.T) {

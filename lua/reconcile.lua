@@ -320,12 +320,15 @@ local function process(i, key)
   local target = mmax(want, n)
   local wv = mmax(w, demand)
   local granted = true
-  -- The advance is lent while the key's demand is under 1.25× its rate, and only what that demand
+  -- The advance is lent while the key's demand is under its rate, and only what that demand
   -- takes over the advance, to a background renewal (n = 0) or to a caller whose node has called
   -- for the key before: a key that was idle (its demand near 0), or a node's first call (a new
   -- key's first burst), gets no refill ahead of time, so a sudden burst on such a key takes at most
   -- its burst; a busy node that runs dry between renewals still finds the refill it was lent from.
-  -- Over 1.25× its rate, the same calls may lend the refill in flight instead (`lend`, not told to
+  -- (Until 2026-11-27 the advance was lent up to 1.25× the rate, as a margin for demand estimates
+  -- that ran high; a key between 1 and 1.25× its rate then kept the advance, and its overshoot,
+  -- for good. The nodes' young estimate (local.youngDemand) made the margin unneeded.)
+  -- At or over its rate, the same calls may lend the refill in flight instead (`lend`, not told to
   -- the node): over the limit, each token a node holds waits for that node's next request, 1/d_i
   -- on average, so the nodes hold about Σ rate·(d_i/W)·(1/d_i) = rate·N/W tokens between them
   -- (Little's law), tokens an exact bucket would have admitted at once. Letting a node's call take
@@ -340,7 +343,7 @@ local function process(i, key)
   -- limit on 512 nodes were lent the advance and admitted 1.10× their allowance); and nodes whose
   -- share is under a token hold no lease, so there is little inventory for the lend to make up for.
   if (n == 0 or known) and fleet_n <= burst + adv_max then
-    if wv < rate * 1.25 then
+    if wv < rate then
       adv = mmin(adv_max, floor(wv * advance_ms / 1000))
     elseif demand > 0 then
       lend = mmin(adv_max, floor(rate / demand + 0.5))

@@ -90,7 +90,7 @@ end
 -- the key is under its rate because leases hold the bucket below zero.
 local adv_max = floor(rate * advance_ms / 1000)
 local adv = 0
-if fleet_n <= burst + adv_max and w < rate * 1.25 then adv = mmin(adv_max, floor(w * advance_ms / 1000)) end
+if fleet_n <= burst + adv_max and w < rate then adv = mmin(adv_max, floor(w * advance_ms / 1000)) end
 if tokens + adv * 1000000 < n * 1000000 then
   -- A denial writes nothing: the refill is recomputed from the stored time next call.
   return {0, 0, floor(tokens), floor(w * 1000), mmin(ceil((n * 1000000 - adv * 1000000 - tokens) / rate), 1e15),

@@ -532,7 +532,7 @@ func (r *Relay) wait(e *entry, lim central.Limit, n int64, now int64) time.Durat
 
 // advance is what a key under its rate may be lent of the coming refill, reconcile.lua's adv.
 func (r *Relay) advance(lim central.Limit, w float64) int64 {
-	if w >= lim.Rate*1.25 {
+	if w >= lim.Rate {
 		return 0
 	}
 	return min(int64(lim.Rate*r.cfg.Advance.Seconds()), int64(w*r.cfg.Advance.Seconds()))
@@ -542,7 +542,7 @@ func (r *Relay) advance(lim central.Limit, w float64) int64 {
 // over windows of at least a second (tokens their one-off takes asked for, admitted or not, and the
 // demand each leasing child declares, over the time between its calls), smoothed across windows.
 // Denied requests count: a key over its rate must look so to Redis, which lends the coming refill
-// only to keys under 1.25× their rate. It is measured rather than
+// only to keys under their rate. It is measured rather than
 // the sum of the demands the children declare: a child that sees a key rarely declares an estimate
 // that runs high for a while, and a few dozen of them made the key look over its rate to Redis.
 func (r *Relay) demand(e *entry, now int64) float64 {
