@@ -316,14 +316,14 @@ func TestStrictShaper(t *testing.T) {
 		for i, st := range []struct {
 			at   int64
 			n    int64
-			want Reservation
+			want *Reservation
 		}{
-			{0, 10, Reservation{OK: true}},                        // the burst runs at once
-			{0, 1, Reservation{OK: true, Delay: sec}},             // then one per second
-			{0, 5, Reservation{OK: true, Delay: 6 * sec}},         // weighted
-			{0, 5, Reservation{OK: false, Delay: 11 * sec}},       // beyond MaxWait: refused, books nothing
-			{5_000_000, 5, Reservation{OK: true, Delay: 6 * sec}}, // the queue drained by 5s
-			{5_000_000, 1, Reservation{OK: true, Delay: 7 * sec}},
+			{0, 10, &Reservation{ok: true}},                        // the burst runs at once
+			{0, 1, &Reservation{ok: true, delay: sec}},             // then one per second
+			{0, 5, &Reservation{ok: true, delay: 6 * sec}},         // weighted
+			{0, 5, &Reservation{ok: false, delay: 11 * sec}},       // beyond MaxWait: refused, books nothing
+			{5_000_000, 5, &Reservation{ok: true, delay: 6 * sec}}, // the queue drained by 5s
+			{5_000_000, 1, &Reservation{ok: true, delay: 7 * sec}},
 		} {
 			s.at(st.at)
 			got, err := sh.ReserveN(ctx, "q", st.n)
@@ -344,7 +344,7 @@ func TestStrictShaper(t *testing.T) {
 		assert.ErrorIs(t, err, ErrWaitTooLong)
 		r, err := sh.Reserve(ctx, "q")
 		require.NoError(t, err)
-		assert.Equal(t, Reservation{OK: true, Delay: 4 * sec}, r, "the refused wait booked nothing")
+		assert.Equal(t, &Reservation{ok: true, delay: 4 * sec}, r, "the refused wait booked nothing")
 	})
 }
 
@@ -480,7 +480,7 @@ func TestStrictConcurrentExact(t *testing.T) {
 	}
 	targets = append(targets, target{"shaper", func(ctx context.Context) (bool, error) {
 		r, err := sh.Reserve(ctx, "hot")
-		return r.OK, err
+		return r.OK(), err
 	}})
 	user := Rule{Name: "mu", Algorithm: TokenBucket, Limit: 700, Period: time.Hour}
 	tenant := Rule{Name: "mt", Algorithm: SlidingWindow, Limit: limit, Period: time.Hour}
