@@ -135,7 +135,7 @@ func (sh *Shaper) reserve(ctx context.Context, subject string, n int64, maxWait 
 	if err != nil {
 		return nil, fmt.Errorf("strict: shaper %s on %q: %w", sh.rule.Name, subject, err)
 	}
-	var out [1]Result
+	var out [1]Decision
 	ok, err := decode(res, out[:], func(int) int64 { return sh.rule.Limit }, nil)
 	if err != nil {
 		l.stats.Errors.Add(1)

@@ -290,8 +290,10 @@ func (l *Limiter) BreakerState() BreakerState { return l.guard.Breaker().State()
 // Stats returns the counters.
 func (l *Limiter) Stats() *Stats { return &l.stats }
 
-// Result is a rule's answer for one subject. The zero Result denies.
-type Result struct {
+// Decision is one rule's answer for one subject, as hybrid.Decision is one limit's answer for one key
+// and policy.Decision one counter's; a request's answer over several rules is a [MultiResult], as
+// policy.Result is. The zero Decision denies. It is a plain value, safe to copy and share.
+type Decision struct {
 	// Allowed reports whether the request was admitted and counted. In a [MultiResult] it reports
 	// whether this rule had room; the request was counted only if [MultiResult.Allowed].
 	Allowed bool
@@ -317,19 +319,20 @@ type Check struct {
 	N       int64  // the request's cost under this rule; 1 to Rule.Limit (0 to MaxLimit for UpstreamWindow)
 }
 
-// MultiResult is the answer of [Limiter.AllowMulti]. The zero MultiResult denies.
+// MultiResult is one request's answer over several rules, the answer of [Limiter.AllowMulti]. The
+// zero MultiResult denies. It is a plain value; Decisions is the caller's to keep.
 type MultiResult struct {
 	// Allowed reports whether every rule had room, in which case every rule counted the request;
 	// when false, no rule counted anything.
 	Allowed bool
 	// RetryAfter is the longest RetryAfter of the rules that had no room; zero when Allowed.
 	RetryAfter time.Duration
-	// Results holds each check's answer, in the order of the checks.
-	Results []Result
+	// Decisions holds each check's answer, in the order of the checks.
+	Decisions []Decision
 }
 
 // Allow is shorthand for AllowN(ctx, rule, subject, 1).
-func (l *Limiter) Allow(ctx context.Context, rule Rule, subject string) (Result, error) {
+func (l *Limiter) Allow(ctx context.Context, rule Rule, subject string) (Decision, error) {
 	return l.AllowN(ctx, rule, subject, 1)
 }
 
@@ -338,12 +341,12 @@ func (l *Limiter) Allow(ctx context.Context, rule Rule, subject string) (Result,
 // input, wrapping [ErrInvalid]; wrapping [ErrUnavailable] while the breaker is open or when Redis could
 // not serve the call, for which [IsTransport] is also true; or a reply Redis gave for this key alone). The subject is also the hash tag
 // of the key, so it must not contain '}' unless subjects are hashed ([WithHashedSubjects]).
-func (l *Limiter) AllowN(ctx context.Context, rule Rule, subject string, n int64) (Result, error) {
+func (l *Limiter) AllowN(ctx context.Context, rule Rule, subject string, n int64) (Decision, error) {
 	checks := [1]Check{{Rule: rule, Subject: subject, N: n}}
-	var out [1]Result
+	var out [1]Decision
 	allowed, _, err := l.evaluate(ctx, subject, checks[:], out[:])
 	if err != nil {
-		return Result{}, err
+		return Decision{}, err
 	}
 	out[0].Allowed = allowed
 	return out[0], nil
@@ -355,16 +358,16 @@ func (l *Limiter) AllowN(ctx context.Context, rule Rule, subject string, n int64
 // must be non-empty, at most MaxKeyLen bytes and, unless subjects are hashed, free of '}'.
 // Checks must name distinct (rule, subject) pairs; there may be 1 to MaxChecks of them.
 func (l *Limiter) AllowMulti(ctx context.Context, tag string, checks []Check) (MultiResult, error) {
-	out := make([]Result, len(checks))
+	out := make([]Decision, len(checks))
 	allowed, retry, err := l.evaluate(ctx, tag, checks, out)
 	if err != nil {
 		return MultiResult{}, err
 	}
-	return MultiResult{Allowed: allowed, RetryAfter: retry, Results: out}, nil
+	return MultiResult{Allowed: allowed, RetryAfter: retry, Decisions: out}, nil
 }
 
 // evaluate validates the checks, runs the script and decodes its reply into out.
-func (l *Limiter) evaluate(ctx context.Context, tag string, checks []Check, out []Result) (bool, time.Duration, error) {
+func (l *Limiter) evaluate(ctx context.Context, tag string, checks []Check, out []Decision) (bool, time.Duration, error) {
 	if err := l.validTag(tag); err != nil {
 		return false, 0, err
 	}
@@ -503,7 +506,7 @@ func (l *Limiter) call(ctx context.Context, sc *redisx.Script, keys []string, ar
 // (Allowed is set to the rule's own ok, RetryAfter to its wait) and returns all. excess, when not nil,
 // names the rules whose remaining may be negative (UpstreamWindow's count above its limit), decoded
 // into Excess.
-func decode(res any, out []Result, limit func(i int) int64, excess func(i int) bool) (bool, error) {
+func decode(res any, out []Decision, limit func(i int) int64, excess func(i int) bool) (bool, error) {
 	vals, ok := res.([]any)
 	if !ok || len(vals) != 1+4*len(out) {
 		return false, fmt.Errorf("%w: want %d integers, got %T of length %d", ErrBadReply, 1+4*len(out), res, lenOf(res))
@@ -532,7 +535,7 @@ func decode(res any, out []Result, limit func(i int) int64, excess func(i int) b
 			all == 1 && v[0] == 0 {
 			return false, fmt.Errorf("%w: rule %d values out of range %v", ErrBadReply, i, v)
 		}
-		out[i] = Result{
+		out[i] = Decision{
 			Allowed:    v[0] == 1,
 			Limit:      lim,
 			Remaining:  v[1],
