@@ -43,7 +43,7 @@ type HealthReporter interface {
 	policy.Checker
 	Limiter() *hybrid.Limiter
 	StrictHealth() policy.StrictHealth
-	Stats() *policy.Stats
+	Stats() policy.Stats
 }
 
 var _ HealthReporter = (*policy.Enforcer)(nil)
@@ -246,7 +246,7 @@ func New(c policy.Checker, cfg Config) (*Observer, error) {
 		if !ok {
 			return nil
 		}
-		ob.ObserveInt64(longVals, enf.Stats().LongValues.Load(), inst)
+		ob.ObserveInt64(longVals, enf.Stats().LongValues, inst)
 		h := enf.StrictHealth()
 		ob.ObserveInt64(sCalls, h.Calls, inst)
 		ob.ObserveInt64(sErrs, h.Errors, classErr)

@@ -77,18 +77,24 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Stats counts an Enforcer's decisions. Every field only grows. (Admitted requests are not counted
-// here: a shared counter on every request would cost more than the decision itself.)
+// Stats is a snapshot of an Enforcer's counts, from [Enforcer.Stats]. Every count only grows over the
+// Enforcer's life. (Admitted requests are not counted: a shared counter on every request would cost
+// more than the decision itself.) The zero Stats counts nothing; it is a plain value, safe to copy.
 type Stats struct {
-	Denied       atomic.Int64 // requests denied (MissingKey included)
-	MissingKey   atomic.Int64 // requests rejected (or, in shadow mode, that would have been) for a missing key
-	ShadowDenied atomic.Int64 // would-be denials reported (one per counter, or per request in shadow mode)
-	Memo         atomic.Int64 // denials answered from the memo, with no counter consulted
-	Fallback     atomic.Int64 // strict calls answered by failure policies because Redis could not answer
-	Errors       atomic.Int64 // calls to Check that returned an error
-	Reloads      atomic.Int64 // successful SetPolicy calls
-	LongValues   atomic.Int64 // dimension values longer than MaxValueLen, counted under their SHA-256
-	Unrefunded   atomic.Int64 // units hybrid rules took for denied requests and could not give back
+	Denied       int64 // requests denied (MissingKey included)
+	MissingKey   int64 // requests rejected (or, in shadow mode, that would have been) for a missing key
+	ShadowDenied int64 // would-be denials reported (one per counter, or per request in shadow mode)
+	Memo         int64 // denials answered from the memo, with no counter consulted
+	Fallback     int64 // strict calls answered by failure policies because Redis could not answer
+	Errors       int64 // calls to Check that returned an error
+	Reloads      int64 // successful SetPolicy calls
+	LongValues   int64 // dimension values longer than MaxValueLen, counted under their SHA-256
+	Unrefunded   int64 // units hybrid rules took for denied requests and could not give back
+}
+
+// counters are the live counts behind [Stats].
+type counters struct {
+	Denied, MissingKey, ShadowDenied, Memo, Fallback, Errors, Reloads, LongValues, Unrefunded atomic.Int64
 }
 
 // Enforcer applies a [Policy] to requests: hybrid rules through one hybrid.Limiter (each rule's
@@ -102,7 +108,7 @@ type Enforcer struct {
 	strict     *strict.Limiter
 	cur        atomic.Pointer[compiled]
 	closed     atomic.Bool
-	stats      Stats
+	stats      counters
 	longLogged atomic.Bool // a long value has been logged (once per Enforcer)
 	memo       *memo       // denials until their retry-after; nil when Config.MaxMemo < 0
 	fb         *fallbacks  // strict rules' local fallbacks (hybrid rules use the hybrid limiter's)
@@ -175,8 +181,14 @@ func NewEnforcer(cfg Config) (*Enforcer, error) {
 	return e, nil
 }
 
-// Stats returns the Enforcer's counters.
-func (e *Enforcer) Stats() *Stats { return &e.stats }
+// Stats returns a snapshot of the Enforcer's counters (each read atomically, not all at one instant).
+// It does no I/O.
+func (e *Enforcer) Stats() Stats {
+	c := &e.stats
+	return Stats{Denied: c.Denied.Load(), MissingKey: c.MissingKey.Load(), ShadowDenied: c.ShadowDenied.Load(),
+		Memo: c.Memo.Load(), Fallback: c.Fallback.Load(), Errors: c.Errors.Load(), Reloads: c.Reloads.Load(),
+		LongValues: c.LongValues.Load(), Unrefunded: c.Unrefunded.Load()}
+}
 
 // Policy returns the policy in force, or nil before the first SetPolicy.
 func (e *Enforcer) Policy() *Policy {

@@ -21,7 +21,7 @@ type StrictHealth struct {
 // StrictHealth returns the state of the strict rules' Redis client.
 func (e *Enforcer) StrictHealth() StrictHealth {
 	st := e.strict.Stats()
-	return StrictHealth{Calls: st.Calls.Load(), Errors: st.Errors.Load(), Rejected: st.Rejected.Load(),
+	return StrictHealth{Calls: st.Calls, Errors: st.Errors, Rejected: st.Rejected,
 		Breaker: e.strict.BreakerState().String()}
 }
 

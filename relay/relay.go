@@ -77,19 +77,25 @@ type Config struct {
 	Now func() int64
 }
 
-// Stats counts what a relay did. All fields only grow.
+// Stats is a snapshot of what a [Relay] did, from [Relay.Stats]. Every count only grows over the
+// Relay's life. The zero Stats counts nothing; it is a plain value, safe to copy.
 type Stats struct {
-	Calls      atomic.Int64 // child calls answered (keys of reconciles, and takes)
-	Takes      atomic.Int64 // child calls that needed tokens now (N > 0)
-	Upstream   atomic.Int64 // keys sent to Redis (rounds and synchronous refills)
-	Rounds     atomic.Int64 // background rounds that sent something
-	SyncCalls  atomic.Int64 // synchronous refills: a child needed tokens the pool did not have
-	Direct     atomic.Int64 // of which one-off takes forwarded to Redis (a key too rarely asked for a pool)
-	Errors     atomic.Int64 // failed Redis calls
-	Burned     atomic.Int64 // pool tokens written off at the end of their lease life
-	Evicted    atomic.Int64 // keys dropped after ActiveWindow without calls
-	FullDenied atomic.Int64 // calls refused with ErrFull
-	Cold       atomic.Int64 // one-off takes admitted on the cold credit (Config.ColdCredit)
+	Calls      int64 // child calls answered (keys of reconciles, and takes)
+	Takes      int64 // child calls that needed tokens now (N > 0)
+	Upstream   int64 // keys sent to Redis (rounds and synchronous refills)
+	Rounds     int64 // background rounds that sent something
+	SyncCalls  int64 // synchronous refills: a child needed tokens the pool did not have
+	Direct     int64 // of which one-off takes forwarded to Redis (a key too rarely asked for a pool)
+	Errors     int64 // failed Redis calls
+	Burned     int64 // pool tokens written off at the end of their lease life
+	Evicted    int64 // keys dropped after ActiveWindow without calls
+	FullDenied int64 // calls refused with ErrFull
+	Cold       int64 // one-off takes admitted on the cold credit (Config.ColdCredit)
+}
+
+// counters are the live counts behind [Stats].
+type counters struct {
+	Calls, Takes, Upstream, Rounds, SyncCalls, Direct, Errors, Burned, Evicted, FullDenied, Cold atomic.Int64
 }
 
 // Relay serves leases to hybrid limiters (its children) from pools it holds in Redis's buckets.
@@ -98,7 +104,7 @@ type Stats struct {
 type Relay struct {
 	cfg    Config
 	client *central.Client
-	stats  Stats
+	stats  counters
 	fleet  atomic.Int64
 	start  time.Time
 	inc    atomic.Uint64 // incarnations of the relay's entries
@@ -209,8 +215,15 @@ func New(cfg Config) (*Relay, error) {
 // client. Call it after Run has returned; the Relay must not be used after Close.
 func (r *Relay) Close() error { return r.client.Close() }
 
-// Stats returns the relay's counters.
-func (r *Relay) Stats() *Stats { return &r.stats }
+// Stats returns a snapshot of the relay's counters (each read atomically, not all at one instant). It
+// does no I/O.
+func (r *Relay) Stats() Stats {
+	c := &r.stats
+	return Stats{Calls: c.Calls.Load(), Takes: c.Takes.Load(), Upstream: c.Upstream.Load(),
+		Rounds: c.Rounds.Load(), SyncCalls: c.SyncCalls.Load(), Direct: c.Direct.Load(),
+		Errors: c.Errors.Load(), Burned: c.Burned.Load(), Evicted: c.Evicted.Load(),
+		FullDenied: c.FullDenied.Load(), Cold: c.Cold.Load()}
+}
 
 // Keys returns how many keys the relay holds.
 func (r *Relay) Keys() int {

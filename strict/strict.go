@@ -173,12 +173,21 @@ func validRuleName(s string) bool {
 	return true
 }
 
-// Stats counts what a [Limiter] did. All fields only grow.
+// Stats is a snapshot of what a [Limiter] did, from [Limiter.Stats]. Every count only grows over the
+// Limiter's life. The zero Stats counts nothing; it is a plain value, safe to copy.
 type Stats struct {
-	Calls    atomic.Int64 // script calls sent (EVALSHA and EVAL)
-	Denied   atomic.Int64 // calls answered with a denial (or a refused reservation)
-	Errors   atomic.Int64 // calls that failed (network, timeout, error reply, bad reply)
-	Rejected atomic.Int64 // calls not sent because the breaker was open
+	Calls    int64 // script calls sent (EVALSHA and EVAL)
+	Denied   int64 // calls answered with a denial (or a refused reservation)
+	Errors   int64 // calls that failed (network, timeout, error reply, bad reply)
+	Rejected int64 // calls not sent because the breaker was open
+}
+
+// counters are the live counts behind [Stats].
+type counters struct {
+	Calls    atomic.Int64
+	Denied   atomic.Int64
+	Errors   atomic.Int64
+	Rejected atomic.Int64
 }
 
 // Limiter enforces strict limits in Redis: every request is one atomic script call, so the counts are
@@ -229,7 +238,7 @@ type Limiter struct {
 	runner  redisx.Runner                                    // counts into stats.Calls
 	clock   atomic.Int64                                     // test-only time override in µs; 0 means Redis TIME
 	sleep   func(ctx context.Context, d time.Duration) error // WaitN's sleeper; tests replace it
-	stats   Stats
+	stats   counters
 }
 
 // New returns a Limiter that keeps its counters in rdb: a *redis.Client, a *redis.ClusterClient or
@@ -287,8 +296,12 @@ const (
 // BreakerState returns the current state of the circuit breaker.
 func (l *Limiter) BreakerState() BreakerState { return l.guard.Breaker().State() }
 
-// Stats returns the counters.
-func (l *Limiter) Stats() *Stats { return &l.stats }
+// Stats returns a snapshot of the Limiter's counters (each read atomically, not all at one instant).
+// It does no I/O.
+func (l *Limiter) Stats() Stats {
+	return Stats{Calls: l.stats.Calls.Load(), Denied: l.stats.Denied.Load(), Errors: l.stats.Errors.Load(),
+		Rejected: l.stats.Rejected.Load()}
+}
 
 // Decision is one rule's answer for one subject, as hybrid.Decision is one limit's answer for one key
 // and policy.Decision one counter's; a request's answer over several rules is a [MultiResult], as
