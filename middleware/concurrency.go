@@ -126,7 +126,7 @@ func (m *Middleware) serveCapped(w http.ResponseWriter, r *http.Request, next ht
 
 // writeCapped answers a request turned away by a concurrency cap.
 func writeCapped(w http.ResponseWriter, status int, code, dimension string, retry time.Duration) {
-	secs := retryAfterSeconds(retry)
+	secs := policy.RetryAfterSeconds(retry)
 	w.Header()[hdrRetryAfter] = []string{strconv.FormatInt(secs, 10)}
 	b := make([]byte, 0, 96)
 	b = append(b, `{"error":"`...)

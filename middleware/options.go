@@ -356,15 +356,3 @@ func WithLoadShedding(s Shedding) Option {
 		return nil
 	})
 }
-
-// ceilSeconds returns d in whole seconds, rounded up, at least 0.
-func ceilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	s := int64(d / time.Second)
-	if d%time.Second != 0 {
-		s++
-	}
-	return s
-}

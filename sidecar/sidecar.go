@@ -252,14 +252,12 @@ func (s *Server) decide(ctx context.Context, api string, req *rlsv3.RateLimitReq
 	}
 	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
-			header("Retry-After", strconv.FormatInt(max(ceilSeconds(retry), 1), 10)))
+			header("Retry-After", strconv.FormatInt(policy.RetryAfterSeconds(retry), 10)))
 	}
 	return resp, nil
 }
 
 func header(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k, Value: v} }
-
-func ceilSeconds(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
 
 var units = []struct {
 	unit rlsv3.RateLimitResponse_RateLimit_Unit
