@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/hybridrate/hybridrate/internal/option"
 	"github.com/hybridrate/hybridrate/internal/outcome"
 	"github.com/hybridrate/hybridrate/internal/redisx"
 )
@@ -112,13 +113,8 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		return nil, errors.New("concurrency: nil Redis client")
 	}
 	o := defaultOptions()
-	for _, opt := range opts {
-		if opt == nil {
-			return nil, badOption("nil option")
-		}
-		if err := opt.apply(&o); err != nil {
-			return nil, err
-		}
+	if err := option.Apply(&o, ErrBadOption, opts); err != nil {
+		return nil, err
 	}
 	var b [8]byte
 	_, _ = crand.Read(b[:]) // crypto/rand.Read never fails on supported platforms

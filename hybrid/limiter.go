@@ -21,6 +21,7 @@ import (
 	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/denycache"
 	"github.com/hybridrate/hybridrate/internal/limits"
+	"github.com/hybridrate/hybridrate/internal/option"
 	"github.com/hybridrate/hybridrate/internal/outcome"
 	"github.com/hybridrate/hybridrate/local"
 	ratesync "github.com/hybridrate/hybridrate/sync"
@@ -117,13 +118,8 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		return nil, ErrNilClient
 	}
 	o := defaultOptions()
-	for _, opt := range opts {
-		if opt == nil {
-			return nil, badOption("nil option")
-		}
-		if err := opt.apply(&o); err != nil {
-			return nil, err
-		}
+	if err := option.Apply(&o, ErrBadOption, opts); err != nil {
+		return nil, err
 	}
 	if o.nodeID == "" {
 		var b [8]byte

@@ -14,6 +14,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/internal/limits"
+	"github.com/hybridrate/hybridrate/internal/option"
 	"github.com/hybridrate/hybridrate/internal/outcome"
 	"github.com/hybridrate/hybridrate/internal/redisx"
 )
@@ -103,11 +104,9 @@ const (
 )
 
 // Option configures a [Limiter]; see the With functions.
-type Option interface{ apply(*options) error }
+type Option interface{ option.Setter[options] }
 
-type optionFunc func(*options) error
-
-func (f optionFunc) apply(o *options) error { return f(o) }
+type optionFunc = option.Func[options]
 
 type options struct {
 	syncInterval   time.Duration
@@ -162,9 +161,7 @@ func defaultOptions() options {
 // ErrBadOption is wrapped by every option error from [New].
 var ErrBadOption = errors.New("hybrid: bad option")
 
-func badOption(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{ErrBadOption}, args...)...)
-}
+func badOption(format string, args ...any) error { return option.Bad(ErrBadOption, format, args...) }
 
 // WithSyncInterval sets how often the background loop looks for keys that need Redis (debt to
 // report, a lease nearly spent, a renewal Redis asked for), from 1ms to 1 minute. It sets how early

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 
+	"github.com/hybridrate/hybridrate/internal/option"
 	"github.com/hybridrate/hybridrate/policy"
 )
 
@@ -25,13 +26,8 @@ func New(c policy.Checker, opts ...Option) (*Middleware, error) {
 		return nil, errors.New("middleware: nil Checker")
 	}
 	o := defaultOptions()
-	for _, opt := range opts {
-		if opt == nil {
-			return nil, badOption("nil option")
-		}
-		if err := opt.apply(&o); err != nil {
-			return nil, err
-		}
+	if err := option.Apply(&o, ErrBadOption, opts); err != nil {
+		return nil, err
 	}
 	if err := o.checkCaps(); err != nil {
 		return nil, err

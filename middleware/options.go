@@ -2,12 +2,12 @@ package middleware
 
 import (
 	"errors"
-	"fmt"
 	"net/http"
 	"net/netip"
 	"strings"
 	"time"
 
+	"github.com/hybridrate/hybridrate/internal/option"
 	"github.com/hybridrate/hybridrate/policy"
 )
 
@@ -40,11 +40,9 @@ const (
 const DefaultAPIKeyHeader = "X-API-Key"
 
 // Option configures a [Middleware]; see the With functions.
-type Option interface{ apply(*options) error }
+type Option interface{ option.Setter[options] }
 
-type optionFunc func(*options) error
-
-func (f optionFunc) apply(o *options) error { return f(o) }
+type optionFunc = option.Func[options]
 
 type options struct {
 	apiKey        func(*http.Request) string
@@ -83,9 +81,7 @@ func defaultOptions() options {
 // ErrBadOption is wrapped by every option error from [New].
 var ErrBadOption = errors.New("middleware: bad option")
 
-func badOption(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{ErrBadOption}, args...)...)
-}
+func badOption(format string, args ...any) error { return option.Bad(ErrBadOption, format, args...) }
 
 // HeaderValue returns a function that reads the named request header, for the With functions that
 // take one. For "Authorization", the scheme ("Bearer ", "Basic ", ...) is cut off.

@@ -15,16 +15,20 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/hybridrate/hybridrate/internal/limits"
+	"github.com/hybridrate/hybridrate/internal/option"
 	"github.com/hybridrate/hybridrate/internal/redisx"
 )
 
 // Errors returned by a [Limiter] and a [Shaper]. Redis errors are wrapped with %w.
 var (
 	// ErrInvalid is wrapped by every error for a request they refuse to send: an invalid rule, an
-	// empty or oversized subject or tag, a cost n ≤ 0 or above the limit, duplicate checks (and by
-	// [New]'s errors for an invalid option). Such a request never reaches Redis and never counts
-	// against the breaker.
+	// empty or oversized subject or tag, a cost n ≤ 0 or above the limit, duplicate checks (and,
+	// through [ErrBadOption], by [New]'s errors for an invalid option). Such a request never reaches
+	// Redis and never counts against the breaker.
 	ErrInvalid = redisx.NewError(redisx.ClassInvalid, "strict: invalid request")
+	// ErrBadOption is wrapped by every option error from [New], a nil Option included, as
+	// hybrid.ErrBadOption and concurrency.ErrBadOption are; it wraps [ErrInvalid].
+	ErrBadOption = fmt.Errorf("%w: bad option", ErrInvalid)
 	// ErrUnavailable is wrapped by every error that means Redis could not serve the call: the
 	// circuit breaker is open (the call was not sent), or the call failed in transport, timed out or
 	// was refused (exactly the errors for which [IsTransport] is true). It is the same value as
@@ -243,19 +247,14 @@ type Limiter struct {
 
 // New returns a Limiter that keeps its counters in rdb: a *redis.Client, a *redis.ClusterClient or
 // a Sentinel failover client. It returns the first error of the options, a nil Option included
-// (wrapping [ErrInvalid]), and does no I/O; scripts are loaded on first use.
+// (wrapping [ErrBadOption]), and does no I/O; scripts are loaded on first use.
 func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	if rdb == nil {
 		return nil, fmt.Errorf("%w: nil redis client", ErrInvalid)
 	}
 	o := newOptions()
-	for _, opt := range opts {
-		if opt == nil {
-			return nil, fmt.Errorf("%w: nil option", ErrInvalid)
-		}
-		if err := opt.apply(&o); err != nil {
-			return nil, err
-		}
+	if err := option.Apply(&o, ErrBadOption, opts); err != nil {
+		return nil, err
 	}
 	// A client without ContextTimeoutEnabled ignores the call's deadline on the socket: the calls go
 	// on a copy with socket timeouts of o.timeout, or on a cluster client of our own with
