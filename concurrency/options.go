@@ -58,7 +58,8 @@ const (
 	FailClosed = outcome.FailClosed
 )
 
-// Option configures a [Limiter]; see the With functions.
+// Option configures a [Limiter]; see the With functions. Options are immutable values, safe to
+// share between goroutines and to pass to several New calls.
 type Option interface{ option.Setter[options] }
 
 type optionFunc = option.Func[options]

@@ -27,7 +27,8 @@ const (
 	DefaultBreakerMinSpan = redisx.DefaultBreakerMinSpan
 )
 
-// An Option configures a [Limiter] in [New].
+// An Option configures a [Limiter] in [New]. Options are immutable values, safe to share between
+// goroutines and to pass to several New calls.
 type Option interface{ option.Setter[options] }
 
 type optionFunc = option.Func[options]

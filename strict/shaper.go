@@ -12,7 +12,9 @@ import (
 // shaper's MaxWait or than the context's deadline allows. Nothing was booked.
 var ErrWaitTooLong = errors.New("strict: shaper: wait would exceed MaxWait or the context deadline")
 
-// ShaperRule configures a [Shaper]: Limit units may run at once, then Limit per Period, evenly spaced.
+// ShaperRule configures a [Shaper]: Limit units may run at once, then Limit per Period, evenly
+// spaced. The zero ShaperRule is invalid (NewShaper says why); it is a plain value, safe to copy
+// and share.
 type ShaperRule struct {
 	// Name identifies the shaper in Redis keys; 1 to 64 bytes of [A-Za-z0-9_.-].
 	Name string
@@ -50,11 +52,11 @@ type Reservation struct {
 	delay time.Duration
 }
 
-// OK reports whether the units were booked.
+// OK reports whether the units were booked. It does no I/O.
 func (r *Reservation) OK() bool { return r != nil && r.ok }
 
 // Delay returns how long to wait before the work may run (zero within the burst). When OK is false it
-// is the delay the request would have needed, more than the maximum wait.
+// is the delay the request would have needed, more than the maximum wait. It does no I/O.
 func (r *Reservation) Delay() time.Duration {
 	if r == nil {
 		return 0
@@ -62,7 +64,8 @@ func (r *Reservation) Delay() time.Duration {
 	return r.delay
 }
 
-// NewShaper validates r and returns a shaper that keeps its schedule through l.
+// NewShaper validates r and returns a shaper that keeps its schedule through l. It does no I/O.
+// Errors wrap [ErrInvalid] (a bad name, limit, period or max wait).
 func (l *Limiter) NewShaper(r ShaperRule) (*Shaper, error) {
 	rule := Rule{Name: r.Name, Algorithm: GCRA, Limit: r.Limit, Period: r.Period}
 	if err := rule.Validate(); err != nil {

@@ -68,7 +68,8 @@ const (
 )
 
 // Algorithm selects how a [Rule] counts. The zero Algorithm is invalid, so a Rule whose
-// Algorithm was forgotten is refused. docs/algorithms.md compares them.
+// Algorithm was forgotten is refused. docs/algorithms.md compares them. It is a plain value, safe
+// to copy and share.
 type Algorithm uint8
 
 // The strict algorithms. Each is one Lua file in package lua; all of them take weighted costs.
@@ -95,7 +96,7 @@ const (
 	UpstreamWindow
 )
 
-// String returns the algorithm's name, e.g. "token_bucket".
+// String returns the algorithm's name, e.g. "token_bucket". It does no I/O.
 func (a Algorithm) String() string {
 	switch a {
 	case TokenBucket:
@@ -133,7 +134,8 @@ func (a Algorithm) code() string {
 	return ""
 }
 
-// Rule is one limit: Limit units per Period, counted by Algorithm, for each subject.
+// Rule is one limit: Limit units per Period, counted by Algorithm, for each subject. The zero Rule
+// is invalid ([Rule.Validate] says why); it is a plain value, safe to copy and share.
 type Rule struct {
 	// Name identifies the rule in Redis keys; 1 to 64 bytes of [A-Za-z0-9_.-]. Two rules with the same
 	// Name and Algorithm share their counters.
@@ -148,7 +150,8 @@ type Rule struct {
 	Period time.Duration
 }
 
-// Validate reports whether the rule can be sent, with an error wrapping [ErrInvalid] when it cannot.
+// Validate reports whether the rule can be sent, with an error wrapping [ErrInvalid] when it
+// cannot. It does no I/O.
 func (r Rule) Validate() error {
 	switch {
 	case !validRuleName(r.Name):
@@ -275,7 +278,8 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 // ContextTimeoutEnabled, the cluster client (and its connections) that New built from its options to
 // bound every call (see [WithTimeout]). It never closes rdb, and for any other client it does
 // nothing. The Limiter must not be used after Close. A Limiter that is dropped without Close
-// releases the same once the garbage collector finds it unreachable.
+// releases the same once the garbage collector finds it unreachable. Its error is the one closing
+// that cluster client returned; it does no other I/O.
 func (l *Limiter) Close() error {
 	l.cleanup.Stop()
 	return l.bounded.Close()
@@ -292,7 +296,7 @@ const (
 	BreakerHalfOpen = redisx.BreakerHalfOpen // one probe call is in flight; the others fail fast
 )
 
-// BreakerState returns the current state of the circuit breaker.
+// BreakerState returns the current state of the circuit breaker. It does no I/O.
 func (l *Limiter) BreakerState() BreakerState { return l.guard.Breaker().State() }
 
 // Stats returns a snapshot of the Limiter's counters (each read atomically, not all at one instant).
@@ -324,7 +328,8 @@ type Decision struct {
 	Excess int64
 }
 
-// Check is one rule to apply to one subject within [Limiter.AllowMulti].
+// Check is one rule to apply to one subject within [Limiter.AllowMulti]. The zero Check is invalid;
+// it is a plain value, safe to copy and share.
 type Check struct {
 	Rule    Rule   // the limit to apply
 	Subject string // who is limited; non-empty, at most MaxKeyLen bytes
@@ -368,7 +373,9 @@ func (l *Limiter) AllowN(ctx context.Context, rule Rule, subject string, n int64
 // every rule counts the request; if any rule denies, none counts anything. All the keys of the call
 // carry tag as their hash tag (typically the tenant), so they live in one Redis Cluster slot; the tag
 // must be non-empty, at most MaxKeyLen bytes and, unless subjects are hashed, free of '}'.
-// Checks must name distinct (rule, subject) pairs; there may be 1 to MaxChecks of them.
+// Checks must name distinct (rule, subject) pairs; there may be 1 to MaxChecks of them. A denial is
+// not an error; errors are AllowN's ([ErrInvalid] for bad input, never sent; [ErrUnavailable] when
+// Redis could not serve the call).
 func (l *Limiter) AllowMulti(ctx context.Context, tag string, checks []Check) (MultiResult, error) {
 	out := make([]Decision, len(checks))
 	allowed, retry, err := l.evaluate(ctx, tag, checks, out)
