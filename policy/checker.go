@@ -52,7 +52,8 @@ func (r *Result) Primary() *Decision {
 }
 
 // ResetSeconds is the decision's X-RateLimit-Reset: how long until its quota is full again, or until
-// its denial ends if that is later, in whole seconds rounded up (0 for a quota already full).
+// its denial ends if that is later, in whole seconds rounded up (0 for a quota already full). It
+// does no I/O.
 func (d *Decision) ResetSeconds() int64 { return CeilSeconds(max(d.ResetAfter, d.RetryAfter)) }
 
 // CeilSeconds returns d in whole seconds, rounded up, and 0 for d <= 0: the unit of every rate-limit

@@ -33,7 +33,9 @@ const (
 	DefaultMaxMemo = 1 << 16
 )
 
-// Config configures an [Enforcer]. Redis is required; every other field has a default.
+// Config configures an [Enforcer]. Redis is required; every other field has a default. The zero
+// Config is invalid (NewEnforcer needs Redis). It is a plain value; NewEnforcer copies it (HashKey
+// too), so it may be changed or reused afterwards.
 type Config struct {
 	// Redis holds the counters: a *redis.Client, a Sentinel failover client or a *redis.ClusterClient.
 	// Strict rules are not idempotent under go-redis's retries (a re-sent script may count twice,
@@ -122,7 +124,8 @@ type Enforcer struct {
 
 // NewEnforcer validates cfg and returns an Enforcer without a policy. It does no I/O and starts no
 // goroutine; the hybrid limiter (and its background loop) starts when a policy with hybrid rules is
-// first set.
+// first set. Errors: a nil Redis, a negative StrictTimeout or FallbackNodes below 1, an invalid
+// dimension name, a nil cost function, or strict.New's error.
 func NewEnforcer(cfg Config) (*Enforcer, error) {
 	if cfg.Redis == nil {
 		return nil, errors.New("policy: Config.Redis is nil")
@@ -190,7 +193,8 @@ func (e *Enforcer) Stats() Stats {
 		LongValues: c.LongValues.Load(), Unrefunded: c.Unrefunded.Load()}
 }
 
-// Policy returns the policy in force, or nil before the first SetPolicy.
+// Policy returns the policy in force, or nil before the first SetPolicy. It does no I/O; the Policy
+// is shared, not to be modified.
 func (e *Enforcer) Policy() *Policy {
 	if c := e.cur.Load(); c != nil {
 		return c.src
