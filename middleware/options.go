@@ -11,7 +11,8 @@ import (
 	"github.com/hybridrate/hybridrate/policy"
 )
 
-// HeaderSet selects the rate-limit response headers to send.
+// HeaderSet selects the rate-limit response headers to send. The zero HeaderSet is NoHeaders. It is
+// a plain value, safe to copy and share.
 type HeaderSet uint8
 
 // The header sets; combine them with |.
@@ -39,7 +40,8 @@ const (
 // [WithAPIKey] says otherwise.
 const DefaultAPIKeyHeader = "X-API-Key"
 
-// Option configures a [Middleware]; see the With functions.
+// Option configures a [Middleware]; see the With functions. Options are immutable values, safe to
+// share between goroutines and to pass to several New calls.
 type Option interface{ option.Setter[options] }
 
 type optionFunc = option.Func[options]
