@@ -52,8 +52,8 @@ var DefaultShedThresholds = [4]float64{
 // Shedding configures load shedding by priority (Stripe's model): a request of priority p is
 // answered 503 with Retry-After, before any rate limit is consulted, when the server's utilisation
 // is at or above Thresholds[p]. The zero Shedding is invalid (MaxInFlight or Utilisation is
-// required); WithShedding copies it. Classify and Utilisation are called from many goroutines at
-// once: they must be safe for concurrent use.
+// required); [WithLoadShedding] copies it. Classify and Utilisation are called from many goroutines
+// at once: they must be safe for concurrent use.
 type Shedding struct {
 	// Classify returns a request's priority. The default classifies GET, HEAD and OPTIONS as
 	// PriorityGet and every other method as PriorityPost; critical and test traffic is only known to
