@@ -15,19 +15,21 @@ import (
 //go:embed static
 var static embed.FS
 
-// Source is what the dashboard draws from: an *observe.Observer.
+// Source is what the dashboard draws from: an *observe.Observer. It is called from the handler's
+// goroutines, one per request, concurrently: it must be safe for concurrent use.
 type Source interface {
 	Snapshot(span time.Duration) observe.Snapshot
 }
 
-// FleetSource is what the fleet view draws from: an *observe.Fleet.
+// FleetSource is what the fleet view draws from: an *observe.Fleet. It is called from the handler's
+// goroutines concurrently: it must be safe for concurrent use.
 type FleetSource interface {
 	View(ctx context.Context) (observe.FleetView, error)
 }
 
 // Option configures a [Handler]; see the With functions. It has the shape of every package's Option
 // (an interface with an unexported method), but none of the dashboard's options can fail, so Handler
-// returns no error.
+// returns no error. Options are immutable values, safe to share.
 type Option interface{ apply(*handler) }
 
 type optionFunc func(*handler)
