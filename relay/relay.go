@@ -30,7 +30,8 @@ const (
 // A child's failure policy decides such a call, as it decides one Redis cannot answer.
 var ErrFull = errors.New("relay: key cap reached")
 
-// Config configures a [Relay]. Client is required; a zero duration or count means its default.
+// Config configures a [Relay]. Client is required; a zero duration or count means its default. It
+// is a plain value; New copies it.
 type Config struct {
 	// Central configures the relay's Redis client (ClientConfig gives package hybrid's defaults); its
 	// NodeID is the relay's node id on every bucket, and its Advance must equal Config.Advance. Its
@@ -167,6 +168,8 @@ type child struct {
 }
 
 // New validates cfg and returns a relay. It starts nothing: call Run, or Tick on your own schedule.
+// It does no I/O. Errors: a negative duration or MaxKeys, an Advance beyond an hour, or
+// central.New's error (wrapped).
 func New(cfg Config) (*Relay, error) {
 	for _, d := range []*time.Duration{&cfg.Interval, &cfg.Horizon, &cfg.LeaseLife, &cfg.ActiveWindow, &cfg.FleetBeat} {
 		if *d < 0 {
@@ -212,7 +215,8 @@ func New(cfg Config) (*Relay, error) {
 
 // Close releases the cluster client central.New built for itself when Config.Central.Client is a
 // cluster client created without ContextTimeoutEnabled (central.Client.Close); it never closes that
-// client. Call it after Run has returned; the Relay must not be used after Close.
+// client. Call it after Run has returned; the Relay must not be used after Close. Its error is that
+// cluster client's Close.
 func (r *Relay) Close() error { return r.client.Close() }
 
 // Stats returns a snapshot of the relay's counters (each read atomically, not all at one instant). It
@@ -225,7 +229,7 @@ func (r *Relay) Stats() Stats {
 		FullDenied: c.FullDenied.Load(), Cold: c.Cold.Load()}
 }
 
-// Keys returns how many keys the relay holds.
+// Keys returns how many keys the relay holds. It does no I/O.
 func (r *Relay) Keys() int {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
@@ -233,14 +237,15 @@ func (r *Relay) Keys() int {
 }
 
 // FleetSize returns the fleet registry's count (the limiters and relays of the prefix) at Run's last
-// heartbeat, 0 before the first.
+// heartbeat, 0 before the first. It does no I/O.
 func (r *Relay) FleetSize() int64 { return r.fleet.Load() }
 
 // Client returns the relay's Redis client (its statistics, its breaker).
 func (r *Relay) Client() *central.Client { return r.client }
 
 // Beat registers the relay in the fleet registry for three FleetBeats and records the registry's
-// count (FleetSize). Run calls it every FleetBeat.
+// count (FleetSize). Run calls it every FleetBeat. It makes one Redis call; its error is that
+// call's, wrapped, and FleetSize is then unchanged.
 func (r *Relay) Beat(ctx context.Context) error {
 	n, err := r.client.Heartbeat(ctx, 3*r.cfg.FleetBeat)
 	if err != nil {
@@ -301,7 +306,8 @@ func (r *Relay) lookup(u central.Update, now int64) (*entry, error) {
 // Reconcile answers a child's background round (hybrid.Upstream): each update is applied to the
 // key's pool at the relay, in memory. A lease the pool cannot cover now is granted in part, with a
 // RetryAfter; the relay's next round asks Redis for more. An update that needs tokens now (N > 0)
-// is answered as Take answers it.
+// is answered as Take answers it. The only error is for out or errs shorter than updates; each
+// update's own failure is in errs[i]. Takes among the updates may call Redis, as Take does.
 func (r *Relay) Reconcile(ctx context.Context, node string, updates []central.Update, out []central.State, errs []error) error {
 	if len(out) < len(updates) || len(errs) < len(updates) {
 		return fmt.Errorf("relay: %d updates, room for %d answers", len(updates), min(len(out), len(errs)))

@@ -137,7 +137,7 @@ func appendResponse(b []byte, out []central.State, errs []error) []byte {
 }
 
 // RemoteError is a relay's answer that it could not process a key (a bad update, or Redis's
-// error for it), as its message.
+// error for it), as its message. It is a plain value, safe to copy and share.
 type RemoteError struct{ Msg string }
 
 func (e *RemoteError) Error() string { return "relay: remote: " + e.Msg }
