@@ -13,7 +13,8 @@ import (
 
 // Concurrency caps the requests in flight per key across every node that shares the Limiter's
 // Redis: "at most 20 requests of each tenant at once". See [WithConcurrency]. The zero Concurrency
-// is invalid (Limiter, Dimension, Limit and TTL are required); WithConcurrency copies it.
+// is invalid (Limiter, Dimension, Limit and TTL are required); WithConcurrency copies it. It is a
+// plain value, safe to copy.
 type Concurrency struct {
 	// Limiter holds the leases, one per request in flight; required.
 	Limiter *concurrency.Limiter

@@ -88,7 +88,8 @@ type Config struct {
 }
 
 // Event describes one check, for [Config.OnDecision] and [Config.OnDeny]. The zero Event is empty.
-// The hooks get a pointer valid only during the call: copy what you keep.
+// The hooks get a pointer valid only during the call: copy what you keep. Do not share it with
+// other goroutines during the call.
 type Event struct {
 	// Time is when the check started.
 	Time time.Time
