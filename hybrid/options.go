@@ -259,9 +259,9 @@ func WithKeyPrefix(p string) Option {
 
 // WithMaxKeys caps the number of keys held in local memory (at least 64). When the cap is reached,
 // keys with nothing pending are evicted, least recently used first; their state is in Redis. The
-// default is 1<<20. Each key held costs about 272 bytes of heap (a 256-byte entry and its table
-// slot; the key string is the caller's, kept as passed), so the cap bounds the store at about
-// 272 × n bytes: 285 MB at the default, 28 MB at 100,000 (docs/operations.md, "Sizing Redis").
+// default is 1<<20. Each key held costs the same heap whatever its limit (its entry and table slot;
+// the key string is the caller's, kept as passed), so the cap bounds the store's memory linearly;
+// docs/benchmarks.md ("The hot path and bytes per key") has the measured bytes per key.
 func WithMaxKeys(n int) Option {
 	return optionFunc(func(o *options) error {
 		if n < 64 {
