@@ -44,9 +44,10 @@ type Shaper struct {
 // zero Reservation is refused. It is immutable, so safe for concurrent use.
 //
 // It has no Cancel, unlike hybrid.Reservation: a booking is a place in a schedule shared through
-// Redis, and the bookings made after it were placed behind it; taking it back would either leave a
-// gap no one can use or move later bookings, which have already been told their delays. Work that
-// is abandoned after its reservation still used its slot.
+// Redis, behind which later bookings have already been placed and told their delays, and giving it
+// back would need a Redis call of its own that moves the schedule's end (as x/time/rate's Cancel
+// restores only what was not reserved since), which this package does not make. Work that is
+// abandoned after its reservation still used its slot.
 type Reservation struct {
 	ok    bool
 	delay time.Duration
