@@ -102,8 +102,8 @@ func (l *Limiter) WaitN(ctx context.Context, key string, limit Limit, n int64) e
 }
 
 // Reservation is an admission made by [Limiter.ReserveN] that can be undone with
-// [Reservation.Cancel]. It is safe for concurrent use. A nil Reservation is never returned with a
-// nil error; the zero Reservation is not usable (make one with ReserveN).
+// [Reservation.Cancel]. It is safe for concurrent use. The zero Reservation is a refused one (OK
+// is false, Cancel gives nothing back), as strict.Reservation's is.
 type Reservation struct {
 	d         Decision
 	l         *Limiter
