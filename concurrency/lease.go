@@ -27,10 +27,10 @@ type Lease struct {
 	released   atomic.Bool
 }
 
-// Acquired reports whether the lease holds a slot.
+// Acquired reports whether the lease holds a slot. It does no I/O.
 func (ls *Lease) Acquired() bool { return ls.acquired }
 
-// Key returns the key the lease was asked for.
+// Key returns the key the lease was asked for. It does no I/O.
 func (ls *Lease) Key() string { return ls.key }
 
 // Source returns who decided: SourceCentral normally, or SourceFallback when the failure policy did
@@ -48,7 +48,7 @@ func (ls *Lease) InFlight() int { return ls.inFlight }
 
 // RetryAfter returns, for a lease that was not acquired, an upper bound on the wait for a slot: the
 // time until the earliest lease of the key expires (holders usually release sooner), or the circuit
-// breaker's cooldown when [Lease.Unavailable]. It is 0 for an acquired lease.
+// breaker's cooldown when [Lease.Unavailable]. It is 0 for an acquired lease. It does no I/O.
 func (ls *Lease) RetryAfter() time.Duration { return ls.retryAfter }
 
 // Release gives the lease's slot back. It is idempotent: only the first call on an acquired lease

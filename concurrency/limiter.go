@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/hybridrate/hybridrate/internal/option"
 	"github.com/hybridrate/hybridrate/internal/outcome"
 	"github.com/hybridrate/hybridrate/internal/redisx"
 )
@@ -48,13 +49,23 @@ const (
 	SourceFallback = outcome.SourceFallback
 )
 
-// Stats counts what a Limiter did; read the fields with Load.
+// Stats is a snapshot of what a [Limiter] did, from [Limiter.Stats]. Every count only grows over the
+// Limiter's life. The zero Stats counts nothing; it is a plain value, safe to copy.
 type Stats struct {
-	Acquired      atomic.Int64 // leases granted (by Redis or a failure policy)
-	Denied        atomic.Int64 // TryAcquire calls that found their key full (or failed closed)
-	Fallbacks     atomic.Int64 // decisions made by the failure policy
-	RedisErrors   atomic.Int64 // Redis calls that failed (transport, refusal, bad key, bad reply)
-	ReleaseErrors atomic.Int64 // releases that could not reach Redis (the slot returns at its TTL)
+	Acquired      int64 // leases granted (by Redis or a failure policy)
+	Denied        int64 // TryAcquire calls that found their key full (or failed closed)
+	Fallbacks     int64 // decisions made by the failure policy
+	RedisErrors   int64 // Redis calls that failed (transport, refusal, bad key, bad reply)
+	ReleaseErrors int64 // releases that could not reach Redis (the slot returns at its TTL)
+}
+
+// counters are the live counts behind [Stats].
+type counters struct {
+	Acquired      atomic.Int64
+	Denied        atomic.Int64
+	Fallbacks     atomic.Int64
+	RedisErrors   atomic.Int64
+	ReleaseErrors atomic.Int64
 }
 
 // Limiter limits how many leases — requests in flight, jobs running — each key may hold at once
@@ -73,7 +84,7 @@ type Limiter struct {
 	guard   *redisx.Guard // the breaker in front of rdb
 	runner  redisx.Runner // runs concurrency.lua
 	fb      fallback
-	stats   Stats
+	stats   counters
 	tag     string        // this Limiter's random lease-id prefix
 	seq     atomic.Uint64 // lease numbers
 	closed  atomic.Bool
@@ -102,13 +113,8 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		return nil, errors.New("concurrency: nil Redis client")
 	}
 	o := defaultOptions()
-	for _, opt := range opts {
-		if opt == nil {
-			return nil, badOption("nil option")
-		}
-		if err := opt.apply(&o); err != nil {
-			return nil, err
-		}
+	if err := option.Apply(&o, ErrBadOption, opts); err != nil {
+		return nil, err
 	}
 	var b [8]byte
 	_, _ = crand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
@@ -130,8 +136,13 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	return l, nil
 }
 
-// Stats returns the Limiter's counters.
-func (l *Limiter) Stats() *Stats { return &l.stats }
+// Stats returns a snapshot of the Limiter's counters (each read atomically, not all at one instant).
+// It does no I/O.
+func (l *Limiter) Stats() Stats {
+	c := &l.stats
+	return Stats{Acquired: c.Acquired.Load(), Denied: c.Denied.Load(), Fallbacks: c.Fallbacks.Load(),
+		RedisErrors: c.RedisErrors.Load(), ReleaseErrors: c.ReleaseErrors.Load()}
+}
 
 // validate checks the arguments of TryAcquire and Acquire.
 func validate(key string, limit int, ttl time.Duration) error {

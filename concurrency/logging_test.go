@@ -62,10 +62,10 @@ func TestOutageLogsStateChanges(t *testing.T) {
 	probes := 0
 	deadline := time.Now().Add(2200 * time.Millisecond) // four cooldowns or so
 	for time.Now().Before(deadline) {
-		before := lim.Stats().RedisErrors.Load()
+		before := lim.Stats().RedisErrors
 		ls, err := lim.TryAcquire(ctx, "k", 10, time.Minute)
 		require.NoError(t, err)
-		if lim.Stats().RedisErrors.Load() > before {
+		if lim.Stats().RedisErrors > before {
 			probes++
 		}
 		if ls.Acquired() {

@@ -2,11 +2,11 @@ package concurrency
 
 import (
 	"errors"
-	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/hybridrate/hybridrate/internal/limits"
+	"github.com/hybridrate/hybridrate/internal/option"
 	"github.com/hybridrate/hybridrate/internal/outcome"
 	"github.com/hybridrate/hybridrate/internal/redisx"
 )
@@ -58,12 +58,11 @@ const (
 	FailClosed = outcome.FailClosed
 )
 
-// Option configures a [Limiter]; see the With functions.
-type Option interface{ apply(*options) error }
+// Option configures a [Limiter]; see the With functions. Options are immutable values, safe to
+// share between goroutines and to pass to several New calls.
+type Option interface{ option.Setter[options] }
 
-type optionFunc func(*options) error
-
-func (f optionFunc) apply(o *options) error { return f(o) }
+type optionFunc = option.Func[options]
 
 type options struct {
 	prefix  string
@@ -88,9 +87,7 @@ func defaultOptions() options {
 // ErrBadOption is wrapped by every option error from [New].
 var ErrBadOption = errors.New("concurrency: bad option")
 
-func badOption(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{ErrBadOption}, args...)...)
-}
+func badOption(format string, args ...any) error { return option.Bad(ErrBadOption, format, args...) }
 
 // WithKeyPrefix sets the prefix of every Redis key, so that several applications can share a Redis.
 // It must be 1 to 64 bytes with no braces or whitespace. The default is DefaultKeyPrefix ("hr").

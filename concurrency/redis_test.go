@@ -248,7 +248,7 @@ func TestRedisStopped(t *testing.T) {
 			assert.Equal(t, tc.acquired, got)
 			err = held.Release(ctx)
 			assert.ErrorIs(t, err, concurrency.ErrUnavailable, "the release could not reach Redis")
-			assert.Equal(t, int64(1), lim.Stats().ReleaseErrors.Load())
+			assert.Equal(t, int64(1), lim.Stats().ReleaseErrors)
 			for _, ls := range leases {
 				assert.NoError(t, ls.Release(ctx), "fallback leases are released locally")
 			}
@@ -300,7 +300,7 @@ func TestRedisRefuses(t *testing.T) {
 			assert.Equal(t, concurrency.SourceFallback, ls.Source())
 			assert.True(t, ls.Unavailable())
 			assert.False(t, ls.Acquired())
-			assert.Equal(t, int64(1), lim.Stats().RedisErrors.Load())
+			assert.Equal(t, int64(1), lim.Stats().RedisErrors)
 			if tc.mend == nil {
 				return
 			}
@@ -332,7 +332,7 @@ func TestWrongTypeAffectsOnlyItsKey(t *testing.T) {
 		require.Equal(t, concurrency.SourceFallback, ls.Source(), "try %d", i)
 		require.True(t, ls.Unavailable(), "try %d", i)
 	}
-	assert.Equal(t, int64(20), lim.Stats().RedisErrors.Load())
+	assert.Equal(t, int64(20), lim.Stats().RedisErrors)
 	ls, err := lim.TryAcquire(ctx, "other", 3, time.Minute)
 	require.NoError(t, err)
 	assert.Equal(t, concurrency.SourceCentral, ls.Source(), "other keys are unaffected: the breaker stays closed")
@@ -546,7 +546,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 	n, err := lim.InFlight(ctx, "acl")
 	require.NoError(t, err)
 	assert.Equal(t, 0, n)
-	assert.Equal(t, int64(0), lim.Stats().RedisErrors.Load())
+	assert.Equal(t, int64(0), lim.Stats().RedisErrors)
 }
 
 func TestCloseDuringAcquires(t *testing.T) {
@@ -600,7 +600,7 @@ func TestInFlightGoesThroughTheBreaker(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, ls.Unavailable())
 	}
-	failed := lim.Stats().RedisErrors.Load()
+	failed := lim.Stats().RedisErrors
 	require.Less(t, failed, int64(10), "the breaker opened: later tries were not sent")
 	_, err = lim.InFlight(ctx, "k")
 	require.ErrorIs(t, err, concurrency.ErrUnavailable)

@@ -15,35 +15,47 @@ import (
 //go:embed static
 var static embed.FS
 
-// Source is what the dashboard draws from: an *observe.Observer.
+// Source is what the dashboard draws from: an *observe.Observer. It is called from the handler's
+// goroutines, one per request, concurrently: it must be safe for concurrent use.
 type Source interface {
 	Snapshot(span time.Duration) observe.Snapshot
 }
 
-// FleetSource is what the fleet view draws from: an *observe.Fleet.
+// FleetSource is what the fleet view draws from: an *observe.Fleet. It is called from the handler's
+// goroutines concurrently: it must be safe for concurrent use.
 type FleetSource interface {
 	View(ctx context.Context) (observe.FleetView, error)
 }
 
-// Option configures a [Handler].
-type Option func(*handler)
+// Option configures a [Handler]; see the With functions. It has the shape of every package's Option
+// (an interface with an unexported method), but none of the dashboard's options can fail, so Handler
+// returns no error. Options are immutable values, safe to share.
+type Option interface{ apply(*handler) }
+
+type optionFunc func(*handler)
+
+func (f optionFunc) apply(h *handler) { f(h) }
 
 type handler struct{ fleet FleetSource }
 
 // WithFleet adds the fleet view: every live instance's counters, read from Redis through f, at
-// "/api/fleet", and the page's Fleet section. Without it the page shows this instance only.
-func WithFleet(f FleetSource) Option { return func(h *handler) { h.fleet = f } }
+// "/api/fleet", and the page's Fleet section. Without it (or with a nil f) the page shows this
+// instance only.
+func WithFleet(f FleetSource) Option { return optionFunc(func(h *handler) { h.fleet = f }) }
 
 // DefaultSpan is the span the page shows unless asked otherwise (?span=seconds).
 const DefaultSpan = 5 * time.Minute
 
 // Handler returns the dashboard: the page at "/" (index.html, app.js, style.css) and the data at
 // "/api/snapshot" (?span=seconds, default 300) and, with [WithFleet], "/api/fleet" (404 without
-// it). Mount it under a prefix with http.StripPrefix.
+// it). Mount it under a prefix with http.StripPrefix. Nil options are ignored. The handler is safe
+// for concurrent use; each request reads src (and the fleet source) once, and does no other I/O.
 func Handler(src Source, opts ...Option) http.Handler {
 	var h handler
 	for _, o := range opts {
-		o(&h)
+		if o != nil {
+			o.apply(&h)
+		}
 	}
 	sub, _ := fs.Sub(static, "static") // cannot fail: a fixed, valid directory of the embedded tree
 	mux := http.NewServeMux()

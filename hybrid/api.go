@@ -102,7 +102,8 @@ func (l *Limiter) WaitN(ctx context.Context, key string, limit Limit, n int64) e
 }
 
 // Reservation is an admission made by [Limiter.ReserveN] that can be undone with
-// [Reservation.Cancel]. It is safe for concurrent use.
+// [Reservation.Cancel]. It is safe for concurrent use. The zero Reservation is a refused one (OK
+// is false, Cancel gives nothing back), as strict.Reservation's is.
 type Reservation struct {
 	d         Decision
 	l         *Limiter
@@ -111,10 +112,10 @@ type Reservation struct {
 	cancelled atomic.Bool
 }
 
-// OK reports whether the tokens were admitted.
+// OK reports whether the tokens were admitted. It does no I/O.
 func (r *Reservation) OK() bool { return r.d.Allowed }
 
-// Decision returns the decision that made the reservation.
+// Decision returns the decision that made the reservation. It does no I/O.
 func (r *Reservation) Decision() Decision { return r.d }
 
 // Cancel gives the reservation's tokens back, as [Limiter.Refund] does, and returns how many it gave

@@ -38,9 +38,9 @@
 // for N nodes, D the drift threshold, H(N) = 1 + 1/2 + … + 1/N, A = Rate·d the refill Redis lends
 // ahead with WithLeaseAdvance(d) (one second by default) and C = Burst + A: leases held unused while the
 // bucket refills, the overdraft credits and the cold-start credits. It is a worst case; under steady
-// load leases are spent within their horizon and the measured overshoot is zero. The overshoot is
-// debt, not loss: all consumption is charged in Redis (the bucket goes negative, down to −C),
-// and the long-run rate is exact. docs/accuracy.md derives the bound and names the tests that check
+// load leases are spent within their horizon and little of it is reached (docs/accuracy.md has
+// the measurements). The overshoot is debt, not loss: all consumption is charged in Redis (the
+// bucket goes negative, down to −C), and the long-run rate is exact. docs/accuracy.md derives the bound and names the tests that check
 // it on real Redis. A drift threshold of 0 makes every decision central and E zero.
 //
 // # When Redis fails

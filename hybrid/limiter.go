@@ -21,6 +21,7 @@ import (
 	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/denycache"
 	"github.com/hybridrate/hybridrate/internal/limits"
+	"github.com/hybridrate/hybridrate/internal/option"
 	"github.com/hybridrate/hybridrate/internal/outcome"
 	"github.com/hybridrate/hybridrate/local"
 	ratesync "github.com/hybridrate/hybridrate/sync"
@@ -53,7 +54,8 @@ const (
 	SourceFallback = outcome.SourceFallback
 )
 
-// Decision is the outcome of AllowN. The zero Decision denies.
+// Decision is the outcome of AllowN. The zero Decision denies. It is a plain value, safe to copy
+// and share.
 type Decision struct {
 	// Allowed reports whether the n tokens were granted.
 	Allowed bool
@@ -112,18 +114,14 @@ type Limiter struct {
 // with the limiter's own socket timeouts or, for a cluster client, through a cluster client of the
 // limiter's own built from its options with ContextTimeoutEnabled, which Close closes; neither runs
 // the client's hooks (docs/operations.md, "Cluster clients and timeouts"). rdb is never closed.
+// Errors: [ErrNilClient] for a nil rdb; [ErrBadOption] (wrapped) for an invalid or nil option.
 func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	if rdb == nil || isNilClient(rdb) {
 		return nil, ErrNilClient
 	}
 	o := defaultOptions()
-	for _, opt := range opts {
-		if opt == nil {
-			return nil, badOption("nil option")
-		}
-		if err := opt.apply(&o); err != nil {
-			return nil, err
-		}
+	if err := option.Apply(&o, ErrBadOption, opts); err != nil {
+		return nil, err
 	}
 	if o.nodeID == "" {
 		var b [8]byte
@@ -285,7 +283,7 @@ func isNilClient(rdb redis.UniversalClient) bool {
 	return false
 }
 
-// NodeID returns this limiter's node id, unique per limiter.
+// NodeID returns this limiter's node id, unique per limiter. It does no I/O.
 func (l *Limiter) NodeID() string { return l.nodeID }
 
 // Allow is shorthand for AllowN(ctx, key, limit, 1).
@@ -756,6 +754,9 @@ func (l *Limiter) record(e *local.Entry, n, excused int64) {
 }
 
 // Ban makes every node deny key for d (at least 1ms), within one sync interval; this node at once.
+// It makes one Redis call (the ban list, its change log and a Pub/Sub message). Errors:
+// [ErrClosed]; [ErrInvalidKey] (wrapped) for an empty or oversized key; otherwise the Redis call's
+// error, wrapped, and the ban may not have been made.
 func (l *Limiter) Ban(ctx context.Context, key string, d time.Duration) error {
 	if l.closed.Load() {
 		return ErrClosed
@@ -770,7 +771,8 @@ func (l *Limiter) Ban(ctx context.Context, key string, d time.Duration) error {
 	return nil
 }
 
-// Unban lifts a ban on every node.
+// Unban lifts a ban on every node. It makes one Redis call. Errors: [ErrClosed]; [ErrInvalidKey]
+// (wrapped); otherwise the Redis call's error, wrapped, and the ban may still stand.
 func (l *Limiter) Unban(ctx context.Context, key string) error {
 	if l.closed.Load() {
 		return ErrClosed

@@ -30,7 +30,9 @@ type stripe struct {
 	unrecorded      atomic.Int64 // tokens admitted by a failure policy that could not be recorded (no local room)
 }
 
-// Stats is a snapshot of a limiter's counters, for tests, the load generator and dashboards.
+// Stats is a snapshot of a limiter's counters, for tests, the load generator and dashboards. Every
+// count only grows over the limiter's life. The zero Stats counts nothing; it is a plain value,
+// safe to copy.
 type Stats struct {
 	Local, LocalDenied, Central, CentralDenied, DenyCache, FallbackAllowed, FallbackDenied int64 // decisions by outcome
 
@@ -65,7 +67,8 @@ type Stats struct {
 	BanListSize int64 // entries in Redis's ban list, as last read; beyond Bans, keys are checked in Redis
 }
 
-// Stats returns a snapshot of the limiter's counters.
+// Stats returns a snapshot of the limiter's counters. It does no I/O (the eviction policy is the
+// one last read).
 func (l *Limiter) Stats() Stats {
 	var s Stats
 	for i := range l.counts {

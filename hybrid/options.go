@@ -14,6 +14,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/internal/limits"
+	"github.com/hybridrate/hybridrate/internal/option"
 	"github.com/hybridrate/hybridrate/internal/outcome"
 	"github.com/hybridrate/hybridrate/internal/redisx"
 )
@@ -102,12 +103,11 @@ const (
 	FailClosed = outcome.FailClosed
 )
 
-// Option configures a [Limiter]; see the With functions.
-type Option interface{ apply(*options) error }
+// Option configures a [Limiter]; see the With functions. Options are immutable values, safe to
+// share between goroutines and to pass to several New calls.
+type Option interface{ option.Setter[options] }
 
-type optionFunc func(*options) error
-
-func (f optionFunc) apply(o *options) error { return f(o) }
+type optionFunc = option.Func[options]
 
 type options struct {
 	syncInterval   time.Duration
@@ -162,9 +162,7 @@ func defaultOptions() options {
 // ErrBadOption is wrapped by every option error from [New].
 var ErrBadOption = errors.New("hybrid: bad option")
 
-func badOption(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{ErrBadOption}, args...)...)
-}
+func badOption(format string, args ...any) error { return option.Bad(ErrBadOption, format, args...) }
 
 // WithSyncInterval sets how often the background loop looks for keys that need Redis (debt to
 // report, a lease nearly spent, a renewal Redis asked for), from 1ms to 1 minute. It sets how early
@@ -261,9 +259,9 @@ func WithKeyPrefix(p string) Option {
 
 // WithMaxKeys caps the number of keys held in local memory (at least 64). When the cap is reached,
 // keys with nothing pending are evicted, least recently used first; their state is in Redis. The
-// default is 1<<20. Each key held costs about 272 bytes of heap (a 256-byte entry and its table
-// slot; the key string is the caller's, kept as passed), so the cap bounds the store at about
-// 272 × n bytes: 285 MB at the default, 28 MB at 100,000 (docs/operations.md, "Sizing Redis").
+// default is 1<<20. Each key held costs the same heap whatever its limit (its entry and table slot;
+// the key string is the caller's, kept as passed), so the cap bounds the store's memory linearly;
+// docs/benchmarks.md ("The hot path and bytes per key") has the measured bytes per key.
 func WithMaxKeys(n int) Option {
 	return optionFunc(func(o *options) error {
 		if n < 64 {
@@ -337,7 +335,9 @@ func WithClock(now func() time.Time) Option {
 // Redis for the limiters of its host or zone, so that Redis sees the relays rather than every
 // process (docs/design.md, "Any fleet size"). node is the calling limiter's node id. Reconcile and
 // Take have the terms of central.Client's methods of the same names: Take's error is handled as a
-// failed Redis call (the failure policy decides), Reconcile's as a failed background round.
+// failed Redis call (the failure policy decides), Reconcile's as a failed background round. Its
+// methods are called from many goroutines at once (the hot path's takes and the background rounds):
+// an implementation must be safe for concurrent use.
 type Upstream interface {
 	Reconcile(ctx context.Context, node string, updates []central.Update, out []central.State, errs []error) error
 	Take(ctx context.Context, node string, u central.Update) (central.State, error)
@@ -439,7 +439,8 @@ func WithInstance(name string) Option {
 // OnFailure is what the limit does while Redis cannot answer; the zero value, DefaultFailure, is the
 // limiter's default (WithFailurePolicy). Calls for one key with different OnFailure share the same
 // tokens, locally and in Redis, and each call's own OnFailure decides when Redis is away. So one
-// [Limiter] can serve limits of every policy.
+// [Limiter] can serve limits of every policy. The zero Limit is invalid (Validate says why). A
+// Limit is a plain value, safe to copy and share.
 type Limit struct {
 	Rate      float64
 	Burst     int64
@@ -455,7 +456,7 @@ func PerMinute(n int64) Limit { return Limit{Rate: float64(n) / 60, Burst: n} }
 // PerHour returns a limit of n per hour with a burst of n.
 func PerHour(n int64) Limit { return Limit{Rate: float64(n) / 3600, Burst: n} }
 
-// Validate reports why l cannot be used, or nil.
+// Validate reports why l cannot be used, or nil. The error wraps [ErrInvalidLimit]. It does no I/O.
 func (l Limit) Validate() error {
 	if err := limits.CheckRate(l.Rate, l.Burst); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidLimit, err)
@@ -467,7 +468,7 @@ func (l Limit) Validate() error {
 }
 
 // FailurePolicy returns the limiter's default failure policy (WithFailurePolicy): the one limits with
-// OnFailure DefaultFailure use. It is never DefaultFailure.
+// OnFailure DefaultFailure use. It is never DefaultFailure. It does no I/O.
 func (l *Limiter) FailurePolicy() FailurePolicy { return l.opts.policy }
 
 // upstreamPort is the syncer's view of an Upstream: its calls carry the limiter's node id.

@@ -12,7 +12,9 @@ import (
 )
 
 // Concurrency caps the requests in flight per key across every node that shares the Limiter's
-// Redis: "at most 20 requests of each tenant at once". See [WithConcurrency].
+// Redis: "at most 20 requests of each tenant at once". See [WithConcurrency]. The zero Concurrency
+// is invalid (Limiter, Dimension, Limit and TTL are required); WithConcurrency copies it. It is a
+// plain value, safe to copy.
 type Concurrency struct {
 	// Limiter holds the leases, one per request in flight; required.
 	Limiter *concurrency.Limiter
@@ -126,7 +128,7 @@ func (m *Middleware) serveCapped(w http.ResponseWriter, r *http.Request, next ht
 
 // writeCapped answers a request turned away by a concurrency cap.
 func writeCapped(w http.ResponseWriter, status int, code, dimension string, retry time.Duration) {
-	secs := retryAfterSeconds(retry)
+	secs := policy.RetryAfterSeconds(retry)
 	w.Header()[hdrRetryAfter] = []string{strconv.FormatInt(secs, 10)}
 	b := make([]byte, 0, 96)
 	b = append(b, `{"error":"`...)

@@ -43,7 +43,7 @@ func writeHeaders(h http.Header, set HeaderSet, res *policy.Result, hv *headerVa
 		ends[0] = len(b)
 		b = strconv.AppendInt(b, max(p.Remaining, 0), 10)
 		ends[1] = len(b)
-		b = strconv.AppendInt(b, ceilSeconds(max(p.ResetAfter, p.RetryAfter)), 10)
+		b = strconv.AppendInt(b, p.ResetSeconds(), 10)
 		ends[2] = len(b)
 	}
 	if set&DraftHeaders != 0 {
@@ -61,7 +61,7 @@ func writeHeaders(h http.Header, set HeaderSet, res *policy.Result, hv *headerVa
 			b = append(b, ";q="...)
 			b = strconv.AppendInt(b, d.Limit, 10)
 			b = append(b, ";w="...)
-			b = strconv.AppendInt(b, max(ceilSeconds(d.Window), 1), 10)
+			b = strconv.AppendInt(b, max(policy.CeilSeconds(d.Window), 1), 10)
 		}
 		ends[3] = len(b)
 		first = true
@@ -78,7 +78,7 @@ func writeHeaders(h http.Header, set HeaderSet, res *policy.Result, hv *headerVa
 			b = append(b, ";r="...)
 			b = strconv.AppendInt(b, max(d.Remaining, 0), 10)
 			b = append(b, ";t="...)
-			b = strconv.AppendInt(b, ceilSeconds(max(d.ResetAfter, d.RetryAfter)), 10)
+			b = strconv.AppendInt(b, d.ResetSeconds(), 10)
 		}
 		ends[4] = len(b)
 	}
@@ -98,13 +98,10 @@ func writeHeaders(h http.Header, set HeaderSet, res *policy.Result, hv *headerVa
 	}
 }
 
-// retryAfterSeconds is the Retry-After of a refusal: d rounded up to whole seconds, at least 1.
-func retryAfterSeconds(d time.Duration) int64 { return max(ceilSeconds(d), 1) }
-
 // writeDenied answers 429 with Retry-After and the stable JSON body
 // {"error":"rate_limit_exceeded","rule":"<id>","retry_after_seconds":N}.
 func writeDenied(w http.ResponseWriter, res *policy.Result) {
-	secs := retryAfterSeconds(res.RetryAfter)
+	secs := policy.RetryAfterSeconds(res.RetryAfter)
 	w.Header()[hdrRetryAfter] = []string{strconv.FormatInt(secs, 10)}
 	b := make([]byte, 0, 96)
 	b = append(b, `{"error":"rate_limit_exceeded","rule":`...)
@@ -120,7 +117,7 @@ func writeUnavailable(w http.ResponseWriter, res *policy.Result, status int, ret
 	if retry == 0 {
 		retry = res.RetryAfter
 	}
-	secs := retryAfterSeconds(retry)
+	secs := policy.RetryAfterSeconds(retry)
 	w.Header()[hdrRetryAfter] = []string{strconv.FormatInt(secs, 10)}
 	b := make([]byte, 0, 96)
 	b = append(b, `{"error":"rate_limiter_unavailable","rule":`...)
@@ -140,7 +137,7 @@ func writeMissing(w http.ResponseWriter, status int, rule string) {
 
 // writeShed answers a shed request: 503 with Retry-After.
 func writeShed(w http.ResponseWriter, p Priority, retry time.Duration) {
-	secs := retryAfterSeconds(retry)
+	secs := policy.RetryAfterSeconds(retry)
 	w.Header()[hdrRetryAfter] = []string{strconv.FormatInt(secs, 10)}
 	b := append([]byte(`{"error":"load_shed","priority":`), appendJSONString(nil, p.String())...)
 	b = append(b, `,"retry_after_seconds":`...)

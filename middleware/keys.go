@@ -115,7 +115,7 @@ func (m *Middleware) ipKey(r *http.Request) string {
 // trusted, the leftmost one is the client. An entry that does not parse as an address ("unknown",
 // an obfuscated "_hidden" identifier, garbage) stops the walk: the last trusted hop to its right is
 // returned, so a forged entry can never choose the key. IPv4-mapped IPv6 addresses are unmapped and
-// zones dropped. ok is false when even r.RemoteAddr does not parse.
+// zones dropped. ok is false when even r.RemoteAddr does not parse. It does no I/O.
 func (m *Middleware) ClientIP(r *http.Request) (netip.Addr, bool) {
 	peer, ok := parseHostPort(r.RemoteAddr)
 	if !ok {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 
+	"github.com/hybridrate/hybridrate/internal/option"
 	"github.com/hybridrate/hybridrate/policy"
 )
 
@@ -25,13 +26,8 @@ func New(c policy.Checker, opts ...Option) (*Middleware, error) {
 		return nil, errors.New("middleware: nil Checker")
 	}
 	o := defaultOptions()
-	for _, opt := range opts {
-		if opt == nil {
-			return nil, badOption("nil option")
-		}
-		if err := opt.apply(&o); err != nil {
-			return nil, err
-		}
+	if err := option.Apply(&o, ErrBadOption, opts); err != nil {
+		return nil, err
 	}
 	if err := o.checkCaps(); err != nil {
 		return nil, err
@@ -83,7 +79,9 @@ func (st *state) Value(key any) any {
 // fails closed: see [WithFailClosedStatus]) and never reaches next, as does one over a concurrency
 // cap ([WithConcurrency]); an admitted one reaches next
 // with the decision in its context and the rate-limit headers already set on w. A nil next answers
-// admitted requests with 404, as an empty ServeMux would.
+// admitted requests with 404, as an empty ServeMux would. The returned handler is safe for
+// concurrent use; each request makes the Checker's I/O (none for a local decision) and, with
+// WithConcurrency, one Redis call to acquire its lease and one to release it.
 func (m *Middleware) Handler(next http.Handler) http.Handler {
 	if next == nil {
 		next = http.NotFoundHandler()

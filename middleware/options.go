@@ -2,16 +2,17 @@ package middleware
 
 import (
 	"errors"
-	"fmt"
 	"net/http"
 	"net/netip"
 	"strings"
 	"time"
 
+	"github.com/hybridrate/hybridrate/internal/option"
 	"github.com/hybridrate/hybridrate/policy"
 )
 
-// HeaderSet selects the rate-limit response headers to send.
+// HeaderSet selects the rate-limit response headers to send. The zero HeaderSet is NoHeaders. It is
+// a plain value, safe to copy and share.
 type HeaderSet uint8
 
 // The header sets; combine them with |.
@@ -39,12 +40,11 @@ const (
 // [WithAPIKey] says otherwise.
 const DefaultAPIKeyHeader = "X-API-Key"
 
-// Option configures a [Middleware]; see the With functions.
-type Option interface{ apply(*options) error }
+// Option configures a [Middleware]; see the With functions. Options are immutable values, safe to
+// share between goroutines and to pass to several New calls.
+type Option interface{ option.Setter[options] }
 
-type optionFunc func(*options) error
-
-func (f optionFunc) apply(o *options) error { return f(o) }
+type optionFunc = option.Func[options]
 
 type options struct {
 	apiKey        func(*http.Request) string
@@ -83,9 +83,7 @@ func defaultOptions() options {
 // ErrBadOption is wrapped by every option error from [New].
 var ErrBadOption = errors.New("middleware: bad option")
 
-func badOption(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{ErrBadOption}, args...)...)
-}
+func badOption(format string, args ...any) error { return option.Bad(ErrBadOption, format, args...) }
 
 // HeaderValue returns a function that reads the named request header, for the With functions that
 // take one. For "Authorization", the scheme ("Bearer ", "Basic ", ...) is cut off.
@@ -355,16 +353,4 @@ func WithLoadShedding(s Shedding) Option {
 		o.shed = sh
 		return nil
 	})
-}
-
-// ceilSeconds returns d in whole seconds, rounded up, at least 0.
-func ceilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	s := int64(d / time.Second)
-	if d%time.Second != 0 {
-		s++
-	}
-	return s
 }

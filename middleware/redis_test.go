@@ -212,7 +212,7 @@ func TestShadowModeOverHTTP(t *testing.T) {
 	defer mu.Unlock()
 	require.Len(t, events, 2)
 	assert.Equal(t, "candidate", events[0].Rule)
-	assert.Equal(t, int64(2), s.enf.Stats().ShadowDenied.Load())
+	assert.Equal(t, int64(2), s.enf.Stats().ShadowDenied)
 }
 
 func TestMissingKeyOverHTTP(t *testing.T) {

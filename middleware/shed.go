@@ -8,7 +8,8 @@ import (
 	"time"
 )
 
-// Priority is a request's class for load shedding, from the most to the least important.
+// Priority is a request's class for load shedding, from the most to the least important. The zero
+// Priority is PriorityCritical. It is a plain value, safe to copy and share.
 type Priority uint8
 
 // The priorities of the Stripe model: as utilisation rises, test traffic is shed first, then reads,
@@ -25,7 +26,7 @@ const (
 	numPriorities
 )
 
-// String returns "critical", "post", "get" or "test".
+// String returns "critical", "post", "get" or "test". It does no I/O.
 func (p Priority) String() string {
 	switch p {
 	case PriorityCritical:
@@ -50,7 +51,9 @@ var DefaultShedThresholds = [4]float64{
 
 // Shedding configures load shedding by priority (Stripe's model): a request of priority p is
 // answered 503 with Retry-After, before any rate limit is consulted, when the server's utilisation
-// is at or above Thresholds[p].
+// is at or above Thresholds[p]. The zero Shedding is invalid (MaxInFlight or Utilisation is
+// required); [WithLoadShedding] copies it. Classify and Utilisation are called from many goroutines
+// at once: they must be safe for concurrent use.
 type Shedding struct {
 	// Classify returns a request's priority. The default classifies GET, HEAD and OPTIONS as
 	// PriorityGet and every other method as PriorityPost; critical and test traffic is only known to

@@ -34,7 +34,8 @@ const (
 // fleetName is the internal name of the fleet's index; each report is fleetName + ":" + its id.
 const fleetName = "{dashboard}"
 
-// FleetConfig configures a [Fleet]. Redis is required; the rest is optional.
+// FleetConfig configures a [Fleet]. Redis is required; the rest is optional. The zero FleetConfig
+// is invalid (NewFleet needs Redis). It is a plain value; NewFleet copies it.
 type FleetConfig struct {
 	// Redis is where reports are written and read: the limiter's Redis.
 	Redis redis.UniversalClient
@@ -79,7 +80,8 @@ type Fleet struct {
 	failing  bool // the last write failed (logged once per streak)
 }
 
-// NewFleet returns a Fleet publishing o's counters under cfg.
+// NewFleet returns a Fleet publishing o's counters under cfg. It does no I/O. Errors: a nil
+// Observer or Redis, or a field out of its range (Interval, TTL, Step, Points).
 func NewFleet(o *Observer, cfg FleetConfig) (*Fleet, error) {
 	if o == nil || cfg.Redis == nil {
 		return nil, errors.New("observe: NewFleet needs an Observer and FleetConfig.Redis")
@@ -125,11 +127,12 @@ func NewFleet(o *Observer, cfg FleetConfig) (*Fleet, error) {
 	return &Fleet{o: o, cfg: cfg, index: hybrid.InternalKey(cfg.KeyPrefix, fleetName)}, nil
 }
 
-// ID returns the id of this instance's report.
+// ID returns the id of this instance's report. It does no I/O.
 func (f *Fleet) ID() string { return f.cfg.ID }
 
 // Report is what one instance publishes: its trend and most denied hashed keys over the last
-// Points steps, and its totals.
+// Points steps, and its totals. The zero Report is empty. It is a plain value, the caller's once
+// returned: safe to copy and to read from any goroutine.
 type Report struct {
 	ID       string     `json:"id"`
 	Instance string     `json:"instance"`
@@ -152,7 +155,9 @@ func (f *Fleet) report() Report {
 		OK: f.o.Health().OK}
 }
 
-// Publish writes this instance's report now.
+// Publish writes this instance's report now. It makes one pipelined Redis round trip; its error is
+// that round trip's, wrapped, and the report may then be missing from the fleet view until a later
+// Publish.
 func (f *Fleet) Publish(ctx context.Context) error {
 	b, err := json.Marshal(f.report())
 	if err != nil {
@@ -173,7 +178,8 @@ func (f *Fleet) Publish(ctx context.Context) error {
 }
 
 // Run publishes this instance's report every Interval until ctx ends, then removes it (so that the
-// fleet view drops the instance at once).
+// fleet view drops the instance at once). Write failures are logged (Logger), one line per streak,
+// never returned; the removal is one Redis round trip bounded by a second.
 func (f *Fleet) Run(ctx context.Context) {
 	t := time.NewTicker(f.cfg.Interval)
 	defer t.Stop()
@@ -202,7 +208,9 @@ func (f *Fleet) Run(ctx context.Context) {
 }
 
 // Reports returns the reports of the live instances, at most MaxFleetInstances (the most recently
-// written), ordered by instance name and id.
+// written), ordered by instance name and id. It makes two Redis round trips (ZRANGEBYSCORE, MGET),
+// uncached. Errors: either call's, wrapped; a report that does not decode is left out, not an
+// error.
 func (f *Fleet) Reports(ctx context.Context) ([]Report, error) {
 	now := f.o.cfg.Now()
 	ids, err := f.cfg.Redis.ZRevRangeByScore(ctx, f.index, &redis.ZRangeBy{
@@ -243,7 +251,8 @@ func (f *Fleet) Reports(ctx context.Context) ([]Report, error) {
 }
 
 // FleetView is the fleet as one instance's dashboard shows it: every live instance's report, and
-// their sum.
+// their sum. The zero FleetView has no instances. It is a plain value, the caller's once returned:
+// safe to copy and to read from any goroutine.
 type FleetView struct {
 	Now       time.Time      `json:"now"`
 	Self      string         `json:"self"` // the id of the instance that answered
@@ -252,14 +261,17 @@ type FleetView struct {
 	Subjects  []FleetSubject `json:"subjects"` // the most denied hashed keys across the fleet
 }
 
-// FleetMember is one live instance in a [FleetView]: its report, and its age.
+// FleetMember is one live instance in a [FleetView]: its report, and its age. The zero FleetMember
+// is empty. It is a plain value, the caller's once returned: safe to copy and to read from any
+// goroutine.
 type FleetMember struct {
 	Report
 	Age  float64 `json:"age"`  // seconds since the report was written
 	Self bool    `json:"self"` // the instance that answered
 }
 
-// FleetSubject is one hashed key's denials across the fleet.
+// FleetSubject is one hashed key's denials across the fleet. The zero FleetSubject is empty. It is
+// a plain value, the caller's once returned: safe to copy and to read from any goroutine.
 type FleetSubject struct {
 	KeyCount
 	Instances []string `json:"instances"` // the instances that denied it
@@ -267,7 +279,7 @@ type FleetSubject struct {
 
 // View returns the fleet view: the live instances' reports (this instance's made now, not read
 // back), added up. Views are cached for a second, so that many open dashboards cost Redis one read
-// a second.
+// a second. Errors: Reports' (the view is then not cached).
 func (f *Fleet) View(ctx context.Context) (FleetView, error) {
 	now := f.o.cfg.Now()
 	f.mu.Lock()

@@ -38,17 +38,20 @@ const (
 // HealthReporter is what an [Observer] asks of the Checker it wraps for its health (Observer.Health,
 // the dashboard) and its Redis metrics: the hybrid limiter (nil if none yet), the strict rules'
 // client and the Enforcer's counters. *policy.Enforcer implements it; a Checker that does not
-// reports an empty, OK Health and no such metrics.
+// reports an empty, OK Health and no such metrics. Its methods are called from the metric
+// collector's goroutine and the dashboard's, concurrently with Check: an implementation must be
+// safe for concurrent use.
 type HealthReporter interface {
 	policy.Checker
 	Limiter() *hybrid.Limiter
 	StrictHealth() policy.StrictHealth
-	Stats() *policy.Stats
+	Stats() policy.Stats
 }
 
 var _ HealthReporter = (*policy.Enforcer)(nil)
 
-// Config configures an [Observer]. Every field is optional.
+// Config configures an [Observer]. Every field is optional. The zero Config takes every default. It
+// is a plain value; New copies it (HashKey too).
 type Config struct {
 	// MeterProvider receives the metrics; the default is otel.GetMeterProvider().
 	MeterProvider metric.MeterProvider
@@ -84,7 +87,9 @@ type Config struct {
 	Now func() time.Time
 }
 
-// Event describes one check, for [Config.OnDecision] and [Config.OnDeny].
+// Event describes one check, for [Config.OnDecision] and [Config.OnDeny]. The zero Event is empty.
+// The hooks get a pointer valid only during the call: copy what you keep. Do not share it with
+// other goroutines during the call.
 type Event struct {
 	// Time is when the check started.
 	Time time.Time
@@ -106,7 +111,7 @@ type Event struct {
 }
 
 // Denied reports whether the request was denied or would have been: by an enforced rule in a policy
-// in shadow mode, or by a rule in shadow mode.
+// in shadow mode, or by a rule in shadow mode. It does no I/O.
 func (ev *Event) Denied() bool {
 	return ev.Err == nil && (!ev.Result.Allowed || shadowDenied(&ev.Result))
 }
@@ -148,7 +153,9 @@ type Observer struct {
 	rulesDim map[string][]string // guarded by rulesMu: rule id → dimensions
 }
 
-// New returns an Observer of c.
+// New returns an Observer of c. It does no I/O and registers one metric callback (see
+// [Observer.Close]). Errors: a nil Checker, a field out of its range (NearLimit, MaxLabels,
+// RevealSubjects, Window), or the meter provider's error creating an instrument.
 func New(c policy.Checker, cfg Config) (*Observer, error) {
 	if c == nil {
 		return nil, errors.New("observe: nil Checker")
@@ -246,7 +253,7 @@ func New(c policy.Checker, cfg Config) (*Observer, error) {
 		if !ok {
 			return nil
 		}
-		ob.ObserveInt64(longVals, enf.Stats().LongValues.Load(), inst)
+		ob.ObserveInt64(longVals, enf.Stats().LongValues, inst)
 		h := enf.StrictHealth()
 		ob.ObserveInt64(sCalls, h.Calls, inst)
 		ob.ObserveInt64(sErrs, h.Errors, classErr)
@@ -266,17 +273,18 @@ func New(c policy.Checker, cfg Config) (*Observer, error) {
 	return o, nil
 }
 
-// Close unregisters the Observer's metric callback. It does not close the wrapped Checker.
+// Close unregisters the Observer's metric callback. It does not close the wrapped Checker. Its
+// error is the meter provider's; it does no I/O.
 func (o *Observer) Close() error { return o.reg.Unregister() }
 
-// Instance returns the Observer's instance attribute value.
+// Instance returns the Observer's instance attribute value. It does no I/O.
 func (o *Observer) Instance() string { return o.cfg.Instance }
 
-// Checker returns the wrapped Checker.
+// Checker returns the wrapped Checker. It does no I/O.
 func (o *Observer) Checker() policy.Checker { return o.c }
 
 // SetPolicy forwards p to the wrapped Checker when it is a policy.Target, and returns an error
-// otherwise.
+// otherwise. It does no I/O of its own; the wrapped Checker's SetPolicy may.
 func (o *Observer) SetPolicy(p *policy.Policy) error {
 	t, ok := o.c.(policy.Target)
 	if !ok {
@@ -287,7 +295,8 @@ func (o *Observer) SetPolicy(p *policy.Policy) error {
 
 var _ policy.Target = (*Observer)(nil)
 
-// Check asks the wrapped Checker and records its answer.
+// Check asks the wrapped Checker and records its answer. Its result and error are the wrapped
+// Checker's, unchanged; it does no I/O of its own.
 func (o *Observer) Check(ctx context.Context, req *policy.Request) (policy.Result, error) {
 	if req == nil {
 		req = &policy.Request{}
@@ -543,7 +552,7 @@ func (o *Observer) readable(req *policy.Request, rule string) string {
 }
 
 // Subject returns the readable dimension values of the denied subject whose hashed key is key, when
-// Config.RevealSubjects is on and this process saw it denied recently.
+// Config.RevealSubjects is on and this process saw it denied recently. It does no I/O.
 func (o *Observer) Subject(key string) (string, bool) {
 	if o.reveal == nil {
 		return "", false

@@ -7,7 +7,8 @@ import (
 
 // Trend is a short time series of checks and denials, per rule, in steps aligned on Unix time (a
 // step of 10s starts at a multiple of 10s), so that the trends of several instances add up step by
-// step.
+// step. The zero Trend has no steps. It is a plain value, the caller's once returned: safe to copy
+// and to read from any goroutine.
 type Trend struct {
 	Start  int64       `json:"start"`  // the Unix second the first step starts at
 	Step   int64       `json:"step"`   // the step, in seconds
@@ -16,7 +17,8 @@ type Trend struct {
 	Rules  []RuleTrend `json:"rules"`  // denials per rule and step, most denied first
 }
 
-// RuleTrend is one rule's denials per step of a [Trend].
+// RuleTrend is one rule's denials per step of a [Trend]. The zero RuleTrend is empty. It is a plain
+// value, the caller's once returned: safe to copy and to read from any goroutine.
 type RuleTrend struct {
 	Rule   string  `json:"rule"`
 	Shadow bool    `json:"shadow"` // would-be denials: the requests were admitted
@@ -34,7 +36,7 @@ func TrendStep(span time.Duration) time.Duration {
 
 // Trend returns the window's checks and denials per rule over the last points steps of step
 // (whole seconds, at least 1s; the window's length bounds how far back it reaches). The last step
-// is the one now is in, so far.
+// is the one now is in, so far. It does no I/O.
 func (o *Observer) Trend(step time.Duration, points int) Trend {
 	return o.win.trend(o.cfg.Now(), step, points)
 }

@@ -146,7 +146,8 @@ func (w *window) seconds(now time.Time) []Second {
 	return out
 }
 
-// Second counts the checks of one second.
+// Second counts the checks of one second. The zero Second counts nothing. It is a plain value, the
+// caller's once returned: safe to copy and to read from any goroutine.
 type Second struct {
 	Unix         int64 `json:"t"`            // the second, in Unix time
 	Allowed      int64 `json:"allowed"`      // admitted (shadow denials included)
@@ -155,7 +156,8 @@ type Second struct {
 	Errors       int64 `json:"errors"`       // no decision could be made
 }
 
-// Totals counts every check since the Observer was created.
+// Totals counts every check since the Observer was created. The zero Totals counts nothing. It is a
+// plain value, the caller's once returned: safe to copy and to read from any goroutine.
 type Totals struct {
 	Allowed      int64 `json:"allowed"`      // admitted (shadow denials included)
 	Denied       int64 `json:"denied"`       // denied (missing keys included)
@@ -163,7 +165,9 @@ type Totals struct {
 	Errors       int64 `json:"errors"`       // no decision could be made
 }
 
-// DenyCount counts the denials of one route, rule and tier in a span.
+// DenyCount counts the denials of one route, rule and tier in a span. The zero DenyCount counts
+// nothing. It is a plain value, the caller's once returned: safe to copy and to read from any
+// goroutine.
 type DenyCount struct {
 	Route  string  `json:"route"`
 	Rule   string  `json:"rule"`
@@ -173,7 +177,9 @@ type DenyCount struct {
 	Rate   float64 `json:"rate"` // denials per second over the span
 }
 
-// KeyCount counts the denials of one hashed key (an Event.Key) by one rule.
+// KeyCount counts the denials of one hashed key (an Event.Key) by one rule. The zero KeyCount
+// counts nothing. It is a plain value, the caller's once returned: safe to copy and to read from
+// any goroutine.
 type KeyCount struct {
 	Key    string `json:"key"`
 	Rule   string `json:"rule"`
@@ -184,14 +190,18 @@ type KeyCount struct {
 	Subject string `json:"subject,omitempty"`
 }
 
-// SourceCount counts the counter decisions of one source and outcome.
+// SourceCount counts the counter decisions of one source and outcome. The zero SourceCount counts
+// nothing. It is a plain value, the caller's once returned: safe to copy and to read from any
+// goroutine.
 type SourceCount struct {
 	Source  string `json:"source"`
 	Outcome string `json:"outcome"`
 	N       int64  `json:"n"`
 }
 
-// Snapshot is what the window holds over a span ending now: what the dashboard draws.
+// Snapshot is what the window holds over a span ending now: what the dashboard draws. The zero
+// Snapshot is empty. It is a plain value, the caller's once returned: safe to copy and to read from
+// any goroutine.
 type Snapshot struct {
 	Instance string        `json:"instance"`
 	Now      time.Time     `json:"now"`
@@ -210,7 +220,9 @@ type Snapshot struct {
 	Trend Trend `json:"trend"`
 }
 
-// Health is the state of the Redis paths, when the wrapped Checker is a *policy.Enforcer.
+// Health is the state of the Redis paths, when the wrapped Checker is a *policy.Enforcer. The zero
+// Health has no limiters and OK false. It is a plain value, the caller's once returned: safe to
+// copy and to read from any goroutine.
 type Health struct {
 	// Limiters are the hybrid limiters: the Enforcer's one, once a policy with hybrid rules is set.
 	Limiters []LimiterHealth `json:"limiters"`
@@ -220,7 +232,8 @@ type Health struct {
 	OK bool `json:"ok"`
 }
 
-// LimiterHealth is the Redis side of one hybrid limiter.
+// LimiterHealth is the Redis side of one hybrid limiter. The zero LimiterHealth is empty. It is a
+// plain value, the caller's once returned: safe to copy and to read from any goroutine.
 type LimiterHealth struct {
 	FailurePolicy string `json:"failurePolicy"` // the limiter's default failure policy: "local-fallback", ...
 	Breaker       string `json:"breaker"`       // its circuit breaker: "closed", "open" or "half-open"
@@ -233,7 +246,7 @@ type LimiterHealth struct {
 }
 
 // Snapshot returns the window's content over the last span (whole seconds, at most Config.Window;
-// 0 means all of it).
+// 0 means all of it). It does no I/O.
 func (o *Observer) Snapshot(span time.Duration) Snapshot {
 	now := o.cfg.Now()
 	secs := o.win.seconds(now)

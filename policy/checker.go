@@ -52,14 +52,23 @@ func (r *Result) Primary() *Decision {
 }
 
 // ResetSeconds is the decision's X-RateLimit-Reset: how long until its quota is full again, or until
-// its denial ends if that is later, in whole seconds rounded up (0 for a quota already full).
-func (d *Decision) ResetSeconds() int64 {
-	t := max(d.ResetAfter, d.RetryAfter)
-	if t <= 0 {
+// its denial ends if that is later, in whole seconds rounded up (0 for a quota already full). It
+// does no I/O.
+func (d *Decision) ResetSeconds() int64 { return CeilSeconds(max(d.ResetAfter, d.RetryAfter)) }
+
+// CeilSeconds returns d in whole seconds, rounded up, and 0 for d <= 0: the unit of every rate-limit
+// header (X-RateLimit-Reset, Retry-After, the draft RateLimit headers' t= and w=), over the middleware
+// and the sidecar alike.
+func CeilSeconds(d time.Duration) int64 {
+	if d <= 0 {
 		return 0
 	}
-	return int64((t + time.Second - 1) / time.Second)
+	return int64(d/time.Second) + min(int64(d%time.Second), 1)
 }
+
+// RetryAfterSeconds is the Retry-After of a refusal that may be retried after d: CeilSeconds(d), at
+// least 1 (a refusal never says "retry now").
+func RetryAfterSeconds(d time.Duration) int64 { return max(CeilSeconds(d), 1) }
 
 // BuiltinDimensions returns the names of the dimensions every Enforcer knows without
 // Config.Dimensions (DimAPIKey, DimUser, DimIP, DimTenant, DimRoute, DimMethod, DimDescriptor),

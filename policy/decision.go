@@ -24,7 +24,8 @@ const (
 	SourceMemo = outcome.SourceMemo
 )
 
-// Decision is one counter's answer for a request.
+// Decision is one counter's answer for a request. The zero Decision denies. It is a plain value,
+// safe to copy.
 type Decision struct {
 	// Rule is the rule id.
 	Rule string
@@ -58,7 +59,8 @@ type Decision struct {
 	Unavailable bool
 }
 
-// Result is the outcome of [Enforcer.Check]. The zero Result denies.
+// Result is the outcome of [Enforcer.Check]. The zero Result denies. A Result is the caller's:
+// Check does not touch it (or its Decisions) once returned, so it may be read from any goroutine.
 type Result struct {
 	// Allowed reports whether the request may proceed.
 	Allowed bool

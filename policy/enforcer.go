@@ -33,7 +33,9 @@ const (
 	DefaultMaxMemo = 1 << 16
 )
 
-// Config configures an [Enforcer]. Redis is required; every other field has a default.
+// Config configures an [Enforcer]. Redis is required; every other field has a default. The zero
+// Config is invalid (NewEnforcer needs Redis). It is a plain value; NewEnforcer copies it (HashKey
+// too), so it may be changed or reused afterwards.
 type Config struct {
 	// Redis holds the counters: a *redis.Client, a Sentinel failover client or a *redis.ClusterClient.
 	// Strict rules are not idempotent under go-redis's retries (a re-sent script may count twice,
@@ -77,18 +79,24 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Stats counts an Enforcer's decisions. Every field only grows. (Admitted requests are not counted
-// here: a shared counter on every request would cost more than the decision itself.)
+// Stats is a snapshot of an Enforcer's counts, from [Enforcer.Stats]. Every count only grows over the
+// Enforcer's life. (Admitted requests are not counted: a shared counter on every request would cost
+// more than the decision itself.) The zero Stats counts nothing; it is a plain value, safe to copy.
 type Stats struct {
-	Denied       atomic.Int64 // requests denied (MissingKey included)
-	MissingKey   atomic.Int64 // requests rejected (or, in shadow mode, that would have been) for a missing key
-	ShadowDenied atomic.Int64 // would-be denials reported (one per counter, or per request in shadow mode)
-	Memo         atomic.Int64 // denials answered from the memo, with no counter consulted
-	Fallback     atomic.Int64 // strict calls answered by failure policies because Redis could not answer
-	Errors       atomic.Int64 // calls to Check that returned an error
-	Reloads      atomic.Int64 // successful SetPolicy calls
-	LongValues   atomic.Int64 // dimension values longer than MaxValueLen, counted under their SHA-256
-	Unrefunded   atomic.Int64 // units hybrid rules took for denied requests and could not give back
+	Denied       int64 // requests denied (MissingKey included)
+	MissingKey   int64 // requests rejected (or, in shadow mode, that would have been) for a missing key
+	ShadowDenied int64 // would-be denials reported (one per counter, or per request in shadow mode)
+	Memo         int64 // denials answered from the memo, with no counter consulted
+	Fallback     int64 // strict calls answered by failure policies because Redis could not answer
+	Errors       int64 // calls to Check that returned an error
+	Reloads      int64 // successful SetPolicy calls
+	LongValues   int64 // dimension values longer than MaxValueLen, counted under their SHA-256
+	Unrefunded   int64 // units hybrid rules took for denied requests and could not give back
+}
+
+// counters are the live counts behind [Stats].
+type counters struct {
+	Denied, MissingKey, ShadowDenied, Memo, Fallback, Errors, Reloads, LongValues, Unrefunded atomic.Int64
 }
 
 // Enforcer applies a [Policy] to requests: hybrid rules through one hybrid.Limiter (each rule's
@@ -102,7 +110,7 @@ type Enforcer struct {
 	strict     *strict.Limiter
 	cur        atomic.Pointer[compiled]
 	closed     atomic.Bool
-	stats      Stats
+	stats      counters
 	longLogged atomic.Bool // a long value has been logged (once per Enforcer)
 	memo       *memo       // denials until their retry-after; nil when Config.MaxMemo < 0
 	fb         *fallbacks  // strict rules' local fallbacks (hybrid rules use the hybrid limiter's)
@@ -116,7 +124,8 @@ type Enforcer struct {
 
 // NewEnforcer validates cfg and returns an Enforcer without a policy. It does no I/O and starts no
 // goroutine; the hybrid limiter (and its background loop) starts when a policy with hybrid rules is
-// first set.
+// first set. Errors: a nil Redis, a negative StrictTimeout or FallbackNodes below 1, an invalid
+// dimension name, a nil cost function, or strict.New's error.
 func NewEnforcer(cfg Config) (*Enforcer, error) {
 	if cfg.Redis == nil {
 		return nil, errors.New("policy: Config.Redis is nil")
@@ -175,10 +184,17 @@ func NewEnforcer(cfg Config) (*Enforcer, error) {
 	return e, nil
 }
 
-// Stats returns the Enforcer's counters.
-func (e *Enforcer) Stats() *Stats { return &e.stats }
+// Stats returns a snapshot of the Enforcer's counters (each read atomically, not all at one instant).
+// It does no I/O.
+func (e *Enforcer) Stats() Stats {
+	c := &e.stats
+	return Stats{Denied: c.Denied.Load(), MissingKey: c.MissingKey.Load(), ShadowDenied: c.ShadowDenied.Load(),
+		Memo: c.Memo.Load(), Fallback: c.Fallback.Load(), Errors: c.Errors.Load(), Reloads: c.Reloads.Load(),
+		LongValues: c.LongValues.Load(), Unrefunded: c.Unrefunded.Load()}
+}
 
-// Policy returns the policy in force, or nil before the first SetPolicy.
+// Policy returns the policy in force, or nil before the first SetPolicy. It does no I/O; the Policy
+// is shared, not to be modified.
 func (e *Enforcer) Policy() *Policy {
 	if c := e.cur.Load(); c != nil {
 		return c.src

@@ -43,7 +43,7 @@ func TestNoValueTakesARequestOutOfItsRule(t *testing.T) {
 				}
 				assert.Equal(t, []bool{true, true, true, true, false, false}, got, "%s: limited like any value", name)
 			}
-			assert.Equal(t, int64(5*6), e.enf.Stats().LongValues.Load(), "the five long values, at every request")
+			assert.Equal(t, int64(5*6), e.enf.Stats().LongValues, "the five long values, at every request")
 		})
 	}
 	t.Run("strict tag", func(t *testing.T) {
@@ -137,7 +137,7 @@ func TestDeniedRequestKeepsNoHybridCharge(t *testing.T) {
 		r2 := e.check(t, req("GET", "/", "api_key", "k1", "tenant", "t1"))
 		require.NotEmpty(t, r2.Decisions)
 		assert.Equal(t, "per-key:allow:local", units(r2)[0], "without refunds the five retries would have spent it")
-		assert.Zero(t, e.enf.Stats().Unrefunded.Load())
+		assert.Zero(t, e.enf.Stats().Unrefunded)
 	})
 	t.Run("denied by a strict rule", func(t *testing.T) {
 		t.Parallel()
@@ -159,7 +159,7 @@ func TestDeniedRequestKeepsNoHybridCharge(t *testing.T) {
 		res := e.check(t, req("GET", "/", "api_key", "k1", "tenant", "d"))
 		assert.False(t, res.Allowed)
 		assert.Equal(t, "per-key", res.Rule)
-		assert.Zero(t, e.enf.Stats().Unrefunded.Load())
+		assert.Zero(t, e.enf.Stats().Unrefunded)
 	})
 }
 

@@ -37,7 +37,8 @@ func (e *badRequest) Error() string        { return e.msg }
 func (e *badRequest) Is(target error) bool { return target == ErrBadRequest }
 
 // Error is a policy that cannot be used. Line and Column are 1-based positions in File, zero when
-// unknown (a policy built in Go, or a whole-file problem).
+// unknown (a policy built in Go, or a whole-file problem). It is a plain value, safe to copy and
+// share.
 type Error struct {
 	File   string // the file name given to Parse or LoadFile; empty for a policy built in Go
 	Line   int    // the line of the offending field, or 0
@@ -45,7 +46,7 @@ type Error struct {
 	Msg    string // what is wrong, e.g. `rule "per-key": rate: want a number above 0, got -5`
 }
 
-// Error returns "file:line:column: msg", leaving out what is unknown.
+// Error returns "file:line:column: msg", leaving out what is unknown. It does no I/O.
 func (e *Error) Error() string {
 	var b strings.Builder
 	switch {
@@ -64,10 +65,11 @@ func (e *Error) Error() string {
 	return b.String()
 }
 
-// Unwrap returns [ErrInvalid].
+// Unwrap returns [ErrInvalid]. It does no I/O.
 func (e *Error) Unwrap() error { return ErrInvalid }
 
-// Algorithm names how a rule counts. The empty Algorithm means [Hybrid].
+// Algorithm names how a rule counts. The empty Algorithm means [Hybrid]. It is a plain value, safe
+// to copy and share.
 type Algorithm string
 
 // The algorithms. Hybrid is hybridrate's local-first token bucket (package hybrid): nanosecond
@@ -118,7 +120,8 @@ func (a Algorithm) windowed() bool {
 func (a Algorithm) countsRefused() bool { return a == UpstreamWindow }
 
 // UnknownDomain is the answer to a request of a domain the policy does not serve (see
-// Policy.Domain). The empty UnknownDomain means [DomainReject].
+// Policy.Domain). The empty UnknownDomain means [DomainReject]. It is a plain value, safe to copy
+// and share.
 type UnknownDomain string
 
 // The answers to a request of an unknown domain.
@@ -135,7 +138,8 @@ func (u UnknownDomain) valid() bool { return u == "" || u == DomainReject || u =
 
 // MissingKey says what a rule does with a request that lacks one of its dimensions (no API key
 // header, no authenticated user, an unusable client address: an absent or empty value). A value is
-// never missing for its length or its bytes: see MaxValueLen.
+// never missing for its length or its bytes: see MaxValueLen. The empty MissingKey inherits the
+// policy's (see the constants). It is a plain value, safe to copy and share.
 type MissingKey string
 
 // The answers to a missing key. The empty MissingKey inherits the policy's, whose empty value means
@@ -193,7 +197,7 @@ const (
 // Policy is a set of rules that apply to every request together: a request is admitted only if
 // every enforced rule that matches it admits it. Build one in Go or load it with [Parse] or
 // [LoadFile], and hand it to [Enforcer.SetPolicy]. A Policy is a plain value: it is not modified
-// once set, and it may be reused.
+// once set, and it may be reused. The zero Policy has no rules (it admits every request).
 type Policy struct {
 	// Domain names the domain the policy serves (Envoy's rate-limit domain; [Request.Domain]). Every
 	// counter is kept per domain, so requests of different domains never share one. A request whose
@@ -236,7 +240,8 @@ type Policy struct {
 
 // Tier is a plan's quotas. A [Rule] with Tiered set counts each request against each quota the
 // request's tier sets: a tier with PerMinute and PerHour makes the rule two counters. At least one
-// quota is required.
+// quota is required. The zero Tier sets no quota, which Validate refuses. It is a plain value, safe
+// to copy.
 type Tier struct {
 	PerSecond int64 // requests (cost units) per second; 0: no per-second quota
 	PerMinute int64 // per minute; 0: none
@@ -257,6 +262,9 @@ type Tier struct {
 //     algorithms, the time a bucket takes to refill Limit tokens (a Hybrid rule may also set Burst,
 //     which defaults to Limit).
 //   - Tiered: the quotas of the request's [Tier].
+//
+// The zero Rule is invalid (Policy.Validate says why); a Rule is a plain value, safe to copy, and
+// not modified once its Policy is set.
 type Rule struct {
 	// ID names the rule in responses, headers, events and Redis keys: 1 to MaxIDLen bytes of
 	// [A-Za-z0-9_-], unique in the policy. Changing it starts the rule's counters afresh.
@@ -296,7 +304,8 @@ type Rule struct {
 }
 
 // Match restricts a rule to some requests. Each non-empty list must contain the request's value; an
-// empty list matches every value.
+// empty list matches every value. The zero Match matches every request. It is a plain value, safe
+// to copy.
 type Match struct {
 	// Routes are route patterns, compared exactly with the request's "route" dimension (in package
 	// middleware, the pattern the request was routed by, e.g. "POST /v1/exports").
@@ -309,7 +318,8 @@ type Match struct {
 
 // Cost is what one request costs under a rule, in the rule's units. At most one of Fixed, PerMethod
 // and Func (or FuncName) is used, in that order of precedence: Func or FuncName if set, then
-// PerMethod, then Fixed. The zero Cost is 1 per request.
+// PerMethod, then Fixed. The zero Cost is 1 per request. It is a plain value, safe to copy; Func is
+// called from many goroutines at once.
 type Cost struct {
 	// Fixed is the cost of every request; 0 means 1.
 	Fixed int64
@@ -323,7 +333,8 @@ type Cost struct {
 
 // CostFunc computes a request's cost under a rule. It must return 1 to the rule's limit; any other
 // answer makes [Enforcer.Check] fail with [ErrInvalidCost] before anything is consumed. It runs on
-// the request's goroutine, once per rule per request.
+// the request's goroutine, once per rule per request. The zero (nil) CostFunc is refused by
+// NewEnforcer. It is called from many goroutines at once: it must be safe for concurrent use.
 type CostFunc func(r *Request) int64
 
 // pos is a position in a file.
@@ -353,7 +364,7 @@ func (r *Rule) errorf(p *Policy, i int, field string, format string, args ...any
 
 // Validate reports the first reason p cannot be used, as an [*Error], or nil. It checks everything
 // that does not depend on an [Enforcer]'s configuration; [Enforcer.SetPolicy] also checks that
-// custom dimensions and cost function names are known.
+// custom dimensions and cost function names are known. It does no I/O.
 func (p *Policy) Validate() error {
 	if p == nil {
 		return &Error{Msg: "nil policy"}

@@ -12,14 +12,17 @@ import (
 // DefaultReloadInterval is how often a [Reloader] looks at its file by default.
 const DefaultReloadInterval = time.Second
 
-// Target is what a [Reloader] puts policies in force in; *Enforcer is one.
+// Target is what a [Reloader] puts policies in force in; *Enforcer is one. SetPolicy is called from
+// the Reloader's goroutine while the Target may be serving requests: an implementation must be safe
+// for concurrent use.
 type Target interface {
 	SetPolicy(p *Policy) error
 }
 
 var _ Target = (*Enforcer)(nil)
 
-// ReloaderConfig configures a [Reloader]. Path and Target are required.
+// ReloaderConfig configures a [Reloader]. Path and Target are required. The zero ReloaderConfig is
+// invalid. It is a plain value; NewReloader copies it.
 type ReloaderConfig struct {
 	// Path is the policy file: JSON if its name ends in ".json", YAML otherwise.
 	Path string

@@ -104,7 +104,7 @@ func TestReloadValidAndInvalidFiles(t *testing.T) {
 	writeFile(t, path, strings.Replace(limitOf, "%LIMIT%", "7", 1))
 	eventually(t, 5*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(reloads) == 2 }, "OnReload after the fix")
 	assert.Equal(t, int64(7), limit())
-	assert.Equal(t, int64(3), e.enf.Stats().Reloads.Load(), "2, 5 and 7, and no other")
+	assert.Equal(t, int64(3), e.enf.Stats().Reloads, "2, 5 and 7, and no other")
 }
 
 func TestNewReloaderRejectsABadFile(t *testing.T) {

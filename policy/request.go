@@ -20,7 +20,9 @@ const (
 	strictTag = "policy"
 )
 
-// Request is what an [Enforcer] decides on. Package middleware builds one per HTTP request.
+// Request is what an [Enforcer] decides on. Package middleware builds one per HTTP request. The
+// zero Request has no dimension values (a rule keyed by one sees it missing). Check reads it on the
+// calling goroutine; it must not be changed while Check runs.
 type Request struct {
 	// Domain is the namespace of the request's counters (Envoy's rate-limit domain): requests of
 	// different domains never share a counter. Empty means the policy's Domain. See Policy.Domain for
@@ -53,15 +55,18 @@ type Request struct {
 	Decisions []Decision
 }
 
-// Dimensions gives a request's dimension values. An empty value counts as missing.
+// Dimensions gives a request's dimension values. An empty value counts as missing. Check calls it
+// on its own goroutine, and not after it returns: an implementation needs no locking of its own
+// unless it is shared.
 type Dimensions interface {
 	Dimension(name string) (value string, ok bool)
 }
 
-// Values is a map of dimension values; it implements [Dimensions].
+// Values is a map of dimension values; it implements [Dimensions]. A nil Values has no values. Like
+// any map it is safe for concurrent reads, not for a write during a read.
 type Values map[string]string
 
-// Dimension returns v[name].
+// Dimension returns v[name]. It does no I/O.
 func (v Values) Dimension(name string) (string, bool) {
 	s, ok := v[name]
 	return s, ok

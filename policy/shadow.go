@@ -7,7 +7,8 @@ import (
 )
 
 // ShadowEvent reports a would-be denial: a rule in shadow mode denied, or any rule denied while the
-// whole policy is in shadow mode.
+// whole policy is in shadow mode. It is a plain value, the callback's to keep; safe to copy. The
+// zero ShadowEvent is empty.
 type ShadowEvent struct {
 	// Rule and Unit name the counter; Decision is its answer.
 	Rule, Unit string

@@ -93,7 +93,7 @@ func (e *Enforcer) strictFallback(ps []*planned, res *Result) {
 
 // strictDecision converts the result of the i-th strict counter of m, one request's atomic call.
 func strictDecision(p *planned, m strict.MultiResult, i int) Decision {
-	r, all := m.Results[i], m.Allowed
+	r, all := m.Decisions[i], m.Allowed
 	d := p.decision(r.Allowed, SourceStrict)
 	d.Remaining, d.RetryAfter, d.ResetAfter = r.Remaining, r.RetryAfter, max(r.ResetAfter, r.RetryAfter)
 	d.Excess = r.Excess

@@ -10,7 +10,9 @@ import (
 // This file holds every call the Enforcer makes to the strict rules' Redis client (strict.Limiter):
 // its creation, the one script call of a request, and its health.
 
-// StrictHealth is a snapshot of the strict rules' Redis client.
+// StrictHealth is a snapshot of the strict rules' Redis client. The zero StrictHealth reports no
+// calls and an empty Breaker. It is a plain value, safe to copy; not modified by the package once
+// returned, so safe to read from several goroutines.
 type StrictHealth struct {
 	Calls    int64  // script calls sent
 	Errors   int64  // calls that failed (network, timeout, error reply)
@@ -21,7 +23,7 @@ type StrictHealth struct {
 // StrictHealth returns the state of the strict rules' Redis client.
 func (e *Enforcer) StrictHealth() StrictHealth {
 	st := e.strict.Stats()
-	return StrictHealth{Calls: st.Calls.Load(), Errors: st.Errors.Load(), Rejected: st.Rejected.Load(),
+	return StrictHealth{Calls: st.Calls, Errors: st.Errors, Rejected: st.Rejected,
 		Breaker: e.strict.BreakerState().String()}
 }
 

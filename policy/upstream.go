@@ -26,7 +26,9 @@ import (
 // upstream's GetLimit does. docs/sidecar.md has the migration guide.
 
 // UpstreamFile is one configuration file of envoyproxy/ratelimit: a domain and its descriptor tree.
-// Parse one with [ParseUpstream]; combine several with [NewUpstreamConfig].
+// Parse one with [ParseUpstream]; combine several with [NewUpstreamConfig]. The zero UpstreamFile
+// names no domain and no descriptors. It is a plain value, safe to copy; not modified by the
+// package once returned, so safe to read from several goroutines.
 type UpstreamFile struct {
 	Name        string // the file name given to ParseUpstream, for error messages
 	Domain      string
@@ -35,7 +37,9 @@ type UpstreamFile struct {
 
 // UpstreamDescriptor is one node of a descriptor tree: it matches an entry of a request's
 // descriptor by Key and Value. An empty Value matches any value (the key-only default); a Value
-// ending in '*' matches the values that start with what precedes it (a wildcard).
+// ending in '*' matches the values that start with what precedes it (a wildcard). The zero
+// UpstreamDescriptor has an empty Key, which NewUpstreamConfig refuses. It is a plain value, safe
+// to copy; not modified by the package once returned, so safe to read from several goroutines.
 type UpstreamDescriptor struct {
 	Key            string
 	Value          string
@@ -50,7 +54,9 @@ type UpstreamDescriptor struct {
 	line, column int
 }
 
-// UpstreamLimit is a descriptor's rate_limit.
+// UpstreamLimit is a descriptor's rate_limit. The zero UpstreamLimit is invalid (no unit). It is a
+// plain value, safe to copy; not modified by the package once returned, so safe to read from
+// several goroutines.
 type UpstreamLimit struct {
 	Unit            string // second, minute, hour, day, week, month (30 days) or year (365 days), any case
 	RequestsPerUnit uint32
@@ -123,7 +129,8 @@ func ParseUpstream(data []byte, name string) (*UpstreamFile, error) {
 	return f, nil
 }
 
-// LoadUpstreamFile reads and parses the file at path with [ParseUpstream].
+// LoadUpstreamFile reads and parses the file at path with [ParseUpstream]. Errors: the read's (an
+// *fs.PathError), or ParseUpstream's (an [*Error] naming the line).
 func LoadUpstreamFile(path string) (*UpstreamFile, error) {
 	data, err := readFile(path)
 	if err != nil {
@@ -135,7 +142,9 @@ func LoadUpstreamFile(path string) (*UpstreamFile, error) {
 // LoadUpstreamDir parses every regular file under dir, recursively, in lexical order, as upstream
 // reads its runtime directory (RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY): whatever the
 // files' names, dot files included unless ignoreDot. Symbolic links are followed, so a directory
-// swapped by a symlink (as Kubernetes mounts a ConfigMap) is read whole, old or new.
+// swapped by a symlink (as Kubernetes mounts a ConfigMap) is read whole, old or new. Errors: the
+// walk's or a read's, wrapped, or the first file's ParseUpstream error (an [*Error] naming the file
+// and line).
 func LoadUpstreamDir(dir string, ignoreDot bool) ([]*UpstreamFile, error) {
 	real, err := filepath.EvalSymlinks(dir)
 	if err != nil {
@@ -360,7 +369,8 @@ func (d *decoder) upDescriptor(n *yaml.Node, u *UpstreamDescriptor) error {
 	})
 }
 
-// UpstreamOptions configures [NewUpstreamConfig].
+// UpstreamOptions configures [NewUpstreamConfig]. The zero UpstreamOptions is upstream's defaults.
+// It is a plain value, safe to copy.
 type UpstreamOptions struct {
 	// MergeDomains merges files of the same domain into one tree (upstream's MERGE_DOMAIN_CONFIG);
 	// otherwise a domain given twice is an error.
@@ -373,7 +383,8 @@ type UpstreamOptions struct {
 
 // UpstreamConfig is a set of envoyproxy/ratelimit configuration files ready to serve: the rules
 // they compile to ([UpstreamConfig.Policy]) and the trees that pick a descriptor's rule
-// ([UpstreamConfig.Lookup]). It is immutable and safe for concurrent use.
+// ([UpstreamConfig.Lookup]). It is immutable and safe for concurrent use. The zero UpstreamConfig
+// is not usable: build one with [NewUpstreamConfig].
 type UpstreamConfig struct {
 	domains map[string]*unode
 	policy  *Policy
@@ -509,13 +520,14 @@ func upstreamRuleID(domain, path, unit string) string {
 
 // Policy returns the rules the files compile to: one per rate_limit that limits (not unlimited,
 // requests_per_unit above 0), counting per DimDescriptor, with Select set. Give it to
-// [Enforcer.SetPolicy], and name each request's rule with [UpstreamConfig.Lookup].
+// [Enforcer.SetPolicy], and name each request's rule with [UpstreamConfig.Lookup]. It does no I/O;
+// the Policy is shared, not to be modified.
 func (c *UpstreamConfig) Policy() *Policy { return c.policy }
 
-// HasDomain reports whether a file configures domain.
+// HasDomain reports whether a file configures domain. It does no I/O.
 func (c *UpstreamConfig) HasDomain(domain string) bool { return c.domains[domain] != nil }
 
-// Domains returns the domains configured, sorted.
+// Domains returns the domains configured, sorted. It does no I/O; the slice is the caller's.
 func (c *UpstreamConfig) Domains() []string {
 	out := make([]string, 0, len(c.domains))
 	for d := range c.domains {
@@ -525,10 +537,13 @@ func (c *UpstreamConfig) Domains() []string {
 	return out
 }
 
-// DescriptorEntry is one entry of a request's descriptor.
+// DescriptorEntry is one entry of a request's descriptor. The zero DescriptorEntry has an empty
+// key, which matches no tree node. It is a plain value, safe to copy.
 type DescriptorEntry struct{ Key, Value string }
 
-// UpstreamMatch is the limit [UpstreamConfig.Lookup] finds for a descriptor.
+// UpstreamMatch is the limit [UpstreamConfig.Lookup] finds for a descriptor. The zero UpstreamMatch
+// is what Lookup returns with false. It is a plain value, safe to copy; not modified by the package
+// once returned, so safe to read from several goroutines.
 type UpstreamMatch struct {
 	// Rule is the id of the rule to check (Request.Rule); empty when the limit is unlimited or
 	// admits 0 per unit.
@@ -552,6 +567,7 @@ type UpstreamMatch struct {
 // and value, else to the first wildcard child (in file order) whose prefix the value starts with,
 // else to the key-only child; there is no backtracking. The limit is that of the node the last
 // entry reaches; a descriptor that stops short of a limit or goes past the tree's depth has none.
+// It does no I/O.
 func (c *UpstreamConfig) Lookup(domain string, entries []DescriptorEntry) (UpstreamMatch, bool) {
 	root := c.domains[domain]
 	if root == nil || len(entries) == 0 {

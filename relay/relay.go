@@ -30,7 +30,8 @@ const (
 // A child's failure policy decides such a call, as it decides one Redis cannot answer.
 var ErrFull = errors.New("relay: key cap reached")
 
-// Config configures a [Relay]. Client is required; a zero duration or count means its default.
+// Config configures a [Relay]. Client is required; a zero duration or count means its default. It
+// is a plain value; New copies it.
 type Config struct {
 	// Central configures the relay's Redis client (ClientConfig gives package hybrid's defaults); its
 	// NodeID is the relay's node id on every bucket, and its Advance must equal Config.Advance. Its
@@ -77,19 +78,25 @@ type Config struct {
 	Now func() int64
 }
 
-// Stats counts what a relay did. All fields only grow.
+// Stats is a snapshot of what a [Relay] did, from [Relay.Stats]. Every count only grows over the
+// Relay's life. The zero Stats counts nothing; it is a plain value, safe to copy.
 type Stats struct {
-	Calls      atomic.Int64 // child calls answered (keys of reconciles, and takes)
-	Takes      atomic.Int64 // child calls that needed tokens now (N > 0)
-	Upstream   atomic.Int64 // keys sent to Redis (rounds and synchronous refills)
-	Rounds     atomic.Int64 // background rounds that sent something
-	SyncCalls  atomic.Int64 // synchronous refills: a child needed tokens the pool did not have
-	Direct     atomic.Int64 // of which one-off takes forwarded to Redis (a key too rarely asked for a pool)
-	Errors     atomic.Int64 // failed Redis calls
-	Burned     atomic.Int64 // pool tokens written off at the end of their lease life
-	Evicted    atomic.Int64 // keys dropped after ActiveWindow without calls
-	FullDenied atomic.Int64 // calls refused with ErrFull
-	Cold       atomic.Int64 // one-off takes admitted on the cold credit (Config.ColdCredit)
+	Calls      int64 // child calls answered (keys of reconciles, and takes)
+	Takes      int64 // child calls that needed tokens now (N > 0)
+	Upstream   int64 // keys sent to Redis (rounds and synchronous refills)
+	Rounds     int64 // background rounds that sent something
+	SyncCalls  int64 // synchronous refills: a child needed tokens the pool did not have
+	Direct     int64 // of which one-off takes forwarded to Redis (a key too rarely asked for a pool)
+	Errors     int64 // failed Redis calls
+	Burned     int64 // pool tokens written off at the end of their lease life
+	Evicted    int64 // keys dropped after ActiveWindow without calls
+	FullDenied int64 // calls refused with ErrFull
+	Cold       int64 // one-off takes admitted on the cold credit (Config.ColdCredit)
+}
+
+// counters are the live counts behind [Stats].
+type counters struct {
+	Calls, Takes, Upstream, Rounds, SyncCalls, Direct, Errors, Burned, Evicted, FullDenied, Cold atomic.Int64
 }
 
 // Relay serves leases to hybrid limiters (its children) from pools it holds in Redis's buckets.
@@ -98,7 +105,7 @@ type Stats struct {
 type Relay struct {
 	cfg    Config
 	client *central.Client
-	stats  Stats
+	stats  counters
 	fleet  atomic.Int64
 	start  time.Time
 	inc    atomic.Uint64 // incarnations of the relay's entries
@@ -161,6 +168,8 @@ type child struct {
 }
 
 // New validates cfg and returns a relay. It starts nothing: call Run, or Tick on your own schedule.
+// It does no I/O. Errors: a negative duration or MaxKeys, an Advance beyond an hour, or
+// central.New's error (wrapped).
 func New(cfg Config) (*Relay, error) {
 	for _, d := range []*time.Duration{&cfg.Interval, &cfg.Horizon, &cfg.LeaseLife, &cfg.ActiveWindow, &cfg.FleetBeat} {
 		if *d < 0 {
@@ -206,13 +215,21 @@ func New(cfg Config) (*Relay, error) {
 
 // Close releases the cluster client central.New built for itself when Config.Central.Client is a
 // cluster client created without ContextTimeoutEnabled (central.Client.Close); it never closes that
-// client. Call it after Run has returned; the Relay must not be used after Close.
+// client. Call it after Run has returned; the Relay must not be used after Close. Its error is that
+// cluster client's Close.
 func (r *Relay) Close() error { return r.client.Close() }
 
-// Stats returns the relay's counters.
-func (r *Relay) Stats() *Stats { return &r.stats }
+// Stats returns a snapshot of the relay's counters (each read atomically, not all at one instant). It
+// does no I/O.
+func (r *Relay) Stats() Stats {
+	c := &r.stats
+	return Stats{Calls: c.Calls.Load(), Takes: c.Takes.Load(), Upstream: c.Upstream.Load(),
+		Rounds: c.Rounds.Load(), SyncCalls: c.SyncCalls.Load(), Direct: c.Direct.Load(),
+		Errors: c.Errors.Load(), Burned: c.Burned.Load(), Evicted: c.Evicted.Load(),
+		FullDenied: c.FullDenied.Load(), Cold: c.Cold.Load()}
+}
 
-// Keys returns how many keys the relay holds.
+// Keys returns how many keys the relay holds. It does no I/O.
 func (r *Relay) Keys() int {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
@@ -220,14 +237,15 @@ func (r *Relay) Keys() int {
 }
 
 // FleetSize returns the fleet registry's count (the limiters and relays of the prefix) at Run's last
-// heartbeat, 0 before the first.
+// heartbeat, 0 before the first. It does no I/O.
 func (r *Relay) FleetSize() int64 { return r.fleet.Load() }
 
 // Client returns the relay's Redis client (its statistics, its breaker).
 func (r *Relay) Client() *central.Client { return r.client }
 
 // Beat registers the relay in the fleet registry for three FleetBeats and records the registry's
-// count (FleetSize). Run calls it every FleetBeat.
+// count (FleetSize). Run calls it every FleetBeat. It makes one Redis call; its error is that
+// call's, wrapped, and FleetSize is then unchanged.
 func (r *Relay) Beat(ctx context.Context) error {
 	n, err := r.client.Heartbeat(ctx, 3*r.cfg.FleetBeat)
 	if err != nil {
@@ -288,7 +306,8 @@ func (r *Relay) lookup(u central.Update, now int64) (*entry, error) {
 // Reconcile answers a child's background round (hybrid.Upstream): each update is applied to the
 // key's pool at the relay, in memory. A lease the pool cannot cover now is granted in part, with a
 // RetryAfter; the relay's next round asks Redis for more. An update that needs tokens now (N > 0)
-// is answered as Take answers it.
+// is answered as Take answers it. The only error is for out or errs shorter than updates; each
+// update's own failure is in errs[i]. Takes among the updates may call Redis, as Take does.
 func (r *Relay) Reconcile(ctx context.Context, node string, updates []central.Update, out []central.State, errs []error) error {
 	if len(out) < len(updates) || len(errs) < len(updates) {
 		return fmt.Errorf("relay: %d updates, room for %d answers", len(updates), min(len(out), len(errs)))

@@ -159,7 +159,7 @@ func TestRelayAnswers(t *testing.T) {
 	if st.Status != central.StatusCovered || st.Charged < 1 || st.Charged > 8 {
 		t.Fatalf("first take: %+v, want covered with a lease of 1 to 8", st)
 	}
-	if got := r.Stats().SyncCalls.Load(); got != 1 {
+	if got := r.Stats().SyncCalls; got != 1 {
 		t.Errorf("synchronous refills %d, want 1", got)
 	}
 	// The same call again (a retry): nothing more is charged.
@@ -185,7 +185,7 @@ func TestRelayAnswers(t *testing.T) {
 	}
 	// One-off takes draw on the pool and are counted; the bucket in Redis learns of them at the
 	// relay's next round.
-	before := r.Stats().SyncCalls.Load()
+	before := r.Stats().SyncCalls
 	taken := 0
 	for range 30 {
 		st, err := r.Take(ctx, "c", central.Update{Key: "k", Limit: lim, N: 1})
@@ -199,7 +199,7 @@ func TestRelayAnswers(t *testing.T) {
 	if taken == 0 || taken > int(lim.Burst) {
 		t.Errorf("one-off takes admitted %d of 30 on a burst of %d", taken, lim.Burst)
 	}
-	if r.Stats().SyncCalls.Load() == before {
+	if r.Stats().SyncCalls == before {
 		t.Error("one-off takes beyond the pool made no call to Redis")
 	}
 	clk.add(2 * time.Second)
@@ -254,8 +254,8 @@ func TestRelayMaxKeys(t *testing.T) {
 	if _, err := r.Take(ctx, "a", central.Update{Key: "two", Limit: lim, N: 1}); err != nil {
 		t.Fatalf("after eviction: %v", err)
 	}
-	if r.Stats().FullDenied.Load() != 1 || r.Stats().Evicted.Load() != 1 {
-		t.Errorf("stats: full %d evicted %d, want 1 and 1", r.Stats().FullDenied.Load(), r.Stats().Evicted.Load())
+	if r.Stats().FullDenied != 1 || r.Stats().Evicted != 1 {
+		t.Errorf("stats: full %d evicted %d, want 1 and 1", r.Stats().FullDenied, r.Stats().Evicted)
 	}
 }
 
@@ -301,7 +301,7 @@ func TestRelayRedisDown(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if r.Stats().Errors.Load() == 0 {
+	if r.Stats().Errors == 0 {
 		t.Error("no error counted")
 	}
 }
@@ -333,7 +333,7 @@ func TestRelayForwardsRareKeys(t *testing.T) {
 	if st := take(); st.Status != central.StatusCovered {
 		t.Fatalf("take after ten quiet seconds: %+v", st)
 	}
-	if got := r.Stats().Direct.Load(); got != 1 {
+	if got := r.Stats().Direct; got != 1 {
 		t.Errorf("one-off takes forwarded: %d, want 1", got)
 	}
 }
@@ -363,7 +363,7 @@ func TestRelayNewKeysGoDirect(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got := r.Stats().Direct.Load() - 1; got != 50 {
+	if got := r.Stats().Direct - 1; got != 50 {
 		t.Errorf("new keys' takes forwarded: %d, want 50", got)
 	}
 	after := srv.CommandStats(t)
@@ -378,10 +378,10 @@ func TestRelayNewKeysGoDirect(t *testing.T) {
 		}
 		clk.add(10 * time.Millisecond)
 	}
-	if got := r.Stats().Direct.Load() - 51; got != 2 {
+	if got := r.Stats().Direct - 51; got != 2 {
 		t.Errorf("busy key's takes forwarded: %d, want 2", got)
 	}
-	if got := r.Stats().SyncCalls.Load() - 51; got != 3 {
+	if got := r.Stats().SyncCalls - 51; got != 3 {
 		t.Errorf("busy key's synchronous calls: %d, want 3 (two forwarded, one refill)", got)
 	}
 }
@@ -450,7 +450,7 @@ func TestRelayColdCredit(t *testing.T) {
 	if calls := mid["evalsha"] - before["evalsha"]; calls != 0 {
 		t.Errorf("%d script calls for 40 new keys' first takes, want 0 (cold credit)", calls)
 	}
-	if got := r.Stats().Cold.Load() - 1; got != 40 {
+	if got := r.Stats().Cold - 1; got != 40 {
 		t.Errorf("cold admissions: %d, want 40", got)
 	}
 	clk.add(20 * time.Millisecond)
@@ -476,7 +476,7 @@ func TestRelayColdCredit(t *testing.T) {
 	if _, err := r.Take(ctx, "a", central.Update{Key: "slow", Limit: slow, N: 1, Vetted: true}); err != nil {
 		t.Fatal(err)
 	}
-	if got := r.Stats().Cold.Load() - 1; got != 40 {
+	if got := r.Stats().Cold - 1; got != 40 {
 		t.Errorf("a slow-refilling key was admitted on the cold credit")
 	}
 	// A take its child could not vet against a complete ban list goes to Redis, which reads the
@@ -495,7 +495,7 @@ func TestRelayColdCredit(t *testing.T) {
 	if st.Status == central.StatusCovered {
 		t.Errorf("a banned key's unvetted first take was admitted: %+v", st)
 	}
-	if got := r.Stats().Cold.Load() - 1; got != 40 {
+	if got := r.Stats().Cold - 1; got != 40 {
 		t.Errorf("an unvetted take was admitted on the cold credit")
 	}
 }

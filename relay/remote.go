@@ -97,7 +97,9 @@ func Dial(base string, hc *http.Client) *Remote {
 // ErrRemote is wrapped by the errors of a call the relay did not answer (transport, HTTP status).
 var ErrRemote = errors.New("relay: remote call failed")
 
-// Reconcile sends a node's updates to the relay (hybrid.Upstream).
+// Reconcile sends a node's updates to the relay (hybrid.Upstream). It makes one HTTP round trip.
+// Errors: out or errs shorter than updates; [ErrRemote] (wrapped) when the relay did not answer;
+// each update's own failure is in errs[i] (a [*RemoteError]).
 func (m *Remote) Reconcile(ctx context.Context, node string, updates []central.Update, out []central.State, errs []error) error {
 	if len(out) < len(updates) || len(errs) < len(updates) {
 		return fmt.Errorf("relay: %d updates, room for %d answers", len(updates), min(len(out), len(errs)))
@@ -129,7 +131,8 @@ func (m *Remote) Reconcile(ctx context.Context, node string, updates []central.U
 	return parseResponse(data, out[:len(updates)], errs[:len(updates)])
 }
 
-// Take sends one synchronous call to the relay (hybrid.Upstream).
+// Take sends one synchronous call to the relay (hybrid.Upstream). It makes one HTTP round trip.
+// Errors: Reconcile's, and the update's own (a [*RemoteError]).
 func (m *Remote) Take(ctx context.Context, node string, u central.Update) (central.State, error) {
 	var out [1]central.State
 	var errs [1]error

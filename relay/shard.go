@@ -12,7 +12,8 @@ import (
 
 // Upstream is what a child calls for its leases: a [Relay] in process, a [Remote] relay, or a
 // [Sharded] set of them. Its method set is hybrid.Upstream's, so any Upstream can be given to
-// hybrid.WithUpstream.
+// hybrid.WithUpstream. Its methods are called from many goroutines at once: an implementation must
+// be safe for concurrent use.
 type Upstream interface {
 	Reconcile(ctx context.Context, node string, updates []central.Update, out []central.State, errs []error) error
 	Take(ctx context.Context, node string, u central.Update) (central.State, error)
@@ -34,7 +35,8 @@ type Upstream interface {
 // (about 1/n of them); a moved key's new owner is a new node of its bucket, and what the old one
 // held is written off after a lease life, as for a restarted relay. Sharded does not fail over: a
 // call to an owner that cannot answer fails, and the child's failure policy decides, as when Redis
-// cannot answer.
+// cannot answer. The zero Sharded is not usable: create one with [NewSharded]. It is immutable,
+// safe for concurrent use.
 type Sharded struct {
 	names  []string
 	ups    []Upstream
@@ -45,7 +47,8 @@ type Sharded struct {
 // NewSharded returns an Upstream that sends each key to one of relays (name → upstream), by
 // rendezvous hashing of the key over the names. Names must be non-empty and are what children must
 // agree on (e.g. the relays' URLs or stable pod names); the upstreams may differ per child (an
-// in-process relay for the child's own, Remote for the others).
+// in-process relay for the child's own, Remote for the others). It does no I/O. Errors: no relays,
+// or an empty name or nil upstream.
 func NewSharded(relays map[string]Upstream) (*Sharded, error) {
 	if len(relays) == 0 {
 		return nil, errors.New("relay: NewSharded: no relays")
@@ -67,7 +70,7 @@ func NewSharded(relays map[string]Upstream) (*Sharded, error) {
 	return s, nil
 }
 
-// Owner returns the name of the relay that key is sent to.
+// Owner returns the name of the relay that key is sent to. It does no I/O.
 func (s *Sharded) Owner(key string) string { return s.names[s.owner(key)] }
 
 // owner is the index of key's relay: the highest score of hash(key) mixed with each relay's hash.
@@ -85,7 +88,7 @@ func (s *Sharded) owner(key string) int {
 	return best
 }
 
-// Take sends u to its key's owner.
+// Take sends u to its key's owner. Its I/O and errors are the owner's Take.
 func (s *Sharded) Take(ctx context.Context, node string, u central.Update) (central.State, error) {
 	return s.ups[s.owner(u.Key)].Take(ctx, node, u)
 }

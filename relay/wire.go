@@ -137,9 +137,11 @@ func appendResponse(b []byte, out []central.State, errs []error) []byte {
 }
 
 // RemoteError is a relay's answer that it could not process a key (a bad update, or Redis's
-// error for it), as its message.
+// error for it), as its message. The zero RemoteError has an empty message. It is a plain value,
+// safe to copy and share.
 type RemoteError struct{ Msg string }
 
+// Error returns "relay: remote: " and the message. It does no I/O.
 func (e *RemoteError) Error() string { return "relay: remote: " + e.Msg }
 
 func parseResponse(b []byte, out []central.State, errs []error) error {

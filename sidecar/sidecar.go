@@ -43,7 +43,8 @@ const (
 	HitsCostName = "hits_addend"
 )
 
-// Config configures a [Server]. Checker is required.
+// Config configures a [Server]. Checker is required. The zero Config is invalid (New needs a
+// Checker). It is a plain value; New copies it.
 type Config struct {
 	// Checker decides on each descriptor: an *observe.Observer or a *policy.Enforcer.
 	Checker policy.Checker
@@ -79,7 +80,8 @@ type Config struct {
 	Now func() time.Time
 }
 
-// HeaderNames are the names of upstream's optional response headers.
+// HeaderNames are the names of upstream's optional response headers. The zero HeaderNames names no
+// header. It is a plain value, safe to copy and share.
 type HeaderNames struct {
 	Limit, Remaining, Reset string
 }
@@ -102,7 +104,8 @@ type Server struct {
 
 var _ rlsv3.RateLimitServiceServer = (*Server)(nil)
 
-// New returns a Server.
+// New returns a Server. It does no I/O. Errors: a nil Checker, an empty key or dimension in Keys,
+// or the meter provider's error creating an instrument.
 func New(cfg Config) (*Server, error) {
 	if cfg.Checker == nil {
 		return nil, errors.New("sidecar: nil Checker")
@@ -147,10 +150,13 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Register registers the Server as the RateLimitService of gs.
+// Register registers the Server as the RateLimitService of gs. It does no I/O.
 func (s *Server) Register(gs grpc.ServiceRegistrar) { rlsv3.RegisterRateLimitServiceServer(gs, s) }
 
-// ShouldRateLimit answers one request of Envoy's rate-limit filter.
+// ShouldRateLimit answers one request of Envoy's rate-limit filter. Its I/O is the Checker's (per
+// descriptor). A denial is not an error; errors are gRPC statuses from [policy.ErrorStatus]:
+// InvalidArgument for a malformed request or an unknown domain, Canceled when ctx was cancelled,
+// otherwise Unavailable.
 func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	resp, err := s.decide(ctx, "grpc", req)
 	if err != nil {
@@ -252,14 +258,12 @@ func (s *Server) decide(ctx context.Context, api string, req *rlsv3.RateLimitReq
 	}
 	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd,
-			header("Retry-After", strconv.FormatInt(max(ceilSeconds(retry), 1), 10)))
+			header("Retry-After", strconv.FormatInt(policy.RetryAfterSeconds(retry), 10)))
 	}
 	return resp, nil
 }
 
 func header(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k, Value: v} }
-
-func ceilSeconds(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
 
 var units = []struct {
 	unit rlsv3.RateLimitResponse_RateLimit_Unit
@@ -348,7 +352,8 @@ func HitsCost(r *policy.Request) int64 {
 // and get the RateLimitResponse as JSON, with status 200 when OK and 429 when OVER_LIMIT, and the
 // response's headers (X-RateLimit-*, Retry-After) set on the HTTP response too. A malformed request
 // gets 400 with the reason in its JSON body ({"error":"bad_request","reason":"descriptor 0: want 1
-// to 16 entries"}); a request no decision could be made on gets 503.
+// to 16 entries"}); a request no decision could be made on gets 503. The handler is safe for
+// concurrent use; its I/O is the request body's read and the Checker's.
 func (s *Server) CheckHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {

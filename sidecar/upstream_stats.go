@@ -30,7 +30,9 @@ type UpstreamStats struct {
 	nd      atomic.Int64
 }
 
-// LimitStats are the counters of one stats key.
+// LimitStats are the counters of one stats key. They are live counters, not a snapshot
+// (UpstreamStats hands out the ones it updates): read them with Load; safe for concurrent use. The
+// zero LimitStats counts nothing.
 type LimitStats struct {
 	TotalHits, OverLimit, NearLimit, WithinLimit, ShadowMode atomic.Uint64
 }

@@ -332,7 +332,7 @@ func TestStrictRedisCommandsPerCall(t *testing.T) {
 	}
 	sh, err := s.NewShaper(ShaperRule{Name: "sh", Limit: 1000, Period: time.Hour, MaxWait: time.Hour})
 	require.NoError(t, err)
-	paths = append(paths, path{"shaper reserve", func() (bool, error) { r, err := sh.Reserve(ctx, "s"); return r.OK, err }})
+	paths = append(paths, path{"shaper reserve", func() (bool, error) { r, err := sh.Reserve(ctx, "s"); return r.OK(), err }})
 	multi := []Check{
 		{Rule: Rule{Name: "mu", Algorithm: TokenBucket, Limit: 1000, Period: time.Hour}, Subject: "u", N: 1},
 		{Rule: Rule{Name: "mi", Algorithm: SlidingWindow, Limit: 1000, Period: time.Hour}, Subject: "i", N: 1},

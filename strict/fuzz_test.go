@@ -8,7 +8,7 @@ import (
 )
 
 // FuzzDecode: decode never panics, whatever the reply's shape, and what it accepts is within the
-// contract of Result (a bad reply is an error wrapping ErrBadReply, never a wrong answer).
+// contract of Decision (a bad reply is an error wrapping ErrBadReply, never a wrong answer).
 func FuzzDecode(f *testing.F) {
 	f.Add(uint8(1), int64(10), []byte{0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 9})
 	f.Add(uint8(2), int64(5), []byte{1, 2, 3})
@@ -42,7 +42,7 @@ func FuzzDecode(f *testing.F) {
 		if len(b) == 1 {
 			res = "not an array"
 		}
-		out := make([]Result, n)
+		out := make([]Decision, n)
 		all, err := decode(res, out, func(int) int64 { return limit }, nil)
 		if err != nil {
 			if !errors.Is(err, ErrBadReply) {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/hybridrate/hybridrate/internal/limits"
+	"github.com/hybridrate/hybridrate/internal/option"
 	"github.com/hybridrate/hybridrate/internal/redisx"
 )
 
@@ -26,12 +27,11 @@ const (
 	DefaultBreakerMinSpan = redisx.DefaultBreakerMinSpan
 )
 
-// An Option configures a [Limiter] in [New].
-type Option interface{ apply(*options) error }
+// An Option configures a [Limiter] in [New]. Options are immutable values, safe to share between
+// goroutines and to pass to several New calls.
+type Option interface{ option.Setter[options] }
 
-type optionFunc func(*options) error
-
-func (f optionFunc) apply(o *options) error { return f(o) }
+type optionFunc = option.Func[options]
 
 // options are the settings of a Limiter; newOptions holds every default.
 type options struct {
@@ -58,7 +58,7 @@ func newOptions() options {
 func WithKeyPrefix(p string) Option {
 	return optionFunc(func(o *options) error {
 		if !redisx.ValidPrefix(p) {
-			return fmt.Errorf("%w: key prefix %q: want 1 to %d bytes without braces or whitespace", ErrInvalid, p, limits.MaxKeyPrefixLen)
+			return option.Bad(ErrBadOption, "key prefix %q: want 1 to %d bytes without braces or whitespace", p, limits.MaxKeyPrefixLen)
 		}
 		o.prefix = p
 		return nil
@@ -76,7 +76,7 @@ func WithKeyPrefix(p string) Option {
 func WithTimeout(d time.Duration) Option {
 	return optionFunc(func(o *options) error {
 		if d <= 0 {
-			return fmt.Errorf("%w: timeout %v: want a positive duration", ErrInvalid, d)
+			return option.Bad(ErrBadOption, "timeout %v: want a positive duration", d)
 		}
 		o.timeout = d
 		return nil
@@ -105,7 +105,7 @@ func WithBreaker(threshold int, cooldown, minSpan time.Duration) Option {
 		cfg := o.breaker
 		cfg.Threshold, cfg.Cooldown, cfg.MinSpan = threshold, cooldown, minSpan
 		if err := cfg.Validate(); err != nil {
-			return fmt.Errorf("%w: %w", ErrInvalid, err)
+			return fmt.Errorf("%w: %w", ErrBadOption, err)
 		}
 		o.breaker = cfg
 		return nil

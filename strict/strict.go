@@ -15,16 +15,20 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/hybridrate/hybridrate/internal/limits"
+	"github.com/hybridrate/hybridrate/internal/option"
 	"github.com/hybridrate/hybridrate/internal/redisx"
 )
 
 // Errors returned by a [Limiter] and a [Shaper]. Redis errors are wrapped with %w.
 var (
 	// ErrInvalid is wrapped by every error for a request they refuse to send: an invalid rule, an
-	// empty or oversized subject or tag, a cost n ≤ 0 or above the limit, duplicate checks (and by
-	// [New]'s errors for an invalid option). Such a request never reaches Redis and never counts
-	// against the breaker.
+	// empty or oversized subject or tag, a cost n ≤ 0 or above the limit, duplicate checks (and,
+	// through [ErrBadOption], by [New]'s errors for an invalid option). Such a request never reaches
+	// Redis and never counts against the breaker.
 	ErrInvalid = redisx.NewError(redisx.ClassInvalid, "strict: invalid request")
+	// ErrBadOption is wrapped by every option error from [New], a nil Option included, as
+	// hybrid.ErrBadOption and concurrency.ErrBadOption are; it wraps [ErrInvalid].
+	ErrBadOption = fmt.Errorf("%w: bad option", ErrInvalid)
 	// ErrUnavailable is wrapped by every error that means Redis could not serve the call: the
 	// circuit breaker is open (the call was not sent), or the call failed in transport, timed out or
 	// was refused (exactly the errors for which [IsTransport] is true). It is the same value as
@@ -64,7 +68,8 @@ const (
 )
 
 // Algorithm selects how a [Rule] counts. The zero Algorithm is invalid, so a Rule whose
-// Algorithm was forgotten is refused. docs/algorithms.md compares them.
+// Algorithm was forgotten is refused. docs/algorithms.md compares them. It is a plain value, safe
+// to copy and share.
 type Algorithm uint8
 
 // The strict algorithms. Each is one Lua file in package lua; all of them take weighted costs.
@@ -91,7 +96,7 @@ const (
 	UpstreamWindow
 )
 
-// String returns the algorithm's name, e.g. "token_bucket".
+// String returns the algorithm's name, e.g. "token_bucket". It does no I/O.
 func (a Algorithm) String() string {
 	switch a {
 	case TokenBucket:
@@ -129,7 +134,8 @@ func (a Algorithm) code() string {
 	return ""
 }
 
-// Rule is one limit: Limit units per Period, counted by Algorithm, for each subject.
+// Rule is one limit: Limit units per Period, counted by Algorithm, for each subject. The zero Rule
+// is invalid ([Rule.Validate] says why); it is a plain value, safe to copy and share.
 type Rule struct {
 	// Name identifies the rule in Redis keys; 1 to 64 bytes of [A-Za-z0-9_.-]. Two rules with the same
 	// Name and Algorithm share their counters.
@@ -144,7 +150,8 @@ type Rule struct {
 	Period time.Duration
 }
 
-// Validate reports whether the rule can be sent, with an error wrapping [ErrInvalid] when it cannot.
+// Validate reports whether the rule can be sent, with an error wrapping [ErrInvalid] when it
+// cannot. It does no I/O.
 func (r Rule) Validate() error {
 	switch {
 	case !validRuleName(r.Name):
@@ -173,12 +180,21 @@ func validRuleName(s string) bool {
 	return true
 }
 
-// Stats counts what a [Limiter] did. All fields only grow.
+// Stats is a snapshot of what a [Limiter] did, from [Limiter.Stats]. Every count only grows over the
+// Limiter's life. The zero Stats counts nothing; it is a plain value, safe to copy.
 type Stats struct {
-	Calls    atomic.Int64 // script calls sent (EVALSHA and EVAL)
-	Denied   atomic.Int64 // calls answered with a denial (or a refused reservation)
-	Errors   atomic.Int64 // calls that failed (network, timeout, error reply, bad reply)
-	Rejected atomic.Int64 // calls not sent because the breaker was open
+	Calls    int64 // script calls sent (EVALSHA and EVAL)
+	Denied   int64 // calls answered with a denial (or a refused reservation)
+	Errors   int64 // calls that failed (network, timeout, error reply, bad reply)
+	Rejected int64 // calls not sent because the breaker was open
+}
+
+// counters are the live counts behind [Stats].
+type counters struct {
+	Calls    atomic.Int64
+	Denied   atomic.Int64
+	Errors   atomic.Int64
+	Rejected atomic.Int64
 }
 
 // Limiter enforces strict limits in Redis: every request is one atomic script call, so the counts are
@@ -229,24 +245,19 @@ type Limiter struct {
 	runner  redisx.Runner                                    // counts into stats.Calls
 	clock   atomic.Int64                                     // test-only time override in µs; 0 means Redis TIME
 	sleep   func(ctx context.Context, d time.Duration) error // WaitN's sleeper; tests replace it
-	stats   Stats
+	stats   counters
 }
 
 // New returns a Limiter that keeps its counters in rdb: a *redis.Client, a *redis.ClusterClient or
 // a Sentinel failover client. It returns the first error of the options, a nil Option included
-// (wrapping [ErrInvalid]), and does no I/O; scripts are loaded on first use.
+// (wrapping [ErrBadOption]), and does no I/O; scripts are loaded on first use.
 func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	if rdb == nil {
 		return nil, fmt.Errorf("%w: nil redis client", ErrInvalid)
 	}
 	o := newOptions()
-	for _, opt := range opts {
-		if opt == nil {
-			return nil, fmt.Errorf("%w: nil option", ErrInvalid)
-		}
-		if err := opt.apply(&o); err != nil {
-			return nil, err
-		}
+	if err := option.Apply(&o, ErrBadOption, opts); err != nil {
+		return nil, err
 	}
 	// A client without ContextTimeoutEnabled ignores the call's deadline on the socket: the calls go
 	// on a copy with socket timeouts of o.timeout, or on a cluster client of our own with
@@ -267,7 +278,8 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 // ContextTimeoutEnabled, the cluster client (and its connections) that New built from its options to
 // bound every call (see [WithTimeout]). It never closes rdb, and for any other client it does
 // nothing. The Limiter must not be used after Close. A Limiter that is dropped without Close
-// releases the same once the garbage collector finds it unreachable.
+// releases the same once the garbage collector finds it unreachable. Its error is the one closing
+// that cluster client returned; it does no other I/O.
 func (l *Limiter) Close() error {
 	l.cleanup.Stop()
 	return l.bounded.Close()
@@ -284,14 +296,20 @@ const (
 	BreakerHalfOpen = redisx.BreakerHalfOpen // one probe call is in flight; the others fail fast
 )
 
-// BreakerState returns the current state of the circuit breaker.
+// BreakerState returns the current state of the circuit breaker. It does no I/O.
 func (l *Limiter) BreakerState() BreakerState { return l.guard.Breaker().State() }
 
-// Stats returns the counters.
-func (l *Limiter) Stats() *Stats { return &l.stats }
+// Stats returns a snapshot of the Limiter's counters (each read atomically, not all at one instant).
+// It does no I/O.
+func (l *Limiter) Stats() Stats {
+	return Stats{Calls: l.stats.Calls.Load(), Denied: l.stats.Denied.Load(), Errors: l.stats.Errors.Load(),
+		Rejected: l.stats.Rejected.Load()}
+}
 
-// Result is a rule's answer for one subject. The zero Result denies.
-type Result struct {
+// Decision is one rule's answer for one subject, as hybrid.Decision is one limit's answer for one key
+// and policy.Decision one counter's; a request's answer over several rules is a [MultiResult], as
+// policy.Result is. The zero Decision denies. It is a plain value, safe to copy and share.
+type Decision struct {
 	// Allowed reports whether the request was admitted and counted. In a [MultiResult] it reports
 	// whether this rule had room; the request was counted only if [MultiResult.Allowed].
 	Allowed bool
@@ -310,26 +328,28 @@ type Result struct {
 	Excess int64
 }
 
-// Check is one rule to apply to one subject within [Limiter.AllowMulti].
+// Check is one rule to apply to one subject within [Limiter.AllowMulti]. The zero Check is invalid;
+// it is a plain value, safe to copy and share.
 type Check struct {
 	Rule    Rule   // the limit to apply
 	Subject string // who is limited; non-empty, at most MaxKeyLen bytes
 	N       int64  // the request's cost under this rule; 1 to Rule.Limit (0 to MaxLimit for UpstreamWindow)
 }
 
-// MultiResult is the answer of [Limiter.AllowMulti]. The zero MultiResult denies.
+// MultiResult is one request's answer over several rules, the answer of [Limiter.AllowMulti]. The
+// zero MultiResult denies. It is a plain value; Decisions is the caller's to keep.
 type MultiResult struct {
 	// Allowed reports whether every rule had room, in which case every rule counted the request;
 	// when false, no rule counted anything.
 	Allowed bool
 	// RetryAfter is the longest RetryAfter of the rules that had no room; zero when Allowed.
 	RetryAfter time.Duration
-	// Results holds each check's answer, in the order of the checks.
-	Results []Result
+	// Decisions holds each check's answer, in the order of the checks.
+	Decisions []Decision
 }
 
 // Allow is shorthand for AllowN(ctx, rule, subject, 1).
-func (l *Limiter) Allow(ctx context.Context, rule Rule, subject string) (Result, error) {
+func (l *Limiter) Allow(ctx context.Context, rule Rule, subject string) (Decision, error) {
 	return l.AllowN(ctx, rule, subject, 1)
 }
 
@@ -338,12 +358,12 @@ func (l *Limiter) Allow(ctx context.Context, rule Rule, subject string) (Result,
 // input, wrapping [ErrInvalid]; wrapping [ErrUnavailable] while the breaker is open or when Redis could
 // not serve the call, for which [IsTransport] is also true; or a reply Redis gave for this key alone). The subject is also the hash tag
 // of the key, so it must not contain '}' unless subjects are hashed ([WithHashedSubjects]).
-func (l *Limiter) AllowN(ctx context.Context, rule Rule, subject string, n int64) (Result, error) {
+func (l *Limiter) AllowN(ctx context.Context, rule Rule, subject string, n int64) (Decision, error) {
 	checks := [1]Check{{Rule: rule, Subject: subject, N: n}}
-	var out [1]Result
+	var out [1]Decision
 	allowed, _, err := l.evaluate(ctx, subject, checks[:], out[:])
 	if err != nil {
-		return Result{}, err
+		return Decision{}, err
 	}
 	out[0].Allowed = allowed
 	return out[0], nil
@@ -353,18 +373,20 @@ func (l *Limiter) AllowN(ctx context.Context, rule Rule, subject string, n int64
 // every rule counts the request; if any rule denies, none counts anything. All the keys of the call
 // carry tag as their hash tag (typically the tenant), so they live in one Redis Cluster slot; the tag
 // must be non-empty, at most MaxKeyLen bytes and, unless subjects are hashed, free of '}'.
-// Checks must name distinct (rule, subject) pairs; there may be 1 to MaxChecks of them.
+// Checks must name distinct (rule, subject) pairs; there may be 1 to MaxChecks of them. A denial is
+// not an error; errors are AllowN's ([ErrInvalid] for bad input, never sent; [ErrUnavailable] when
+// Redis could not serve the call).
 func (l *Limiter) AllowMulti(ctx context.Context, tag string, checks []Check) (MultiResult, error) {
-	out := make([]Result, len(checks))
+	out := make([]Decision, len(checks))
 	allowed, retry, err := l.evaluate(ctx, tag, checks, out)
 	if err != nil {
 		return MultiResult{}, err
 	}
-	return MultiResult{Allowed: allowed, RetryAfter: retry, Results: out}, nil
+	return MultiResult{Allowed: allowed, RetryAfter: retry, Decisions: out}, nil
 }
 
 // evaluate validates the checks, runs the script and decodes its reply into out.
-func (l *Limiter) evaluate(ctx context.Context, tag string, checks []Check, out []Result) (bool, time.Duration, error) {
+func (l *Limiter) evaluate(ctx context.Context, tag string, checks []Check, out []Decision) (bool, time.Duration, error) {
 	if err := l.validTag(tag); err != nil {
 		return false, 0, err
 	}
@@ -503,7 +525,7 @@ func (l *Limiter) call(ctx context.Context, sc *redisx.Script, keys []string, ar
 // (Allowed is set to the rule's own ok, RetryAfter to its wait) and returns all. excess, when not nil,
 // names the rules whose remaining may be negative (UpstreamWindow's count above its limit), decoded
 // into Excess.
-func decode(res any, out []Result, limit func(i int) int64, excess func(i int) bool) (bool, error) {
+func decode(res any, out []Decision, limit func(i int) int64, excess func(i int) bool) (bool, error) {
 	vals, ok := res.([]any)
 	if !ok || len(vals) != 1+4*len(out) {
 		return false, fmt.Errorf("%w: want %d integers, got %T of length %d", ErrBadReply, 1+4*len(out), res, lenOf(res))
@@ -532,7 +554,7 @@ func decode(res any, out []Result, limit func(i int) int64, excess func(i int) b
 			all == 1 && v[0] == 0 {
 			return false, fmt.Errorf("%w: rule %d values out of range %v", ErrBadReply, i, v)
 		}
-		out[i] = Result{
+		out[i] = Decision{
 			Allowed:    v[0] == 1,
 			Limit:      lim,
 			Remaining:  v[1],

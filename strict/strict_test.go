@@ -66,7 +66,7 @@ func runStrictSteps(t *testing.T, s *Limiter, rule Rule, subject string, steps [
 		s.at(st.at)
 		got, err := s.AllowN(context.Background(), rule, subject, st.n)
 		require.NoError(t, err, "step %d", i)
-		want := Result{Allowed: st.allowed, Limit: rule.Limit, Remaining: st.remaining, RetryAfter: st.retry, ResetAfter: st.reset, Excess: st.excess}
+		want := Decision{Allowed: st.allowed, Limit: rule.Limit, Remaining: st.remaining, RetryAfter: st.retry, ResetAfter: st.reset, Excess: st.excess}
 		assert.Equal(t, want, got, "step %d: n=%d at +%dµs", i, st.n, st.at)
 	}
 }
@@ -199,7 +199,7 @@ func TestStrictUpstreamWindow(t *testing.T) {
 		s.at(21_000_000)
 		r, err := s.AllowN(context.Background(), rule, "alice", 2)
 		require.NoError(t, err)
-		assert.Equal(t, Result{Limit: 3, Excess: 2, RetryAfter: 9 * sec, ResetAfter: 9 * sec}, r, "5 counted, 2 above the limit")
+		assert.Equal(t, Decision{Limit: 3, Excess: 2, RetryAfter: 9 * sec, ResetAfter: 9 * sec}, r, "5 counted, 2 above the limit")
 		r, err = s.AllowN(context.Background(), rule, "alice", 0)
 		require.NoError(t, err)
 		assert.Equal(t, int64(2), r.Excess)
@@ -220,7 +220,7 @@ func TestStrictUpstreamWindowCountsWhenAnotherRuleRefuses(t *testing.T) {
 			m, err := s.AllowMulti(context.Background(), "alice", []Check{{Rule: up, Subject: "alice", N: 1}, {Rule: fw, Subject: "alice", N: 1}})
 			require.NoError(t, err)
 			assert.Equal(t, want, m.Allowed, "call %d", i)
-			assert.Equal(t, int64(10-1-i), m.Results[0].Remaining, "call %d: the upstream window counts either way", i)
+			assert.Equal(t, int64(10-1-i), m.Decisions[0].Remaining, "call %d: the upstream window counts either way", i)
 		}
 	})
 }
@@ -299,7 +299,7 @@ func TestStrictSlidingLogRecoversLostSum(t *testing.T) {
 		assert.False(t, r.Allowed, "3 + 4 + 4 > 10")
 		r, err = s.AllowN(ctx, rule, "bob", 3)
 		require.NoError(t, err)
-		assert.Equal(t, Result{Allowed: true, Limit: 10, Remaining: 0, ResetAfter: time.Second}, r)
+		assert.Equal(t, Decision{Allowed: true, Limit: 10, Remaining: 0, ResetAfter: time.Second}, r)
 		n, err := rdb.ZCard(ctx, "t:v1:{bob}:api:sl").Result()
 		require.NoError(t, err)
 		assert.Equal(t, int64(3), n, "the new member did not overwrite an old one")
@@ -316,14 +316,14 @@ func TestStrictShaper(t *testing.T) {
 		for i, st := range []struct {
 			at   int64
 			n    int64
-			want Reservation
+			want *Reservation
 		}{
-			{0, 10, Reservation{OK: true}},                        // the burst runs at once
-			{0, 1, Reservation{OK: true, Delay: sec}},             // then one per second
-			{0, 5, Reservation{OK: true, Delay: 6 * sec}},         // weighted
-			{0, 5, Reservation{OK: false, Delay: 11 * sec}},       // beyond MaxWait: refused, books nothing
-			{5_000_000, 5, Reservation{OK: true, Delay: 6 * sec}}, // the queue drained by 5s
-			{5_000_000, 1, Reservation{OK: true, Delay: 7 * sec}},
+			{0, 10, &Reservation{ok: true}},                        // the burst runs at once
+			{0, 1, &Reservation{ok: true, delay: sec}},             // then one per second
+			{0, 5, &Reservation{ok: true, delay: 6 * sec}},         // weighted
+			{0, 5, &Reservation{ok: false, delay: 11 * sec}},       // beyond MaxWait: refused, books nothing
+			{5_000_000, 5, &Reservation{ok: true, delay: 6 * sec}}, // the queue drained by 5s
+			{5_000_000, 1, &Reservation{ok: true, delay: 7 * sec}},
 		} {
 			s.at(st.at)
 			got, err := sh.ReserveN(ctx, "q", st.n)
@@ -344,7 +344,7 @@ func TestStrictShaper(t *testing.T) {
 		assert.ErrorIs(t, err, ErrWaitTooLong)
 		r, err := sh.Reserve(ctx, "q")
 		require.NoError(t, err)
-		assert.Equal(t, Reservation{OK: true, Delay: 4 * sec}, r, "the refused wait booked nothing")
+		assert.Equal(t, &Reservation{ok: true, delay: 4 * sec}, r, "the refused wait booked nothing")
 	})
 }
 
@@ -405,8 +405,8 @@ func TestStrictMultiAllOrNothing(t *testing.T) {
 			m, err := s.AllowMulti(ctx, "acme", checks(u))
 			require.NoError(t, err)
 			require.True(t, m.Allowed, "request %d", i)
-			assert.Equal(t, int64(2-i), m.Results[4].Remaining, "tenant")
-			assert.Equal(t, Result{Allowed: true, Limit: 5, Remaining: 4, ResetAfter: 12 * time.Second}, m.Results[0])
+			assert.Equal(t, int64(2-i), m.Decisions[4].Remaining, "tenant")
+			assert.Equal(t, Decision{Allowed: true, Limit: 5, Remaining: 4, ResetAfter: 12 * time.Second}, m.Decisions[0])
 		}
 		before := strictSnapshot(t, rdb)
 		require.Len(t, before, 3*5+1, "3 users × (4 keys + the log's hash) + the tenant")
@@ -417,13 +417,13 @@ func TestStrictMultiAllOrNothing(t *testing.T) {
 		assert.False(t, m.Allowed)
 		left := time.Minute - 10*ms // the tenant's window started at strictT0
 		assert.Equal(t, left, m.RetryAfter, "the tenant's window")
-		for i, r := range m.Results[:4] {
+		for i, r := range m.Decisions[:4] {
 			assert.True(t, r.Allowed, "rule %d had room", i)
 			assert.Zero(t, r.RetryAfter, "rule %d", i)
 		}
-		assert.Equal(t, Result{Allowed: true, Limit: 5, Remaining: 4, ResetAfter: 11_990 * ms}, m.Results[0],
+		assert.Equal(t, Decision{Allowed: true, Limit: 5, Remaining: 4, ResetAfter: 11_990 * ms}, m.Decisions[0],
 			"u1's bucket had room and is shown as it stands, not charged")
-		assert.Equal(t, Result{Limit: 3, Remaining: 0, RetryAfter: left, ResetAfter: left}, m.Results[4])
+		assert.Equal(t, Decision{Limit: 3, Remaining: 0, RetryAfter: left, ResetAfter: left}, m.Decisions[4])
 		assert.Equal(t, before, strictSnapshot(t, rdb), "a denied call writes nothing")
 		// A new user's keys are not even created.
 		m, err = s.AllowMulti(ctx, "acme", checks("u9"))
@@ -480,7 +480,7 @@ func TestStrictConcurrentExact(t *testing.T) {
 	}
 	targets = append(targets, target{"shaper", func(ctx context.Context) (bool, error) {
 		r, err := sh.Reserve(ctx, "hot")
-		return r.OK, err
+		return r.OK(), err
 	}})
 	user := Rule{Name: "mu", Algorithm: TokenBucket, Limit: 700, Period: time.Hour}
 	tenant := Rule{Name: "mt", Algorithm: SlidingWindow, Limit: limit, Period: time.Hour}
@@ -626,7 +626,7 @@ func TestStrictValidation(t *testing.T) {
 	}
 	_, err = sh.Reserve(ctx, "")
 	assert.ErrorIs(t, err, ErrInvalid)
-	assert.Zero(t, s.Stats().Calls.Load(), "nothing invalid was sent")
+	assert.Zero(t, s.Stats().Calls, "nothing invalid was sent")
 	assert.Zero(t, len(m.Keys()))
 
 	// A rule of the same name with two algorithms keeps two sets of keys (no WRONGTYPE).
@@ -800,8 +800,8 @@ func TestStrictBreaker(t *testing.T) {
 	assert.Equal(t, BreakerOpen, s.BreakerState())
 	_, err = s.Allow(context.Background(), rule, "s")
 	assert.ErrorIs(t, err, ErrUnavailable)
-	assert.Equal(t, int64(3), s.Stats().Calls.Load())
-	assert.Equal(t, int64(1), s.Stats().Rejected.Load())
+	assert.Equal(t, int64(3), s.Stats().Calls)
+	assert.Equal(t, int64(1), s.Stats().Rejected)
 }
 
 func TestStrictCluster(t *testing.T) {
@@ -842,7 +842,7 @@ func TestStrictDecodeRejectsBadReplies(t *testing.T) {
 		[]any{int64(0), int64(0), int64(1), int64(1 << 62), int64(0)},  // a wait that overflows a Duration
 		[]any{int64(0), int64(0), int64(1), int64(0), int64(1e15 + 1)}, // a reset beyond the scripts' clamp
 	} {
-		var out [1]Result
+		var out [1]Decision
 		_, err := decode(res, out[:], limit, nil)
 		assert.ErrorIs(t, err, ErrBadReply, "%v", res)
 	}
@@ -868,7 +868,7 @@ func TestStrictAllowNSharesMultiCounter(t *testing.T) {
 		m, err := s.AllowMulti(ctx, "acme", []Check{{Rule: rule, Subject: "acme", N: 3}})
 		require.NoError(t, err)
 		assert.True(t, m.Allowed)
-		assert.Equal(t, int64(0), m.Results[0].Remaining)
+		assert.Equal(t, int64(0), m.Decisions[0].Remaining)
 		keys, err := rdb.Keys(ctx, "*").Result()
 		require.NoError(t, err)
 		assert.Equal(t, []string{"t:v1:{acme}:r:fw"}, keys)

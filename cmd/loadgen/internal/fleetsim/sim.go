@@ -593,7 +593,7 @@ func runHybrid(ctx context.Context, cfg Config, s Scenario, n int, arr []arrival
 		}
 	}
 	for _, rl := range relays {
-		keyCalls += rl.Stats().Upstream.Load()
+		keyCalls += rl.Stats().Upstream
 	}
 	cpu, calls, err := w.end(ctx, cfg.Probe, cfg.IdleCPU)
 	if err != nil {
