@@ -50,3 +50,12 @@ func WithFleetBeat(d time.Duration) Option {
 
 // SetClock replaces the clock of a RedisLog; for tests only.
 func (r *RedisLog) SetClock(now func() time.Time) { r.now = now }
+
+// Unused returns the unused lease this node holds for key, in tokens (0 for a key it does not
+// hold); for tests only.
+func (l *Limiter) Unused(key string) int64 {
+	if e := l.store.Lookup(key, l.store.Hash(key)); e != nil {
+		return e.Unused()
+	}
+	return 0
+}

@@ -233,8 +233,9 @@ func WithoutColdStart() Option {
 // (docs/accuracy.md). At or over its rate a key lends instead the refill its leases hold while
 // they wait for their nodes' next requests (Rate/d_i tokens for node i of demand d_i, at most
 // Rate·d), so that an overloaded key spread over many nodes admits what an exact bucket would. The
-// default, LeaseAdvance, is one second; 0 lends only tokens in the bucket (a burst never exceeds
-// Burst plus the overdraft credits). From 0 to a minute; every node of a fleet should use the same.
+// default, LeaseAdvance, is one second; 0 lends only tokens in the bucket (a burst then exceeds
+// Burst only by the overdraft credits and by what leases taken before the bucket refilled still
+// hold: docs/accuracy.md, "The bound"). From 0 to a minute; every node of a fleet should use the same.
 func WithLeaseAdvance(d time.Duration) Option {
 	return optionFunc(func(o *options) error {
 		if d < 0 || d > time.Minute {
