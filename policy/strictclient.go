@@ -28,11 +28,15 @@ func (e *Enforcer) StrictHealth() StrictHealth {
 // newStrictClient returns the strict rules' client for a validated cfg, with strict's default breaker
 // (the defaults of every package's breaker). It does no I/O.
 func newStrictClient(cfg *Config) (*strict.Limiter, error) {
-	s, err := strict.New(cfg.Redis,
+	opts := []strict.Option{
 		strict.WithKeyPrefix(cfg.KeyPrefix),
 		strict.WithTimeout(cfg.StrictTimeout),
 		strict.WithClock(cfg.Now),
-	)
+	}
+	if cfg.WindowLeases {
+		opts = append(opts, strict.WithWindowLeases(cfg.WindowLeaseLife))
+	}
+	s, err := strict.New(cfg.Redis, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("policy: %w", err)
 	}

@@ -175,7 +175,7 @@ func validRuleName(s string) bool {
 
 // Stats counts what a [Limiter] did. All fields only grow.
 type Stats struct {
-	Calls    atomic.Int64 // script calls sent (EVALSHA and EVAL)
+	Calls    atomic.Int64 // script calls sent (EVALSHA and EVAL), and commands of window leases (WithWindowLeases)
 	Denied   atomic.Int64 // calls answered with a denial (or a refused reservation)
 	Errors   atomic.Int64 // calls that failed (network, timeout, error reply, bad reply)
 	Rejected atomic.Int64 // calls not sent because the breaker was open
@@ -230,6 +230,7 @@ type Limiter struct {
 	clock   atomic.Int64                                     // test-only time override in µs; 0 means Redis TIME
 	sleep   func(ctx context.Context, d time.Duration) error // WaitN's sleeper; tests replace it
 	stats   Stats
+	leases  *windowLeases // WithWindowLeases; nil without
 }
 
 // New returns a Limiter that keeps its counters in rdb: a *redis.Client, a *redis.ClusterClient or
@@ -255,6 +256,9 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	l := &Limiter{rdb: b.Client, bounded: b, opts: o,
 		guard: redisx.NewGuard(redisx.NewBreaker(o.breaker, o.now), b.Client), sleep: sleepCtx}
 	l.runner.Commands = &l.stats.Calls
+	if o.leases {
+		l.leases = newWindowLeases(o.leaseLife)
+	}
 	if b.Owned {
 		// A Limiter was never closed before it could own a client: close that client once the
 		// Limiter is unreachable, for callers that never call Close.
@@ -392,6 +396,17 @@ func (l *Limiter) evaluate(ctx context.Context, tag string, checks []Check, out 
 			}
 		}
 		same = same && c.Rule.Algorithm == checks[0].Rule.Algorithm
+	}
+	if l.leases != nil && (!same || checks[0].Rule.Algorithm == UpstreamWindow) {
+		if !same {
+			for _, c := range checks {
+				if c.Rule.Algorithm == UpstreamWindow {
+					return false, 0, fmt.Errorf("%w: with window leases, upstream_window rules cannot share a call with other algorithms", ErrInvalid)
+				}
+			}
+		} else {
+			return l.evaluateLeased(ctx, tag, l.hashed(tag), checks, out)
+		}
 	}
 	script := allScript
 	if same {

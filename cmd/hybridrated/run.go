@@ -151,10 +151,14 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 		KeyPrefix:     prefix,
 		HybridOptions: hybridOpts,
 		StrictTimeout: strictTimeout,
-		HashKey:       cfg.hashKey,
-		Dimensions:    []string{"domain"},
-		CostFuncs:     map[string]policy.CostFunc{sidecar.HitsCostName: sidecar.HitsCost},
-		Logger:        log,
+		// Upstream's windows (the default algorithm of upstream's files) are counted as upstream
+		// counts them, local-first with leases.
+		WindowLeases:    cfg.compat != nil,
+		WindowLeaseLife: leaseLife(cfg.compat),
+		HashKey:         cfg.hashKey,
+		Dimensions:      []string{"domain"},
+		CostFuncs:       map[string]policy.CostFunc{sidecar.HitsCostName: sidecar.HitsCost},
+		Logger:          log,
 	})
 	if err != nil {
 		return err
@@ -527,4 +531,12 @@ func (r *reloads) register(mp metric.MeterProvider, instance string) (metric.Reg
 		o.ObserveInt64(failing, v, plain)
 		return nil
 	}, n, failing)
+}
+
+// leaseLife is the lease life of upstream's windows under cm (none without it).
+func leaseLife(cm *compat) time.Duration {
+	if cm == nil {
+		return 0
+	}
+	return cm.lease
 }
