@@ -29,6 +29,8 @@ const (
 	// knew it) one lease may take: 1/WindowLeaseShare. A key with fewer than 2·WindowLeaseShare units
 	// left is counted exactly, one INCRBY per call.
 	WindowLeaseShare = 16
+	// windowDemandSpan is the shortest time a key's demand is measured over (see leased).
+	windowDemandSpan = 100 * time.Millisecond
 	// windowKeyMargin is how long a window's key outlives the window, for clocks of different
 	// processes that disagree by less.
 	windowKeyMargin = time.Second
@@ -43,7 +45,7 @@ const (
 // With life > 0, a call that reaches Redis also takes a lease of the window: k more units, charged
 // to the window's count at once, which the process then admits locally, without Redis, until they
 // run out. k is the key's demand (the units it used since this process's last trip to Redis, over
-// the time since, or over life/10 when that is longer) times life, at most 1/[WindowLeaseShare] of
+// the time since, or over 100ms (life/10 if shorter) when that is longer) times life, at most 1/[WindowLeaseShare] of
 // what the window had left; a key close to its limit
 // gets no lease and is counted exactly. A lease never takes the count above the limit (a lease that
 // would is given back at once, DECRBY), so no process admits more than upstream would, and a single
@@ -156,10 +158,11 @@ func (l *Limiter) leased(ctx context.Context, base string, rule Rule, n int64) (
 	// A trip to Redis: the request's units beyond what the lease still covers, plus a new lease.
 	var k int64
 	if n > 0 && l.leases.life > 0 && e.last > 0 {
-		// The demand is measured over at least a tenth of the lease life: units that came closer
-		// together read as less demand than they are (so a lease never outgrows the demand seen), and
-		// a hot key's leases grow about tenfold per trip until they last the lease life.
-		elapsed := max(now-e.last, l.leases.life.Microseconds()/10, 1000) // µs
+		// The demand is measured over at least windowDemandSpan (or a tenth of the lease life when
+		// that is shorter): units that came closer together read as less demand than they are, so
+		// that a burst of two does not read as a hot key; a hot key's leases grow tenfold or more
+		// per trip until they last the lease life.
+		elapsed := max(now-e.last, min(l.leases.life/10, windowDemandSpan).Microseconds(), 1000) // µs
 		rate := float64(e.since+n) / float64(elapsed)
 		k = int64(rate * float64(l.leases.life.Microseconds()))
 		left := rule.Limit - e.count - e.lease - n

@@ -4,11 +4,13 @@ import (
 	"context"
 	"math/rand/v2"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/hybridrate/hybridrate/internal/redistest"
@@ -214,4 +216,40 @@ func TestWindowLeasesRefuseMixedCalls(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalid)
 	_, err = New(srv.Client(t), WithWindowLeases(-time.Second))
 	require.ErrorIs(t, err, ErrInvalid)
+}
+
+// Processes serving one key from many goroutines at once (run it with -race) admit no more than
+// the limit together, and refuse early by at most the leases they hold unused.
+func TestWindowLeasesConcurrent(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t, func(o *redis.Options) { o.PoolSize = 32 })
+	clk := &fakeClock{}
+	clk.us.Store(leaseT0)
+	ls := []*Limiter{newLeased(t, rdb, clk, 5*time.Second), newLeased(t, rdb, clk, 5*time.Second)}
+	rule := Rule{Name: "r", Algorithm: UpstreamWindow, Limit: 3000, Period: time.Hour}
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 250 {
+				clk.add(50 * time.Microsecond)
+				got, err := ls[g%2].AllowN(context.Background(), rule, "s", 1)
+				if !assert.NoError(t, err) {
+					return
+				}
+				if got.Allowed {
+					admitted.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	unused := leaseOf(ls[0], rule, "s") + leaseOf(ls[1], rule, "s")
+	require.LessOrEqual(t, admitted.Load(), rule.Limit)
+	require.GreaterOrEqual(t, admitted.Load(), rule.Limit-unused)
+	c, err := rdb.Get(context.Background(), "t:v1:{s}:r:uwc:"+strconv.FormatInt(leaseT0, 10)).Int64()
+	require.NoError(t, err)
+	require.Equal(t, int64(16*250)+unused, c, "every hit counted once, and the unused leases")
 }
