@@ -82,8 +82,8 @@ type Config struct {
 	// MaxMemo bounds the denials remembered until their retry-after (see docs/policies.md,
 	// "Hierarchy"); the default is 65536. Negative disables the memo.
 	MaxMemo int
-	// Now is the clock of the memo and of local fallbacks; nil means time.Now. Limits themselves run on
-	// Redis TIME.
+	// Now is the clock of the memo, of local fallbacks and of the windows of WindowLeases; nil means
+	// time.Now. The other limits run on Redis TIME.
 	Now func() time.Time
 	// Logger receives background errors of the hybrid limiters; nil discards them.
 	Logger *slog.Logger
