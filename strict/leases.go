@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
@@ -21,9 +23,9 @@ import (
 // Bounds of window leases.
 const (
 	// MaxWindowLeaseKeys is the most (rule, subject) pairs whose lease state a Limiter keeps; the
-	// least recently used goes first. An evicted pair's unused lease stays counted in Redis until its
-	// window ends: other processes (and this one, afterwards) see that many units fewer than upstream
-	// would.
+	// least recently used goes first, and its unused lease is given back to Redis (DECRBY) by the
+	// call that evicted it. Should that fail, the lease stays counted in Redis until its window ends:
+	// processes then see that many units fewer than upstream would.
 	MaxWindowLeaseKeys = 1 << 16
 	// WindowLeaseShare is the largest fraction of a window's remaining quota (as this process last
 	// knew it) one lease may take: 1/WindowLeaseShare. A key with fewer than 2·WindowLeaseShare units
@@ -70,6 +72,10 @@ func WithWindowLeases(life time.Duration) Option {
 type windowLeases struct {
 	life    time.Duration
 	entries *lru.Cache[string, *windowEntry]
+
+	mu       sync.Mutex     // guards evicted
+	evicted  []*windowEntry // evicted entries whose leases are still to give back
+	nEvicted atomic.Int64   // len(evicted), read without mu on every call
 }
 
 // windowEntry is one (rule, subject)'s state in this process. Its fields are guarded by sem.
@@ -80,11 +86,55 @@ type windowEntry struct {
 	lease int64         // units charged to the window in Redis and not yet used here
 	since int64         // units used here since the last trip to Redis (demand)
 	last  int64         // the time of the last trip to Redis, µs; 0: none yet
+	wkey  string        // the Redis key of the window start describes, once a trip named it
+	end   int64         // the end of that window, µs
 }
 
-func newWindowLeases(life time.Duration) *windowLeases {
-	c, _ := lru.New[string, *windowEntry](MaxWindowLeaseKeys)
-	return &windowLeases{life: life, entries: c}
+func newWindowLeases(life time.Duration, size int) *windowLeases {
+	w := &windowLeases{life: life}
+	w.entries, _ = lru.NewWithEvict(size, func(_ string, e *windowEntry) {
+		w.mu.Lock()
+		w.evicted = append(w.evicted, e)
+		w.nEvicted.Store(int64(len(w.evicted)))
+		w.mu.Unlock()
+	})
+	return w
+}
+
+// giveBack returns the unused leases of evicted entries to Redis, so that the units they held are
+// counted by no one (the entries are gone; their leases would otherwise sit in Redis to the
+// window's end). It runs on the call that evicted them.
+func (l *Limiter) giveBack(ctx context.Context) {
+	w := l.leases
+	w.mu.Lock()
+	ev := w.evicted
+	w.evicted = nil
+	w.nEvicted.Store(0)
+	w.mu.Unlock()
+	for _, e := range ev {
+		select {
+		case e.sem <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		k, wkey, end := e.lease, e.wkey, e.end
+		e.lease = 0
+		<-e.sem
+		now := l.opts.now().UnixMicro()
+		if k <= 0 || end <= now {
+			continue // nothing held, or its window is over and its key expiring
+		}
+		ttl := time.Duration(end-now)*time.Microsecond + windowKeyMargin
+		_, _ = l.windowCmd(ctx, func(ctx context.Context) (int64, error) {
+			// With PEXPIRE, a key that expired meanwhile is not left behind at -k forever.
+			_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+				p.DecrBy(ctx, wkey, k)
+				p.PExpire(ctx, wkey, ttl)
+				return nil
+			})
+			return 0, err
+		})
+	}
 }
 
 // entry returns key's state, creating it.
@@ -130,6 +180,9 @@ func (l *Limiter) evaluateLeased(ctx context.Context, tag, htag string, checks [
 // lease when it covers n, else in Redis (taking a new lease when the key's demand asks for one).
 func (l *Limiter) leased(ctx context.Context, base string, rule Rule, n int64) (Result, error) {
 	e := l.leases.entry(base)
+	if l.leases.nEvicted.Load() > 0 {
+		l.giveBack(ctx)
+	}
 	select {
 	case e.sem <- struct{}{}:
 	case <-ctx.Done():
@@ -222,6 +275,7 @@ func (l *Limiter) leased(ctx context.Context, base string, rule Rule, n int64) (
 		}
 		count = v - k
 		e.lease = k
+		e.wkey, e.end = wkey, end
 	}
 	if n == 0 && e.last == 0 {
 		e.last = now // a read starts the demand's clock as a charge does

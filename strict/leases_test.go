@@ -253,3 +253,40 @@ func TestWindowLeasesConcurrent(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(16*250)+unused, c, "every hit counted once, and the unused leases")
 }
+
+// A process whose lease state outgrows its bound gives the evicted keys' leases back to Redis, so
+// that it still answers as upstream for every key (here, three keys through a bound of two).
+func TestWindowLeasesEvictionGivesLeasesBack(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	clk := &fakeClock{}
+	clk.us.Store(leaseT0)
+	l := newLeased(t, rdb, clk, 5*time.Second)
+	l.leases = newWindowLeases(5*time.Second, 2)
+	rule := Rule{Name: "r", Algorithm: UpstreamWindow, Limit: 500, Period: time.Hour}
+	models := map[string]*upstreamModel{}
+	subjects := []string{"a", "b", "c"}
+	for i := range 900 {
+		clk.add(time.Millisecond)
+		s := subjects[(i/20)%3] // 20 requests on a key, then the next: every key is evicted in turn
+		m := models[s]
+		if m == nil {
+			m = &upstreamModel{limit: rule.Limit}
+			models[s] = m
+		}
+		ok, rem, exc := m.charge(1)
+		got, err := l.AllowN(context.Background(), rule, s, 1)
+		require.NoError(t, err, "call %d", i)
+		require.Equal(t, [3]any{ok, rem, exc}, [3]any{got.Allowed, got.Remaining, got.Excess}, "call %d on %s", i, s)
+	}
+	for _, s := range subjects {
+		base := "t:v1:{" + s + "}:r:uwc"
+		c, err := rdb.Get(context.Background(), base+":"+strconv.FormatInt(leaseT0, 10)).Int64()
+		require.NoError(t, err)
+		var lease int64
+		if e, ok := l.leases.entries.Peek(base); ok {
+			lease = e.lease
+		}
+		require.Equal(t, models[s].count+lease, c, "Redis holds upstream's count of %s and the lease held", s)
+	}
+}

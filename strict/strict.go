@@ -257,7 +257,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		guard: redisx.NewGuard(redisx.NewBreaker(o.breaker, o.now), b.Client), sleep: sleepCtx}
 	l.runner.Commands = &l.stats.Calls
 	if o.leases {
-		l.leases = newWindowLeases(o.leaseLife)
+		l.leases = newWindowLeases(o.leaseLife, MaxWindowLeaseKeys)
 	}
 	if b.Owned {
 		// A Limiter was never closed before it could own a client: close that client once the
