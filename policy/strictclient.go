@@ -16,13 +16,16 @@ type StrictHealth struct {
 	Errors   int64  // calls that failed (network, timeout, error reply)
 	Rejected int64  // calls not sent because the circuit breaker was open
 	Breaker  string // the circuit breaker's state: "closed", "open" or "half-open"
+	// LeaseHits counts the checks of UpstreamWindow rules served from a window lease, without Redis
+	// (Config.WindowLeases).
+	LeaseHits int64
 }
 
 // StrictHealth returns the state of the strict rules' Redis client.
 func (e *Enforcer) StrictHealth() StrictHealth {
 	st := e.strict.Stats()
 	return StrictHealth{Calls: st.Calls.Load(), Errors: st.Errors.Load(), Rejected: st.Rejected.Load(),
-		Breaker: e.strict.BreakerState().String()}
+		Breaker: e.strict.BreakerState().String(), LeaseHits: st.LeaseHits.Load()}
 }
 
 // newStrictClient returns the strict rules' client for a validated cfg, with strict's default breaker

@@ -205,6 +205,7 @@ func (l *Limiter) leased(ctx context.Context, base string, rule Rule, n int64) (
 		e.lease -= n
 		e.count += n
 		e.since += n
+		l.stats.LeaseHits.Add(1)
 		return windowResult(rule, e.count, now, end), nil
 	}
 

@@ -179,6 +179,9 @@ type Stats struct {
 	Denied   atomic.Int64 // calls answered with a denial (or a refused reservation)
 	Errors   atomic.Int64 // calls that failed (network, timeout, error reply, bad reply)
 	Rejected atomic.Int64 // calls not sent because the breaker was open
+	// LeaseHits counts the UpstreamWindow checks served from a window lease, without Redis
+	// (WithWindowLeases).
+	LeaseHits atomic.Int64
 }
 
 // Limiter enforces strict limits in Redis: every request is one atomic script call, so the counts are

@@ -290,6 +290,13 @@ func TestOracleUpstreamAnswersEqual(t *testing.T) {
 	})
 	o.run(t, readmeCases())
 	o.run(t, leaseCases())
+	// The lease cases were served mostly without Redis (hybridrate.strict.window_lease_hits).
+	leaseHits := 0.0
+	for _, h := range o.oursHTTP {
+		leaseHits += promSum(t, "http://"+h+"/metrics", "hybridrate_strict_window_lease_hits_total")
+	}
+	t.Logf("checks served from window leases: %.0f of the lease cases' 560", leaseHits)
+	require.Greater(t, leaseHits, 300.0, "checks served from window leases, of the 560 the lease cases sent")
 
 	// Upstream's statistics under its Prometheus names: hybridrated's two replicas together count
 	// what upstream counts.
@@ -697,6 +704,26 @@ func leaseCases() []oracleCase {
 		// upstream's too.
 		{name: "leases: two replicas", reqs: two, replicas: true, slack: 2 * 1000 / 16},
 	}
+}
+
+// promSum returns the sum of the series of a metric name that url exports.
+func promSum(t *testing.T, url, name string) float64 {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	sum := 0.0
+	for _, line := range strings.Split(string(body), "\n") {
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+			continue
+		}
+		f, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		require.NoError(t, err, line)
+		sum += f
+	}
+	return sum
 }
 
 // scrapeUpstreamNames returns the series of upstream's per-limit and per-domain statistics
