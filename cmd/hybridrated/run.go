@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"runtime"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -256,7 +257,11 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 	}
 	var draining atomic.Bool
 	hs := health.NewServer()
-	gs := grpc.NewServer()
+	// Stream workers: each call runs on a goroutine whose stack has already grown to a decision's
+	// depth, instead of a new goroutine that grows (and copies) its stack on every call: a quarter
+	// of the server's CPU under bench/rlsbench (docs/benchmarks.md). gRPC spawns a goroutine as
+	// before when every worker is busy.
+	gs := grpc.NewServer(grpc.NumStreamWorkers(uint32(max(16, 4*runtime.GOMAXPROCS(0)))))
 	srv.Register(gs)
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)
