@@ -220,9 +220,10 @@ type Stats struct {
 //
 // # Clock
 //
-// The scripts read Redis TIME; a process's clock never decides a refill or a window. Every key has a
-// TTL of at least the time its state matters (the time to full refill, or the rest of the window), so
-// idle subjects cost no memory.
+// The scripts read Redis TIME; a process's clock never decides a refill or a window, except the
+// windows of UpstreamWindow rules under [WithWindowLeases], which the process's clock decides as
+// envoyproxy/ratelimit's does. Every key has a TTL of at least the time its state matters (the time
+// to full refill, or the rest of the window), so idle subjects cost no memory.
 type Limiter struct {
 	rdb     redis.UniversalClient // the caller's client bounded by WithTimeout (redisx.Bound)
 	bounded redisx.Bounded        // rdb's bounding: Close closes rdb when it is a client of our own
