@@ -29,9 +29,10 @@
 //   - hybridrate.check.duration: decision latency in seconds, by path (local: no Redis round trip;
 //     central: a synchronous or strict Redis call; fallback: a failure policy answered) and outcome.
 //   - hybridrate.window.denied: the denials the in-memory window holds (the dashboard's span).
-//   - hybridrate.strict.calls, hybridrate.strict.errors (by class: error, breaker_open) and
-//     hybridrate.strict.breaker.state: the strict rules' Redis client, when the Checker implements
-//     [HealthReporter] (a *policy.Enforcer does).
+//   - hybridrate.strict.calls, hybridrate.strict.errors (by class: error, breaker_open),
+//     hybridrate.strict.breaker.state and hybridrate.strict.window_lease_hits (checks of upstream
+//     windows served from a window lease, without Redis): the strict rules' Redis client, when the
+//     Checker implements [HealthReporter] (a *policy.Enforcer does).
 //
 // The hybrid limiters' own metrics (package hybrid: decisions by source, reconcile rounds, Redis
 // errors by class, breaker state) come from their WithMeterProvider option.

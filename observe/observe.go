@@ -219,14 +219,16 @@ func New(c policy.Checker, cfg Config) (*Observer, error) {
 		metric.WithDescription("Denials in the in-memory window (the dashboard's), by instance."))
 	errs[5] = err
 	sCalls, err1 := m.Int64ObservableCounter("hybridrate.strict.calls",
-		metric.WithDescription("Script calls of the strict rules' Redis client."))
+		metric.WithDescription("Script calls of the strict rules' Redis client, and commands of its window leases."))
 	sErrs, err2 := m.Int64ObservableCounter("hybridrate.strict.errors",
 		metric.WithDescription("Strict rules' Redis calls that failed or were not sent, by class: error (network, timeout, error reply), breaker_open (refused by the open circuit breaker)."))
 	sState, err3 := m.Int64ObservableGauge("hybridrate.strict.breaker.state",
 		metric.WithDescription("1 for the strict client's circuit breaker state (closed, open, half-open), 0 for the others."))
+	sLease, err5 := m.Int64ObservableCounter("hybridrate.strict.window_lease_hits",
+		metric.WithDescription("Checks of upstream windows served from a window lease, without a Redis call."))
 	longVals, err4 := m.Int64ObservableCounter("hybridrate.policy.long_values",
 		metric.WithDescription("Dimension values longer than policy.MaxValueLen, counted under their SHA-256."))
-	if err := errors.Join(append(errs[:], err1, err2, err3, err4)...); err != nil {
+	if err := errors.Join(append(errs[:], err1, err2, err3, err4, err5)...); err != nil {
 		return nil, fmt.Errorf("observe: %w", err)
 	}
 	inst := metric.WithAttributes(o.inst)
@@ -256,6 +258,7 @@ func New(c policy.Checker, cfg Config) (*Observer, error) {
 		ob.ObserveInt64(longVals, enf.Stats().LongValues, inst)
 		h := enf.StrictHealth()
 		ob.ObserveInt64(sCalls, h.Calls, inst)
+		ob.ObserveInt64(sLease, h.LeaseHits, inst)
 		ob.ObserveInt64(sErrs, h.Errors, classErr)
 		ob.ObserveInt64(sErrs, h.Rejected, classOpen)
 		for st, opt := range states {
@@ -266,7 +269,7 @@ func New(c policy.Checker, cfg Config) (*Observer, error) {
 			ob.ObserveInt64(sState, v, opt)
 		}
 		return nil
-	}, health, sCalls, sErrs, sState, longVals, o.counters[kindReq], o.counters[kindDec], o.counters[kindNear], o.counters[kindShadow])
+	}, health, sCalls, sErrs, sState, sLease, longVals, o.counters[kindReq], o.counters[kindDec], o.counters[kindNear], o.counters[kindShadow])
 	if err != nil {
 		return nil, fmt.Errorf("observe: %w", err)
 	}

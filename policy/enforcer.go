@@ -53,6 +53,18 @@ type Config struct {
 	// StrictTimeout bounds one strict Redis call; the default is 50ms. A call that times out is
 	// answered by each rule's failure policy.
 	StrictTimeout time.Duration
+	// WindowLeases counts UpstreamWindow rules as envoyproxy/ratelimit counts them, in a string key per
+	// window charged with INCRBY, instead of strict.lua, and with WindowLeaseLife > 0 serves them
+	// local-first from leases of the window's quota (strict.WithWindowLeases, docs/sidecar.md,
+	// "Local-first windows"). Windows are then decided by Now, as upstream decides them. A request
+	// that checks UpstreamWindow rules together with rules of other strict algorithms is then an
+	// error: a policy whose requests each select one rule (Policy.Select, as NewUpstreamConfig
+	// compiles) never makes one. Off by default.
+	WindowLeases bool
+	// WindowLeaseLife is how long a lease should last at the key's demand (the lease is the demand
+	// times this, at most 1/strict.WindowLeaseShare of the window's remaining quota); 0 with
+	// WindowLeases: no lease, one INCRBY per check. Not negative.
+	WindowLeaseLife time.Duration
 	// HashKey, when not empty, keys an HMAC-SHA-256 of every subject (the dimension values of a
 	// request), so no raw API key, user id, e-mail or IP address reaches Redis: keys hold the first 16
 	// bytes of the MAC, in hex. Changing the key starts every counter afresh. Optional.
@@ -72,8 +84,8 @@ type Config struct {
 	// MaxMemo bounds the denials remembered until their retry-after (see docs/policies.md,
 	// "Hierarchy"); the default is 65536. Negative disables the memo.
 	MaxMemo int
-	// Now is the clock of the memo and of local fallbacks; nil means time.Now. Limits themselves run on
-	// Redis TIME.
+	// Now is the clock of the memo, of local fallbacks and of the windows of WindowLeases; nil means
+	// time.Now. The other limits run on Redis TIME.
 	Now func() time.Time
 	// Logger receives background errors of the hybrid limiters; nil discards them.
 	Logger *slog.Logger

@@ -18,23 +18,30 @@ type StrictHealth struct {
 	Errors   int64  // calls that failed (network, timeout, error reply)
 	Rejected int64  // calls not sent because the circuit breaker was open
 	Breaker  string // the circuit breaker's state: "closed", "open" or "half-open"
+	// LeaseHits counts the checks of UpstreamWindow rules served from a window lease, without Redis
+	// (Config.WindowLeases).
+	LeaseHits int64
 }
 
 // StrictHealth returns the state of the strict rules' Redis client.
 func (e *Enforcer) StrictHealth() StrictHealth {
 	st := e.strict.Stats()
 	return StrictHealth{Calls: st.Calls, Errors: st.Errors, Rejected: st.Rejected,
-		Breaker: e.strict.BreakerState().String()}
+		Breaker: e.strict.BreakerState().String(), LeaseHits: st.LeaseHits}
 }
 
 // newStrictClient returns the strict rules' client for a validated cfg, with strict's default breaker
 // (the defaults of every package's breaker). It does no I/O.
 func newStrictClient(cfg *Config) (*strict.Limiter, error) {
-	s, err := strict.New(cfg.Redis,
+	opts := []strict.Option{
 		strict.WithKeyPrefix(cfg.KeyPrefix),
 		strict.WithTimeout(cfg.StrictTimeout),
 		strict.WithClock(cfg.Now),
-	)
+	}
+	if cfg.WindowLeases {
+		opts = append(opts, strict.WithWindowLeases(cfg.WindowLeaseLife))
+	}
+	s, err := strict.New(cfg.Redis, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("policy: %w", err)
 	}

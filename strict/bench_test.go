@@ -389,3 +389,30 @@ func TestStrictRedisCommandsPerCall(t *testing.T) {
 		assert.Equal(t, want[p.name], got, p.name)
 	}
 }
+
+// BenchmarkWindowLeases measures an UpstreamWindow check under WithWindowLeases (10s leases), in
+// parallel over 10k keys far from their limit: most checks are served from a lease without Redis.
+// It reports Redis calls per 1,000 checks beside the time per check.
+func BenchmarkWindowLeases(b *testing.B) {
+	_, rdb := strictBenchClient(b)
+	l, err := New(rdb, WithKeyPrefix("bench"), WithTimeout(2*time.Second), WithWindowLeases(10*time.Second))
+	if err != nil {
+		b.Fatal(err)
+	}
+	rule := Rule{Name: "uw", Algorithm: UpstreamWindow, Limit: MaxLimit, Period: time.Hour}
+	subjects := strictBenchSubjects()
+	var next atomic.Int64
+	b.ReportAllocs()
+	b.SetParallelism(strictBenchParallelism)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			s := subjects[int(next.Add(1))%len(subjects)]
+			if _, err := l.AllowN(context.Background(), rule, s, 1); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(l.Stats().Calls)*1000/float64(b.N), "redis-calls/1000")
+}

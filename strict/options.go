@@ -41,6 +41,9 @@ type options struct {
 	timeout time.Duration
 	breaker redisx.BreakerConfig
 	now     func() time.Time
+	// leases and leaseLife: WithWindowLeases.
+	leases    bool
+	leaseLife time.Duration
 }
 
 func newOptions() options {
@@ -112,8 +115,8 @@ func WithBreaker(threshold int, cooldown, minSpan time.Duration) Option {
 	})
 }
 
-// WithClock sets the clock of the breaker and of [Shaper.WaitN]'s deadline arithmetic; nil means
-// time.Now, the default. The limits themselves always run on Redis TIME.
+// WithClock sets the clock of the breaker, of [Shaper.WaitN]'s deadline arithmetic and of the windows
+// of [WithWindowLeases]; nil means time.Now, the default. The scripts' limits run on Redis TIME.
 func WithClock(now func() time.Time) Option {
 	return optionFunc(func(o *options) error {
 		if now == nil {

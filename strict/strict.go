@@ -183,18 +183,22 @@ func validRuleName(s string) bool {
 // Stats is a snapshot of what a [Limiter] did, from [Limiter.Stats]. Every count only grows over the
 // Limiter's life. The zero Stats counts nothing; it is a plain value, safe to copy.
 type Stats struct {
-	Calls    int64 // script calls sent (EVALSHA and EVAL)
+	Calls    int64 // script calls sent (EVALSHA and EVAL), and commands of window leases (WithWindowLeases)
 	Denied   int64 // calls answered with a denial (or a refused reservation)
 	Errors   int64 // calls that failed (network, timeout, error reply, bad reply)
 	Rejected int64 // calls not sent because the breaker was open
+	// LeaseHits counts the UpstreamWindow checks served from a window lease, without Redis
+	// (WithWindowLeases).
+	LeaseHits int64
 }
 
 // counters are the live counts behind [Stats].
 type counters struct {
-	Calls    atomic.Int64
-	Denied   atomic.Int64
-	Errors   atomic.Int64
-	Rejected atomic.Int64
+	Calls     atomic.Int64
+	Denied    atomic.Int64
+	Errors    atomic.Int64
+	Rejected  atomic.Int64
+	LeaseHits atomic.Int64
 }
 
 // Limiter enforces strict limits in Redis: every request is one atomic script call, so the counts are
@@ -233,9 +237,10 @@ type counters struct {
 //
 // # Clock
 //
-// The scripts read Redis TIME; a process's clock never decides a refill or a window. Every key has a
-// TTL of at least the time its state matters (the time to full refill, or the rest of the window), so
-// idle subjects cost no memory.
+// The scripts read Redis TIME; a process's clock never decides a refill or a window, except the
+// windows of UpstreamWindow rules under [WithWindowLeases], which the process's clock decides as
+// envoyproxy/ratelimit's does. Every key has a TTL of at least the time its state matters (the time
+// to full refill, or the rest of the window), so idle subjects cost no memory.
 type Limiter struct {
 	rdb     redis.UniversalClient // the caller's client bounded by WithTimeout (redisx.Bound)
 	bounded redisx.Bounded        // rdb's bounding: Close closes rdb when it is a client of our own
@@ -246,6 +251,7 @@ type Limiter struct {
 	clock   atomic.Int64                                     // test-only time override in µs; 0 means Redis TIME
 	sleep   func(ctx context.Context, d time.Duration) error // WaitN's sleeper; tests replace it
 	stats   counters
+	leases  *windowLeases // WithWindowLeases; nil without
 }
 
 // New returns a Limiter that keeps its counters in rdb: a *redis.Client, a *redis.ClusterClient or
@@ -266,6 +272,9 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	l := &Limiter{rdb: b.Client, bounded: b, opts: o,
 		guard: redisx.NewGuard(redisx.NewBreaker(o.breaker, o.now), b.Client), sleep: sleepCtx}
 	l.runner.Commands = &l.stats.Calls
+	if o.leases {
+		l.leases = newWindowLeases(o.leaseLife, MaxWindowLeaseKeys)
+	}
 	if b.Owned {
 		// A Limiter was never closed before it could own a client: close that client once the
 		// Limiter is unreachable, for callers that never call Close.
@@ -303,7 +312,7 @@ func (l *Limiter) BreakerState() BreakerState { return l.guard.Breaker().State()
 // It does no I/O.
 func (l *Limiter) Stats() Stats {
 	return Stats{Calls: l.stats.Calls.Load(), Denied: l.stats.Denied.Load(), Errors: l.stats.Errors.Load(),
-		Rejected: l.stats.Rejected.Load()}
+		Rejected: l.stats.Rejected.Load(), LeaseHits: l.stats.LeaseHits.Load()}
 }
 
 // Decision is one rule's answer for one subject, as hybrid.Decision is one limit's answer for one key
@@ -414,6 +423,17 @@ func (l *Limiter) evaluate(ctx context.Context, tag string, checks []Check, out 
 			}
 		}
 		same = same && c.Rule.Algorithm == checks[0].Rule.Algorithm
+	}
+	if l.leases != nil && (!same || checks[0].Rule.Algorithm == UpstreamWindow) {
+		if !same {
+			for _, c := range checks {
+				if c.Rule.Algorithm == UpstreamWindow {
+					return false, 0, fmt.Errorf("%w: with window leases, upstream_window rules cannot share a call with other algorithms", ErrInvalid)
+				}
+			}
+		} else {
+			return l.evaluateLeased(ctx, tag, l.hashed(tag), checks, out)
+		}
 	}
 	script := allScript
 	if same {

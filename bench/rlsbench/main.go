@@ -11,9 +11,11 @@
 //	go install github.com/envoyproxy/ratelimit/src/service_cmd@v1.4.1-0.20260122083618-3fb702589d36
 //	go run ./bench/rlsbench -hybridrated /tmp/hybridrated -upstream ~/go/bin/service_cmd
 //
-// Servers: "upstream"; "hybridrated" (the defaults: upstream's windows, one Redis call per
+// Servers: "upstream"; "hybridrated" (the defaults: upstream's windows, local-first with window
+// leases); "hybridrated-exact" (HYBRIDRATED_WINDOW_LEASE=0: upstream's windows, one INCRBY per
 // check); "hybridrated-hybrid" (HYBRIDRATED_ALGORITHM=hybrid: local-first token buckets);
-// "echo". docs/sidecar.md has the figures.
+// "hybridrated-before" (the -before binary with the defaults: an older build, for a before and
+// after in one run); "echo". docs/sidecar.md has the figures.
 package main
 
 import (
@@ -49,12 +51,13 @@ func main() {
 	echo := flag.String("echo-serve", "", "internal: serve the echo RateLimitService on this address")
 	upstream := flag.String("upstream", "", "envoyproxy/ratelimit's service_cmd binary (empty: skip)")
 	hybridrated := flag.String("hybridrated", "", "hybridrated binary (empty: skip)")
+	before := flag.String("before", "", "an older hybridrated binary, run as hybridrated-before (empty: skip)")
 	redisServer := flag.String("redis-server", "redis-server", "redis-server binary")
 	duration := flag.Duration("duration", 5*time.Second, "measured time per server and run")
 	callers := flag.Int("callers", 8, "concurrent callers")
 	keys := flag.Int("keys", 1000, "distinct descriptor values")
 	runs := flag.Int("runs", 2, "runs of every server, interleaved")
-	only := flag.String("servers", "upstream,hybridrated,hybridrated-hybrid,echo", "servers to run, in order")
+	only := flag.String("servers", "upstream,hybridrated,hybridrated-exact,hybridrated-hybrid,hybridrated-before,echo", "servers to run, in order")
 	flag.Parse()
 	if *echo != "" {
 		if err := serveEcho(*echo); err != nil {
@@ -63,13 +66,13 @@ func main() {
 		}
 		return
 	}
-	if err := run(*upstream, *hybridrated, *redisServer, *duration, *callers, *keys, *runs, strings.Split(*only, ",")); err != nil {
+	if err := run(*upstream, *hybridrated, *before, *redisServer, *duration, *callers, *keys, *runs, strings.Split(*only, ",")); err != nil {
 		fmt.Fprintln(os.Stderr, "rlsbench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(upstream, hybridrated, redisServer string, d time.Duration, callers, keys, runs int, servers []string) error {
+func run(upstream, hybridrated, before, redisServer string, d time.Duration, callers, keys, runs int, servers []string) error {
 	dir, err := os.MkdirTemp("", "rlsbench")
 	if err != nil {
 		return err
@@ -101,11 +104,12 @@ func run(upstream, hybridrated, redisServer string, d time.Duration, callers, ke
 		return err
 	}
 	fmt.Printf("rlsbench: %d callers, %d keys, %v per run, %d runs, redis-server %s\n", callers, keys, d, runs, redisAddr)
-	fmt.Printf("%-19s %4s %9s %8s %8s %8s %14s %15s %7s %7s\n", "server", "run", "calls/s", "p50", "p99", "p99.9",
-		"redis ms/1000", "server ms/1000", "errors", "denied")
+	fmt.Printf("%-19s %4s %9s %8s %8s %8s %14s %15s %7s %7s  %s\n", "server", "run", "calls/s", "p50", "p99", "p99.9",
+		"redis ms/1000", "server ms/1000", "errors", "denied", "redis commands per 1,000 calls")
 	for r := 1; r <= runs; r++ {
 		for _, s := range servers {
-			if s == "upstream" && upstream == "" || strings.HasPrefix(s, "hybridrated") && hybridrated == "" {
+			if s == "upstream" && upstream == "" || s == "hybridrated-before" && before == "" ||
+				strings.HasPrefix(s, "hybridrated") && s != "hybridrated-before" && hybridrated == "" {
 				continue
 			}
 			grpcAddr := "127.0.0.1:" + strconv.Itoa(freePort())
@@ -120,6 +124,11 @@ func run(upstream, hybridrated, redisServer string, d time.Duration, callers, ke
 				cmd = exec.Command(upstream)
 			case "hybridrated":
 				cmd = exec.Command(hybridrated)
+			case "hybridrated-exact":
+				cmd = exec.Command(hybridrated)
+				env = append(env, "HYBRIDRATED_WINDOW_LEASE=0")
+			case "hybridrated-before":
+				cmd = exec.Command(before)
 			case "hybridrated-hybrid":
 				cmd = exec.Command(hybridrated)
 				env = append(env, "HYBRIDRATED_ALGORITHM=hybrid")
@@ -143,8 +152,8 @@ func run(upstream, hybridrated, redisServer string, d time.Duration, callers, ke
 			if err != nil {
 				return fmt.Errorf("%s: %w\n%s", s, err, log.String())
 			}
-			fmt.Printf("%-19s %4d %9.0f %8s %8s %8s %14.2f %15.2f %7d %7d\n", s, r, res.rate, ms(res.p50), ms(res.p99), ms(res.p999),
-				res.redisCPU, res.serverCPU, res.errors, res.overLimits)
+			fmt.Printf("%-19s %4d %9.0f %8s %8s %8s %14.2f %15.2f %7d %7d  %s\n", s, r, res.rate, ms(res.p50), ms(res.p99), ms(res.p999),
+				res.redisCPU, res.serverCPU, res.errors, res.overLimits, res.commands)
 		}
 	}
 	return nil
@@ -156,6 +165,7 @@ type result struct {
 	p50, p99, p999      time.Duration
 	redisCPU, serverCPU float64 // ms of CPU per 1,000 calls
 	errors, overLimits  int64
+	commands            string // Redis commands per 1,000 calls, by command
 }
 
 func measure(addr string, pid int, rdb *redis.Client, d time.Duration, callers, keys int) (result, error) {
@@ -218,6 +228,9 @@ func measure(addr string, pid int, rdb *redis.Client, d time.Duration, callers, 
 	loop(time.Now().Add(time.Second), nil, &errs, &over) // warm-up: connections, leases, scripts
 	errs.Store(0)
 	over.Store(0)
+	if err := rdb.ConfigResetStat(context.Background()).Err(); err != nil {
+		return result{}, err
+	}
 	r0, err := redisCPU(rdb)
 	if err != nil {
 		return result{}, err
@@ -232,12 +245,63 @@ func measure(addr string, pid int, rdb *redis.Client, d time.Duration, callers, 
 		return result{}, err
 	}
 	p1 := procCPU(pid)
+	cmds, err := commandStats(rdb)
+	if err != nil {
+		return result{}, err
+	}
 	slices.Sort(lat)
 	n := float64(len(lat))
 	q := func(p float64) time.Duration { return lat[min(len(lat)-1, int(p*n))] }
 	return result{rate: n / el.Seconds(), p50: q(0.5), p99: q(0.99), p999: q(0.999),
 		redisCPU: (r1 - r0) * 1000 / n * 1000, serverCPU: (p1 - p0) * 1000 / n * 1000,
-		errors: errs.Load(), overLimits: over.Load()}, nil
+		errors: errs.Load(), overLimits: over.Load(), commands: perThousand(cmds, n)}, nil
+}
+
+// commandStats returns redis-server's calls per command since the last CONFIG RESETSTAT (INFO
+// commandstats), without the INFO and CONFIG calls of the measurement itself.
+func commandStats(rdb *redis.Client) (map[string]int64, error) {
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	for _, line := range strings.Split(info, "\r\n") {
+		name, rest, ok := strings.Cut(line, ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		name = strings.TrimPrefix(name, "cmdstat_")
+		if name == "info" || strings.HasPrefix(name, "config") {
+			continue
+		}
+		calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
+		n, err := strconv.ParseInt(calls, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("INFO commandstats: %q: %w", line, err)
+		}
+		out[name] = n
+	}
+	return out, nil
+}
+
+// perThousand formats commands per 1,000 calls, the most frequent first: "incrby=14.2 pexpire=0.1".
+func perThousand(cmds map[string]int64, calls float64) string {
+	names := make([]string, 0, len(cmds))
+	for k := range cmds {
+		names = append(names, k)
+	}
+	slices.SortFunc(names, func(a, b string) int { return int(cmds[b] - cmds[a]) })
+	var b strings.Builder
+	for _, k := range names {
+		if b.Len() > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%s=%.2f", k, float64(cmds[k])*1000/calls)
+	}
+	if b.Len() == 0 {
+		return "-"
+	}
+	return b.String()
 }
 
 // redisCPU returns redis-server's CPU time so far, in seconds (INFO cpu, user + sys).

@@ -28,6 +28,7 @@ type compat struct {
 	ignoreDot  bool             // RUNTIME_IGNOREDOTFILES
 	merge      bool             // MERGE_DOMAIN_CONFIG
 	algorithm  policy.Algorithm // HYBRIDRATED_ALGORITHM: every limit's; empty is upstream_window
+	lease      time.Duration    // HYBRIDRATED_WINDOW_LEASE: upstream windows' lease life; 0: no leases
 	shadow     bool             // SHADOW_MODE
 	stopIncr   bool             // STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT
 	nearRatio  float64          // NEAR_LIMIT_RATIO (upstream's default 0.8)
@@ -42,6 +43,10 @@ type compat struct {
 	timeout    time.Duration // REDIS_TIMEOUT: the bound of one Redis call (upstream's default 10s)
 	ignored    []string      // settings accepted and ignored, with the reason, logged once at start
 }
+
+// DefaultWindowLease is HYBRIDRATED_WINDOW_LEASE's default: a lease of an upstream window lasts
+// about this long at its key's demand (docs/sidecar.md, "Local-first windows").
+const DefaultWindowLease = 10 * time.Second
 
 // upstreamMarkers are the variables whose presence, with no command line, selects upstream's
 // start-up.
@@ -259,6 +264,16 @@ func parseCompat(getenv func(string) string) (config, error) {
 			add(fmt.Errorf("HYBRIDRATED_ALGORITHM: %w", err))
 		}
 		cm.algorithm = a
+	}
+	// HYBRIDRATED_WINDOW_LEASE, which upstream never reads, sizes the leases of upstream's windows
+	// (policy.Config.WindowLeaseLife); 0 counts every check in Redis, as upstream does.
+	cm.lease = DefaultWindowLease
+	if v := getenv("HYBRIDRATED_WINDOW_LEASE"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			add(fmt.Errorf("HYBRIDRATED_WINDOW_LEASE %q: want a duration of 0 or more", v))
+		}
+		cm.lease = d
 	}
 	if err := errors.Join(errs...); err != nil {
 		return c, err

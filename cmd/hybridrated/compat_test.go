@@ -85,6 +85,18 @@ func TestCompatReadsUpstreamsEnvironment(t *testing.T) {
 	require.ErrorContains(t, err, "HYBRIDRATED_ALGORITHM")
 	_, err = parseConfig(nil, func(k string) string { return map[string]string{"REDIS_URL": "r", "NEAR_LIMIT_RATIO": "2"}[k] }, io.Discard)
 	require.ErrorContains(t, err, "NEAR_LIMIT_RATIO")
+
+	// Window leases: 10s by default, 0 turns them off, a negative or malformed value is refused.
+	c, err = parseConfig(nil, func(k string) string { return map[string]string{"REDIS_URL": "r"}[k] }, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, DefaultWindowLease, c.compat.lease)
+	c, err = parseConfig(nil, func(k string) string { return map[string]string{"REDIS_URL": "r", "HYBRIDRATED_WINDOW_LEASE": "0"}[k] }, io.Discard)
+	require.NoError(t, err)
+	require.Zero(t, c.compat.lease)
+	for _, v := range []string{"-1s", "soon"} {
+		_, err = parseConfig(nil, func(k string) string { return map[string]string{"REDIS_URL": "r", "HYBRIDRATED_WINDOW_LEASE": v}[k] }, io.Discard)
+		require.ErrorContains(t, err, "HYBRIDRATED_WINDOW_LEASE", v)
+	}
 }
 
 // TestCompatReloadsOnASymlinkSwap starts hybridrated from upstream's environment and swaps the

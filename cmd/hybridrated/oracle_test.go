@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/hybridrate/hybridrate/internal/redistest"
@@ -99,6 +100,10 @@ descriptors:
       replaces: [{name: general}]
   - key: general
     rate_limit: {unit: hour, requests_per_unit: 2, name: general}
+  - key: leased
+    rate_limit: {unit: hour, requests_per_unit: 200}
+  - key: leased_big
+    rate_limit: {unit: hour, requests_per_unit: 1000}
   - key: deep
     descriptors:
       - key: deeper
@@ -186,6 +191,10 @@ type oracleCase struct {
 	window time.Duration
 	// replicas alternates hybridrated's replicas (even requests to one, odd to the other).
 	replicas bool
+	// slack, with replicas, lets each remaining count (status and header) differ from upstream's
+	// by this much: what the replicas' leases of a window allow (docs/accuracy.md, "Leased upstream
+	// windows"); codes, limits and resets must still be equal.
+	slack uint32
 }
 
 // run sends each case's requests to both servers and requires equal answers.
@@ -205,6 +214,10 @@ func (o *oracle) run(t *testing.T, cases []oracleCase) {
 				}
 				got, err := c.ShouldRateLimit(context.Background(), r)
 				require.NoError(t, err, "hybridrated, request %d", i)
+				if tc.slack > 0 {
+					requireWithin(t, want, got, tc.slack, i)
+					continue
+				}
 				requireSame(t, want, got, i)
 			}
 		})
@@ -276,6 +289,14 @@ func TestOracleUpstreamAnswersEqual(t *testing.T) {
 		{name: "two replicas, hits_addend", reqs: seq(req(2, d("basic", "r2")), req(2, d("basic", "r2")), check(d("basic", "r2")), req(1, d("basic", "r2"))), replicas: true},
 	})
 	o.run(t, readmeCases())
+	o.run(t, leaseCases())
+	// The lease cases were served mostly without Redis (hybridrate.strict.window_lease_hits).
+	leaseHits := 0.0
+	for _, h := range o.oursHTTP {
+		leaseHits += promSum(t, "http://"+h+"/metrics", "hybridrate_strict_window_lease_hits_total")
+	}
+	t.Logf("checks served from window leases: %.0f of the lease cases' 560", leaseHits)
+	require.Greater(t, leaseHits, 300.0, "checks served from window leases, of the 560 the lease cases sent")
 
 	// Upstream's statistics under its Prometheus names: hybridrated's two replicas together count
 	// what upstream counts.
@@ -627,6 +648,82 @@ func requireSame(t *testing.T, want, got *rlsv3.RateLimitResponse, i int) {
 	for j := range w {
 		require.InDelta(t, w[j], g[j], 1, "request %d: reset %d: upstream %v, hybridrated %v", i, j, w, g)
 	}
+}
+
+// requireWithin requires what requireSame requires, except that remaining counts may differ by up
+// to slack.
+func requireWithin(t *testing.T, want, got *rlsv3.RateLimitResponse, slack uint32, i int) {
+	t.Helper()
+	strip := func(r *rlsv3.RateLimitResponse) (*rlsv3.RateLimitResponse, []int64) {
+		r = proto.Clone(r).(*rlsv3.RateLimitResponse)
+		var rem []int64
+		for _, s := range r.Statuses {
+			rem = append(rem, int64(s.LimitRemaining))
+			s.LimitRemaining = 0
+		}
+		for _, h := range r.ResponseHeadersToAdd {
+			if strings.EqualFold(h.Key, "RateLimit-Remaining") {
+				n, _ := strconv.ParseInt(h.Value, 10, 64)
+				rem = append(rem, n)
+				h.Value = "(remaining)"
+			}
+		}
+		return r, rem
+	}
+	w, wr := strip(want)
+	g, gr := strip(got)
+	requireSame(t, w, g, i)
+	require.Len(t, gr, len(wr))
+	for j := range wr {
+		require.InDelta(t, wr[j], gr[j], float64(slack), "request %d: remaining %d: upstream %v, hybridrated %v", i, j, wr, gr)
+	}
+}
+
+// leaseCases are sequences long and fast enough for hybridrated's window leases to serve most of
+// their requests locally (docs/sidecar.md, "Local-first windows").
+func leaseCases() []oracleCase {
+	var one, two []*rlsv3.RateLimitRequest
+	for i := range 260 {
+		switch {
+		case i%10 == 9:
+			one = append(one, check(d("leased", "one")))
+		case i%7 == 3:
+			one = append(one, req(3, d("leased", "one")))
+		default:
+			one = append(one, req(1, d("leased", "one")))
+		}
+	}
+	for range 300 {
+		two = append(two, req(1, d("leased_big", "two")))
+	}
+	return []oracleCase{
+		// One replica holds the leases: every answer is upstream's, over the limit too.
+		{name: "leases: one replica, through the limit", reqs: one},
+		// Two replicas: the remaining counts differ by at most the two leases (at most 1/16 of
+		// what was left each); 300 of 1,000 stays below NEAR_LIMIT_RATIO, so the statistics are
+		// upstream's too.
+		{name: "leases: two replicas", reqs: two, replicas: true, slack: 2 * 1000 / 16},
+	}
+}
+
+// promSum returns the sum of the series of a metric name that url exports.
+func promSum(t *testing.T, url, name string) float64 {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	sum := 0.0
+	for _, line := range strings.Split(string(body), "\n") {
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+			continue
+		}
+		f, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		require.NoError(t, err, line)
+		sum += f
+	}
+	return sum
 }
 
 // scrapeUpstreamNames returns the series of upstream's per-limit and per-domain statistics

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"runtime"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -151,10 +152,14 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 		KeyPrefix:     prefix,
 		HybridOptions: hybridOpts,
 		StrictTimeout: strictTimeout,
-		HashKey:       cfg.hashKey,
-		Dimensions:    []string{"domain"},
-		CostFuncs:     map[string]policy.CostFunc{sidecar.HitsCostName: sidecar.HitsCost},
-		Logger:        log,
+		// Upstream's windows (the default algorithm of upstream's files) are counted as upstream
+		// counts them, local-first with leases.
+		WindowLeases:    cfg.compat != nil,
+		WindowLeaseLife: leaseLife(cfg.compat),
+		HashKey:         cfg.hashKey,
+		Dimensions:      []string{"domain"},
+		CostFuncs:       map[string]policy.CostFunc{sidecar.HitsCostName: sidecar.HitsCost},
+		Logger:          log,
 	})
 	if err != nil {
 		return err
@@ -252,7 +257,11 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 	}
 	var draining atomic.Bool
 	hs := health.NewServer()
-	gs := grpc.NewServer()
+	// Stream workers: each call runs on a goroutine whose stack has already grown to a decision's
+	// depth, instead of a new goroutine that grows (and copies) its stack on every call: a quarter
+	// of the server's CPU under bench/rlsbench (docs/benchmarks.md). gRPC spawns a goroutine as
+	// before when every worker is busy.
+	gs := grpc.NewServer(grpc.NumStreamWorkers(uint32(max(16, 4*runtime.GOMAXPROCS(0)))))
 	srv.Register(gs)
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)
@@ -527,4 +536,12 @@ func (r *reloads) register(mp metric.MeterProvider, instance string) (metric.Reg
 		o.ObserveInt64(failing, v, plain)
 		return nil
 	}, n, failing)
+}
+
+// leaseLife is the lease life of upstream's windows under cm (none without it).
+func leaseLife(cm *compat) time.Duration {
+	if cm == nil {
+		return 0
+	}
+	return cm.lease
 }
