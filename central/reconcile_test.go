@@ -225,9 +225,26 @@ func TestScriptLeaseAdvance(t *testing.T) {
 		at := &node{c: c, key: "at", lim: Limit{Rate: 10, Burst: 20}, inc: 1, demand: 10}
 		st = at.call(t, 0, 80, 0)
 		assert.Equal(t, int64(20), st.Charged, "demand 10/s, at the rate: no advance")
-		// Over the rate (demand 20/s) the advance is not lent either. A node that called
-		// before may lend the refill its leases hold while they wait for its requests instead:
-		// Rate/demand tokens below zero, rounded (here 10/20 → 1), not told to the node.
+		// Over the rate (demand 20/s) the advance is not lent either. While other nodes declare
+		// demand on the key, a node that called before may lend the refill its leases hold while
+		// they wait for its requests instead: Rate/demand tokens below zero, rounded (here 10/20
+		// → 1), not told to the node. A node alone on a key lends nothing: no other node holds
+		// its tokens.
+		alone := &node{c: c, key: "alone", lim: Limit{Rate: 10, Burst: 20}, inc: 1, demand: 20}
+		st = alone.call(t, 0, 80, 0)
+		assert.Equal(t, int64(20), st.Charged, "the burst")
+		st = alone.call(t, 20, 80, 1) // the lease spent, one more now
+		assert.Equal(t, StatusDenied, st.Status, "alone on the key: no lend")
+		// A node with a small share of the key's demand (declared first here) lends more (its
+		// requests are further apart), up to Rate·Advance (10), and takes at most its share of the
+		// burst.
+		minor := &node{c: c, key: "over", lim: Limit{Rate: 10, Burst: 20}, inc: 1, demand: 0.5}
+		mcfg := testConfig(rdb, "minor")
+		mcfg.Advance = time.Second
+		minor.c, err = New(mcfg)
+		require.NoError(t, err)
+		minor.c.at(t0)
+		minor.call(t, 0, 0, 0) // its first call declares its demand
 		hot := &node{c: c, key: "over", lim: Limit{Rate: 10, Burst: 20}, inc: 1, demand: 20}
 		st = hot.call(t, 0, 80, 0)
 		assert.Equal(t, int64(20), st.Charged, "only the burst: the node's share")
@@ -238,15 +255,6 @@ func TestScriptLeaseAdvance(t *testing.T) {
 		st = hot.call(t, 1, 80, 1) // and one more
 		assert.Equal(t, StatusDenied, st.Status, "no further than the lend")
 		assert.Equal(t, 100*time.Millisecond, st.RetryAfter, "the bucket's -1 is the lend: a token refills in 0.1 s")
-		// A node with a small share of the key's demand lends more (its requests are further
-		// apart), up to Rate·Advance (10), and takes at most its share of the burst.
-		minor := &node{c: c, key: "over", lim: Limit{Rate: 10, Burst: 20}, inc: 1, demand: 0.5}
-		mcfg := testConfig(rdb, "minor")
-		mcfg.Advance = time.Second
-		minor.c, err = New(mcfg)
-		require.NoError(t, err)
-		minor.c.at(t0)
-		minor.call(t, 0, 0, 0) // its first call declares its demand
 		st = minor.call(t, 0, 80, 0)
 		assert.Equal(t, int64(1), st.Charged, "its share: 20·0.5/20.5 rounds to 0, at least 1")
 		assert.Equal(t, int64(-2_000_000), bucketField(t, rdb, BucketKey("t", "over"), 0))

@@ -334,7 +334,9 @@ local function process(i, key)
   -- (Little's law), tokens an exact bucket would have admitted at once. Letting a node's call take
   -- the bucket down to -rate/d_i (its own term, rounded; at most rate·advance, the advance's floor)
   -- makes the refill repay what the leases hold instead of the key losing it: on loadgen's zipf
-  -- scenario, false denials went from 0.64% to 0.25% of the exact bucket's tokens.
+  -- scenario, false denials went from 0.64% to 0.25% of the exact bucket's tokens. Only while other
+  -- nodes declare demand on the key (w > demand): a node alone on a key holds no tokens elsewhere,
+  -- and the lend let a burst of 5 requests on a key of burst 3 and 1/s admit 4.
   local adv = 0
   local lend = 0
   -- Neither is lent on a fleet larger than what can be lent (issue 21). There, the nodes that see
@@ -345,7 +347,7 @@ local function process(i, key)
   if (n == 0 or known) and fleet_n <= burst + adv_max then
     if wv < rate then
       adv = mmin(adv_max, floor(wv * advance_ms / 1000))
-    elseif demand > 0 then
+    elseif demand > 0 and w > demand then
       lend = mmin(adv_max, floor(rate / demand + 0.5))
     end
   end
