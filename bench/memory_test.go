@@ -59,15 +59,23 @@ func BenchmarkBytesPerKey(b *testing.B) {
 		for i := 0; i < b.N; i++ {
 			measure(b, func() any {
 				lim := newLimiter(b, rdb, hybrid.WithSyncInterval(time.Minute), hybrid.WithMaxKeys(2*n),
-					hybrid.WithCheckTimeout(time.Second), hybrid.WithKeyPrefix("synced"+strconv.Itoa(i)))
+					hybrid.WithCheckTimeout(time.Second), hybrid.WithFlushTimeout(time.Minute),
+					hybrid.WithKeyPrefix("synced"+strconv.Itoa(i)))
 				ctx := context.Background()
 				for _, k := range keys {
 					if _, err := lim.Allow(ctx, k, generous); err != nil {
 						b.Fatal(err)
 					}
 				}
-				if err := lim.Flush(ctx); err != nil {
-					b.Fatal(err)
+				// A round that timed out on a loaded machine leaves its keys pending: flush again.
+				for try := 0; ; try++ {
+					err := lim.Flush(ctx)
+					if err == nil && lim.Stats().Pending == 0 {
+						break
+					}
+					if try == 4 {
+						b.Fatalf("five flushes left %d keys pending: %v", lim.Stats().Pending, err)
+					}
 				}
 				if st := lim.Stats(); st.Keys != n || st.Pending != 0 {
 					b.Fatalf("hybrid holds %d keys, %d pending; want %d, 0", st.Keys, st.Pending, n)
