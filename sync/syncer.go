@@ -76,8 +76,7 @@ type Syncer struct {
 
 	mu       sync.Mutex // serialises flushes; guards the fields below
 	waiting  map[*local.Entry]*watch
-	refused  map[*local.Entry]int64 // keys Redis refused (ErrBadKey): no call before the time given
-	waitPeak int                    // the most keys waiting since the map was last rebuilt (shrinkLocked)
+	waitPeak int // the most keys waiting since the map was last rebuilt (shrinkLocked)
 	entries  []*local.Entry
 	batch    []pick
 	extra    []pick // keys that join a round that goes anyway (topUpWater)
@@ -89,10 +88,11 @@ type Syncer struct {
 	errs     []error
 }
 
-// watch is what the syncer remembers of a key it watches: 16 bytes, as the syncer may watch every
-// key of the store (a key refused by Redis also has its pause in Syncer.refused).
+// watch is what the syncer remembers of a key it watches.
 type watch struct {
-	seen      int64 // consumed plus denied at the last round; -1 before the first (a fresh key)
+	notBefore int64 // no call before then (a key Redis refused)
+	fresh     bool  // the syncer saw the entry first in this round
+	seen      int64 // consumed plus denied at the last round
 	changedAt int64 // when seen last changed
 }
 
@@ -274,7 +274,7 @@ func (s *Syncer) flush(ctx context.Context, m mode) error {
 	s.entries = s.cfg.Store.Collect(s.entries[:0])
 	for _, e := range s.entries {
 		if _, ok := s.waiting[e]; !ok {
-			s.waiting[e] = &watch{seen: -1}
+			s.waiting[e] = &watch{seen: -1, fresh: true}
 			e.Seen(now)
 		}
 	}
@@ -286,7 +286,6 @@ func (s *Syncer) flush(ctx context.Context, m mode) error {
 	for e, w := range s.waiting {
 		if e.Evicted() {
 			delete(s.waiting, e)
-			delete(s.refused, e)
 			continue
 		}
 		if m == final {
@@ -294,7 +293,6 @@ func (s *Syncer) flush(ctx context.Context, m mode) error {
 		} else if e.Unused() > 0 && now >= e.LeaseUntil() {
 			s.stats.Burned.Add(e.Expire(now))
 		}
-		first := w.seen < 0 // the syncer saw the entry first in this round
 		if seen := e.Total() - e.Burned() + e.Denied(); seen != w.seen {
 			w.seen, w.changedAt = seen, now
 		}
@@ -306,11 +304,8 @@ func (s *Syncer) flush(ctx context.Context, m mode) error {
 		keyReady := now // when this key's report should go at the latest, if sent
 		switch m {
 		case due:
-			fresh := first && e.GrantedAt() == 0 && e.Mark() <= freshCredit
-			notBefore, refused := s.refused[e]
-			if refused && now >= notBefore {
-				delete(s.refused, e)
-			}
+			fresh := w.fresh && e.GrantedAt() == 0 && e.Mark() <= freshCredit
+			w.fresh = false
 			switch {
 			case e.Thin() && !debt && !e.Unreported():
 				// The last synchronous answer left this node nothing beyond its request: its share of
@@ -318,7 +313,7 @@ func (s *Syncer) flush(ctx context.Context, m mode) error {
 				// rule). A renewal would cost a call and get nothing; its next request goes to Redis
 				// anyway. (On loadgen's fleet simulator, hot keys on 4,096 nodes: a round per such
 				// take, 1.2× the central bucket's Redis CPU.)
-			case now < notBefore || fresh:
+			case now < w.notBefore || fresh:
 				// A key Redis refused waits. A key never answered whose cold-start credit is a
 				// couple of tokens (a sparse key: a new client, a new IP) reports its use from the
 				// round after the one that first saw it, so that a second request following the
@@ -400,7 +395,6 @@ func (s *Syncer) flush(ctx context.Context, m mode) error {
 		}
 		if unused == 0 && !debt && !active && !e.Unreported() {
 			delete(s.waiting, e)
-			delete(s.refused, e)
 		}
 	}
 	defer s.count()
@@ -507,12 +501,9 @@ func (s *Syncer) flushBatch(ctx context.Context, batch []pick, now int64, m mode
 				continue // the round was cut short by shutdown: the key stays pending for Close's flush
 			}
 			s.stats.FailedKeys.Add(1)
-			if _, ok := s.waiting[e]; ok && errors.Is(s.errs[i], central.ErrBadKey) {
+			if w := s.waiting[e]; w != nil && errors.Is(s.errs[i], central.ErrBadKey) {
 				s.stats.BadKeys.Add(1)
-				if s.refused == nil {
-					s.refused = make(map[*local.Entry]int64)
-				}
-				s.refused[e] = now + int64(badKeyPause)
+				w.notBefore = now + int64(badKeyPause)
 			}
 			continue
 		}
