@@ -261,9 +261,10 @@ func WithKeyPrefix(p string) Option {
 
 // WithMaxKeys caps the number of keys held in local memory (at least 64). When the cap is reached,
 // keys with nothing pending are evicted, least recently used first; their state is in Redis. The
-// default is 1<<20. Each key held costs about 272 bytes of heap (a 256-byte entry and its table
+// default is 1<<20. Each key held costs about 208 bytes of heap (a 192-byte entry and its table
 // slot; the key string is the caller's, kept as passed), so the cap bounds the store at about
-// 272 × n bytes: 285 MB at the default, 28 MB at 100,000 (docs/operations.md, "Sizing Redis").
+// 208 × n bytes: 218 MB at the default, 21 MB at 100,000; a key the syncer watches (one holding a
+// lease or with use to report) costs the syncer about 95 bytes more (docs/operations.md, "Sizing Redis").
 func WithMaxKeys(n int) Option {
 	return optionFunc(func(o *options) error {
 		if n < 64 {
