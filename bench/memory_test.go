@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"runtime"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -16,7 +17,9 @@ import (
 // BenchmarkBytesPerKey reports the heap each implementation holds per key (metric B/key) once it
 // tracks 1,048,576 keys, key strings excluded (they are built before and held throughout): hybrid
 // (its local store, with the sync interval at a minute so no reconcile runs while it fills; every key
-// takes its first tokens from the cold-start credit, without Redis), local.Store alone (an entry and
+// takes its first tokens from the cold-start credit, without Redis), hybrid-synced (the same, then
+// one Flush: every key reconciled once with Redis and its answer applied, and the syncer watching
+// the keys that hold a lease: what a key costs once it is in use), local.Store alone (an entry and
 // its table slot), a map of x/time/rate limiters and a sync.Map of them. Each figure is the live
 // heap after two GCs, less the heap before the implementation was built. Run it with -benchtime 1x:
 //
@@ -46,6 +49,36 @@ func BenchmarkBytesPerKey(b *testing.B) {
 				}
 				if got := lim.Stats().Keys; got != n {
 					b.Fatalf("hybrid holds %d keys, want %d", got, n)
+				}
+				return lim
+			})
+		}
+	})
+	b.Run("impl=hybrid-synced", func(b *testing.B) {
+		_, rdb := startRedis(b)
+		for i := 0; i < b.N; i++ {
+			measure(b, func() any {
+				lim := newLimiter(b, rdb, hybrid.WithSyncInterval(time.Minute), hybrid.WithMaxKeys(2*n),
+					hybrid.WithCheckTimeout(time.Second), hybrid.WithFlushTimeout(time.Minute),
+					hybrid.WithKeyPrefix("synced"+strconv.Itoa(i)))
+				ctx := context.Background()
+				for _, k := range keys {
+					if _, err := lim.Allow(ctx, k, generous); err != nil {
+						b.Fatal(err)
+					}
+				}
+				// A round that timed out on a loaded machine leaves its keys pending: flush again.
+				for try := 0; ; try++ {
+					err := lim.Flush(ctx)
+					if err == nil && lim.Stats().Pending == 0 {
+						break
+					}
+					if try == 4 {
+						b.Fatalf("five flushes left %d keys pending: %v", lim.Stats().Pending, err)
+					}
+				}
+				if st := lim.Stats(); st.Keys != n || st.Pending != 0 {
+					b.Fatalf("hybrid holds %d keys, %d pending; want %d, 0", st.Keys, st.Pending, n)
 				}
 				return lim
 			})

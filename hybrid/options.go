@@ -262,7 +262,8 @@ func WithKeyPrefix(p string) Option {
 // keys with nothing pending are evicted, least recently used first; their state is in Redis. The
 // default is 1<<20. Each key held costs the same heap whatever its limit (its entry and table slot;
 // the key string is the caller's, kept as passed), so the cap bounds the store's memory linearly;
-// docs/benchmarks.md ("The hot path and bytes per key") has the measured bytes per key.
+// docs/operations.md ("Sizing Redis") gives the bytes per key and what the syncer adds for a key
+// it watches.
 func WithMaxKeys(n int) Option {
 	return optionFunc(func(o *options) error {
 		if n < 64 {

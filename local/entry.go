@@ -4,6 +4,7 @@ import (
 	"math"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 )
 
 // Entry is one key's local state. Its counters are cumulative for its incarnation:
@@ -16,10 +17,10 @@ import (
 // methods are safe for concurrent use.
 type Entry struct {
 	// The hot path (Lookup, TryTake, Remaining) reads only the first 64 bytes, hash to remBase: one
-	// cache line, as an Entry is exactly 256 bytes (a size class whose objects are 64-byte aligned;
+	// cache line, as an Entry is exactly 192 bytes (a size class whose objects are 64-byte aligned;
 	// TestEntryLayout pins both). docs/design.md says what each field costs.
 	hash    uint32        // low 32 bits of the store's hash: shard, slot and a tag compared first
-	flags   flags         // fDirty, fEvicted, fUsed, fThin
+	flags   flags         // fDirty, fEvicted, fUsed, fThin; above them, the nodes active on the key
 	key     string        // compared on lookup
 	total   atomic.Int64  // tokens consumed by this incarnation
 	mark    atomic.Int64  // total may grow up to mark without asking Redis
@@ -29,39 +30,66 @@ type Entry struct {
 
 	charged     atomic.Int64 // tokens Redis has charged to this incarnation (last answer applied)
 	globalMicro atomic.Int64 // global micro-tokens in the last answer
-	denied      atomic.Int64 // tokens this node denied locally (demand it could not serve), cumulative
 	burned      atomic.Int64 // unused lease written off at expiry, cumulative (part of total)
-	store       *Store
-	inc         uint64 // guarded by mu (excused tokens start a new one: see Next)
-	excused     int64  // guarded by mu: tokens AddExcused excused that Redis has not been told of
-	exSeq       uint64 // guarded by mu: the first call that left them out of its Cum
+	uacked      atomic.Int64 // admitted tokens Redis has counted
+	// link is the owning *Store while the entry is not on a dirty list; on one, it is the next
+	// *Entry of the list, or the *Store at the list's end (see markDirty and Collect). One word for
+	// both, as the store is needed only to put the entry on a list.
+	link unsafe.Pointer
+	rare atomic.Pointer[rare] // what few keys need (denials, excused tokens, one-off takes); nil until then
+	inc  uint64               // guarded by mu (excused tokens start a new one: see Next)
 
 	fly        sync.Mutex   // held by the one caller whose synchronous call is in flight; see Fly
-	waiters    atomic.Int64 // tokens the callers waiting for that call want
 	mu         sync.Mutex   // serialises Grant, Expire and Next; guards the fields below
 	seq        uint64       // last call number issued
 	applied    uint64       // call number of the last answer applied
-	uacked     atomic.Int64 // admitted tokens Redis has counted
-	active     atomic.Int32 // nodes active on the key, by the last answer
-	directN    int32        // one-off takes counted in Direct's window
 	grantedAt  atomic.Int64 // time of the last answer applied, caller's monotonic clock; 0 if none
 	leaseUntil atomic.Int64 // the unused lease may be used until then (caller's clock)
-	retryAt    atomic.Int64 // a lease shorter than wanted: do not ask again before then (caller's clock)
 	demand     float64      // estimated demand on this node, tokens/s (admitted + denied)
 	sentUsed   int64        // used (admitted) tokens at the last call
-	sentDenied int64        // denied tokens at the last call
 	sentAt     int64        // time of the last call (caller's clock); before the first call, minus the time the syncer first saw the entry
+}
+
+// rare is the part of an entry's state that most keys never need, allocated by the first method
+// that does (Entry.more) and kept for the entry's life: a key that was denied locally, had
+// tokens excused, sent one-off takes, waited for another caller's call, or was told to retry later.
+// Until then each of its values reads as zero. Fields without an atomic type are guarded by the
+// entry's mu.
+type rare struct {
+	denied     atomic.Int64 // tokens this node denied locally (demand it could not serve), cumulative
+	waiters    atomic.Int64 // tokens the callers waiting for the call in flight want
+	retryAt    atomic.Int64 // a lease shorter than wanted: do not ask again before then (caller's clock)
+	sentDenied int64        // denied tokens at the last call
+	excused    int64        // tokens AddExcused excused that Redis has not been told of
+	exSeq      uint64       // the first call that left them out of its Cum
 	directAt   int64        // start of the window Direct counts in (caller's clock); 0 before the first
-	next       *Entry       // dirty-list link; written only by the goroutine that set dirty
+	directN    int32        // one-off takes counted in Direct's window
+}
+
+// more returns e's rare part, allocating it the first time.
+func (e *Entry) more() *rare {
+	if r := e.rare.Load(); r != nil {
+		return r
+	}
+	r := new(rare)
+	if e.rare.CompareAndSwap(nil, r) {
+		return r
+	}
+	return e.rare.Load()
 }
 
 // The bits of Entry.flags. Each is set and cleared by an atomic Or or And on the word, so that the
 // four need 4 bytes of the hot cache line, not 16, and TryTake reads all three it needs at once.
+// The word's bits from activeShift up hold the number of nodes active on the key by the last
+// answer (Global), written by Grant with a CAS that leaves the flag bits as they are.
 const (
 	fDirty   uint32 = 1 << iota // on the shard's dirty list
 	fEvicted                    // removed from the store; see tryEvict
 	fUsed                       // CLOCK reference bit
 	fThin                       // the last synchronous answer left nothing beyond its request (see Thin)
+
+	activeShift = 8
+	maxActive   = 1<<(32-activeShift) - 1 // 16,777,215 nodes: more than any fleet's
 )
 
 // flags is a word of independent bits, each updated atomically.
@@ -73,6 +101,20 @@ func (f *flags) clear(bit uint32)    { f.v.And(^bit) }
 
 // setOnce sets bit and reports whether it was clear.
 func (f *flags) setOnce(bit uint32) bool { return f.v.Or(bit)&bit == 0 }
+
+// active returns the count kept above the flag bits.
+func (f *flags) active() int64 { return int64(f.v.Load() >> activeShift) }
+
+// setActive replaces the count kept above the flag bits with n, capped at maxActive.
+func (f *flags) setActive(n int64) {
+	a := uint32(min(max(n, 0), maxActive)) << activeShift
+	for {
+		old := f.v.Load()
+		if f.v.CompareAndSwap(old, old&(1<<activeShift-1)|a) {
+			return
+		}
+	}
+}
 
 // setRem refreshes remBase after charged or globalMicro changed; e.mu must be held (or e not yet
 // published).
@@ -101,7 +143,11 @@ func (e *Entry) SetLimit(rate float64, burst int64) {
 	e.burst.Store(burst)
 }
 
-// Incarnation returns the entry's incarnation, unique within its store.
+// incarnations numbers the entries' incarnations, for every store of the process: unique, and
+// later ones larger, within each store as Redis's node records need them.
+var incarnations atomic.Uint64
+
+// Incarnation returns the entry's incarnation, unique within its process.
 func (e *Entry) Incarnation() uint64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -152,7 +198,7 @@ func (e *Entry) TryTake(n int64) TakeResult {
 		e.flags.set(fUsed)
 	}
 	if f&fDirty == 0 {
-		e.store.markDirty(e)
+		e.markDirty()
 	}
 	return Taken
 }
@@ -182,7 +228,7 @@ func (e *Entry) afterTake(f uint32, n int64) *Entry {
 		e.flags.set(fUsed)
 	}
 	if f&fDirty == 0 {
-		e.store.markDirty(e)
+		e.markDirty()
 	}
 	return e
 }
@@ -196,7 +242,7 @@ func (e *Entry) Add(n int64) TakeResult {
 		e.total.Add(-n)
 		return Gone
 	}
-	e.store.markDirty(e)
+	e.markDirty()
 	return Taken
 }
 
@@ -223,12 +269,13 @@ func (e *Entry) AddExcused(n, excused int64) TakeResult {
 		return Gone
 	}
 	if excused > 0 {
-		if e.excused == 0 {
-			e.exSeq = e.seq + 1
+		r := e.more()
+		if r.excused == 0 {
+			r.exSeq = e.seq + 1
 		}
-		e.excused += excused
+		r.excused += excused
 	}
-	e.store.markDirty(e)
+	e.markDirty()
 	return Taken
 }
 
@@ -269,7 +316,7 @@ func (e *Entry) Refund(n, now int64) int64 {
 			// never over-admits.
 			return 0
 		}
-		e.store.markDirty(e)
+		e.markDirty()
 		return k
 	}
 }
@@ -277,11 +324,11 @@ func (e *Entry) Refund(n, now int64) int64 {
 // Deny records n tokens of demand this node denied locally, so that the next call asks for a lease
 // sized to the demand, and puts the entry on the dirty list.
 func (e *Entry) Deny(n int64) {
-	e.denied.Add(n)
+	e.more().denied.Add(n)
 	if !e.flags.has(fUsed) {
 		e.flags.set(fUsed)
 	}
-	e.store.markDirty(e)
+	e.markDirty()
 }
 
 // Fly makes the caller the one whose synchronous call for the entry is in flight, and reports true;
@@ -293,11 +340,12 @@ func (e *Entry) Fly(n int64) bool {
 	if e.fly.TryLock() {
 		return true
 	}
-	e.waiters.Add(n)
+	r := e.more()
+	r.waiters.Add(n)
 	e.fly.Lock()
 	//lint:ignore SA2001 waiting for the call in flight to land is the point
 	e.fly.Unlock()
-	e.waiters.Add(-n)
+	r.waiters.Add(-n)
 	return false
 }
 
@@ -305,7 +353,12 @@ func (e *Entry) Fly(n int64) bool {
 func (e *Entry) Land() { e.fly.Unlock() }
 
 // Waiters returns the tokens callers waiting for the call in flight want.
-func (e *Entry) Waiters() int64 { return e.waiters.Load() }
+func (e *Entry) Waiters() int64 {
+	if r := e.rare.Load(); r != nil {
+		return r.waiters.Load()
+	}
+	return 0
+}
 
 // Touch sets the CLOCK reference bit, e.g. after a decision made by Redis.
 func (e *Entry) Touch() {
@@ -366,21 +419,25 @@ func (e *Entry) Next(now int64) Call {
 	e.seq++
 	total := e.total.Load()
 	cum := total
-	if e.excused > 0 {
-		if e.applied >= e.exSeq {
+	r := e.rare.Load()
+	if r != nil && r.excused > 0 {
+		if e.applied >= r.exSeq {
 			// An answer since the tokens were excused gave the charge Redis holds: a new
 			// incarnation's record starts from it plus the excused tokens (AddExcused). Later calls of
 			// the old incarnation are stale.
-			e.inc = e.store.inc.Add(1)
-			e.charged.Add(e.excused)
+			e.inc = incarnations.Add(1)
+			e.charged.Add(r.excused)
 			e.setRem()
-			e.excused = 0
+			r.excused = 0
 		} else {
-			cum -= e.excused
+			cum -= r.excused
 		}
 	}
 	used := total - e.burned.Load()
-	den := e.denied.Load()
+	den := int64(0) // from r, loaded once: a Deny that allocates the rare part now counts next time
+	if r != nil {
+		den = r.denied.Load()
+	}
 	got := e.sinceCall(used, den)
 	active := got > 0
 	if e.sentAt <= 0 {
@@ -406,7 +463,7 @@ func (e *Entry) Next(now int64) Call {
 			rate = got / max(dt, 0.1) // a burst within a few ms is not a rate of thousands a second
 			obs = rate
 		}
-		if seen := float64(e.sentUsed + e.sentDenied); seen+got < demandEvents {
+		if seen := float64(e.sentUsed + e.sentDenied()); seen+got < demandEvents {
 			// Young: the mean rate since the first request (youngDemand). The time since then is
 			// not stored: the estimate so far gives it back (count ÷ rate); with nothing seen
 			// before this call, it counts from the last call, over at least a second.
@@ -424,7 +481,10 @@ func (e *Entry) Next(now int64) Call {
 		}
 	}
 	e.demand = min(e.demand, maxDemand) // a burst in a short window must not exceed what Redis accepts
-	e.sentUsed, e.sentDenied, e.sentAt = used, den, now
+	e.sentUsed, e.sentAt = used, now
+	if r != nil {
+		r.sentDenied = den
+	}
 	return Call{
 		Inc: e.inc, Seq: e.seq, Cum: cum, Acked: e.charged.Load(), Used: min(used, cum), UAcked: e.uacked.Load(),
 		Demand: e.demand, Active: active,
@@ -441,13 +501,13 @@ func (e *Entry) RecentRate(now int64) float64 {
 	if e.sentAt <= 0 {
 		return -1
 	}
-	return e.sinceCall(e.total.Load()-e.burned.Load(), e.denied.Load()) / max(float64(now-e.sentAt)/1e9, 1)
+	return e.sinceCall(e.total.Load()-e.burned.Load(), e.Denied()) / max(float64(now-e.sentAt)/1e9, 1)
 }
 
 // sinceCall returns the tokens admitted and denied since the last call, given the counters now:
 // used (admitted, less what was written off) and den (denied); e.mu must be held.
 func (e *Entry) sinceCall(used, den int64) float64 {
-	return float64(max(used-e.sentUsed, 0) + den - e.sentDenied) // used falls after a Refund
+	return float64(max(used-e.sentUsed, 0) + den - e.sentDenied()) // used falls after a Refund
 }
 
 // Seen notes the first time the syncer sees the entry, for the first demand estimate.
@@ -466,13 +526,14 @@ func (e *Entry) Seen(now int64) {
 func (e *Entry) Direct(now, window int64) int64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.directAt == 0 || now-e.directAt > window {
-		e.directAt, e.directN = now, 0
+	r := e.more()
+	if r.directAt == 0 || now-r.directAt > window {
+		r.directAt, r.directN = now, 0
 	}
-	if e.directN < math.MaxInt32 {
-		e.directN++
+	if r.directN < math.MaxInt32 {
+		r.directN++
 	}
-	return int64(e.directN)
+	return int64(r.directN)
 }
 
 // DirectRate returns the rate of the one-off takes Direct counted in its current window, per
@@ -481,10 +542,11 @@ func (e *Entry) Direct(now, window int64) int64 {
 func (e *Entry) DirectRate(now, window int64) float64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.directAt == 0 || now-e.directAt > window {
+	r := e.rare.Load()
+	if r == nil || r.directAt == 0 || now-r.directAt > window {
 		return 0
 	}
-	return float64(e.directN) / max(float64(now-e.directAt)/1e9, 1)
+	return float64(r.directN) / max(float64(now-r.directAt)/1e9, 1)
 }
 
 // SetThin records whether the last synchronous call's answer left this node anything beyond the
@@ -505,7 +567,7 @@ func (e *Entry) Thin() bool { return e.flags.has(fThin) }
 func (e *Entry) Active() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.total.Load()-e.burned.Load() != e.sentUsed || e.denied.Load() != e.sentDenied
+	return e.total.Load()-e.burned.Load() != e.sentUsed || e.Denied() != e.sentDenied()
 }
 
 // Unreported reports whether the entry admitted tokens Redis has not counted yet.
@@ -555,12 +617,17 @@ func (e *Entry) Grant(a Answer) {
 	e.mark.Store(e.charged.Load() + a.Credit)
 	e.globalMicro.Store(a.Global)
 	e.setRem()
-	e.active.Store(int32(min(a.Active, math.MaxInt32)))
+	e.flags.setActive(a.Active)
 	e.grantedAt.Store(a.At)
 	e.leaseUntil.Store(a.LeaseUntil)
-	e.retryAt.Store(a.RetryAt)
-	if e.excused > 0 && e.applied >= e.exSeq {
-		e.store.markDirty(e) // the next call tells Redis of the excused tokens (Next): soon, and at Close
+	if r := e.rare.Load(); r != nil || a.RetryAt != 0 {
+		if r == nil {
+			r = e.more()
+		}
+		r.retryAt.Store(a.RetryAt)
+	}
+	if r := e.rare.Load(); r != nil && r.excused > 0 && e.applied >= r.exSeq {
+		e.markDirty() // the next call tells Redis of the excused tokens (Next): soon, and at Close
 	}
 }
 
@@ -593,7 +660,12 @@ func (e *Entry) GrantedAt() int64 { return e.grantedAt.Load() }
 func (e *Entry) LeaseUntil() int64 { return e.leaseUntil.Load() }
 
 // RetryAt returns the time before which the node should not ask for more (caller's clock).
-func (e *Entry) RetryAt() int64 { return e.retryAt.Load() }
+func (e *Entry) RetryAt() int64 {
+	if r := e.rare.Load(); r != nil {
+		return r.retryAt.Load()
+	}
+	return 0
+}
 
 // RefillAt returns when, by the last answer, the global bucket holds n tokens again (caller's clock):
 // the answer's time plus the refill the missing tokens take at the entry's rate; the answer's time
@@ -614,7 +686,20 @@ func (e *Entry) refillNanos() int64 {
 }
 
 // Denied returns the tokens this node denied locally so far.
-func (e *Entry) Denied() int64 { return e.denied.Load() }
+func (e *Entry) Denied() int64 {
+	if r := e.rare.Load(); r != nil {
+		return r.denied.Load()
+	}
+	return 0
+}
+
+// sentDenied returns the denied tokens at the last call; e.mu must be held.
+func (e *Entry) sentDenied() int64 {
+	if r := e.rare.Load(); r != nil {
+		return r.sentDenied
+	}
+	return 0
+}
 
 // Burned returns the unused lease written off so far, in tokens.
 func (e *Entry) Burned() int64 { return e.burned.Load() }
@@ -679,5 +764,5 @@ const maxDemand = 1e9
 
 // Global returns the global tokens (micro-tokens) and the nodes sharing the key, by the last answer.
 func (e *Entry) Global() (micro, active int64) {
-	return e.globalMicro.Load(), int64(e.active.Load())
+	return e.globalMicro.Load(), e.flags.active()
 }

@@ -40,7 +40,6 @@ type Store struct {
 	k0, k1   uint64       // Hash's seeds for keys of up to 32 bytes, random
 	perShard int          // key cap per shard
 	shards   [numShards]shard
-	inc      atomic.Uint64 // incarnation counter for new entries
 	dirty    atomic.Int64  // entries on dirty lists
 	notify   chan struct{} // signalled when dirty goes from 0 to 1
 	stats    Stats
@@ -48,7 +47,7 @@ type Store struct {
 
 type shard struct {
 	tab   atomic.Pointer[table] // current table; readers load it without locking
-	head  atomic.Pointer[Entry] // dirty list (a Treiber stack linked by Entry.next)
+	head  atomic.Pointer[Entry] // dirty list (a Treiber stack linked by Entry.link, ending with the store)
 	mu    sync.Mutex            // guards writes to tab's slots, live, tombs and hand
 	live  int                   // entries in the table
 	tombs int                   // tombstones in the table
@@ -240,7 +239,7 @@ func (s *Store) Insert(key string, h uint64, rate float64, burst, credit int64) 
 		s.stats.Full.Add(1)
 		return nil
 	}
-	e := &Entry{key: key, hash: uint32(h), inc: s.inc.Add(1), store: s}
+	e := &Entry{key: key, hash: uint32(h), inc: incarnations.Add(1), link: unsafe.Pointer(s)}
 	e.SetLimit(rate, burst)
 	e.mark.Store(max(credit, 0))
 	e.globalMicro.Store(burst * 1_000_000) // until Redis answers, Remaining assumes a full bucket
@@ -402,15 +401,22 @@ func (s *Store) Notify() <-chan struct{} { return s.notify }
 // Dirty returns the number of entries waiting on dirty lists.
 func (s *Store) Dirty() int64 { return s.dirty.Load() }
 
-// markDirty puts e on its shard's dirty list unless it is already there.
-func (s *Store) markDirty(e *Entry) {
+// markDirty puts e on its store's dirty list unless it is already there. Only the caller that
+// sets fDirty touches e.link until Collect takes e off the list: the store it reads there is
+// written back by Collect before Collect clears the flag.
+func (e *Entry) markDirty() {
 	if e.flags.has(fDirty) || !e.flags.setOnce(fDirty) {
 		return
 	}
+	s := (*Store)(e.link)
 	sh := &s.shards[e.hash&(numShards-1)]
 	for {
 		old := sh.head.Load()
-		e.next = old
+		if old == nil {
+			e.link = unsafe.Pointer(s) // the list's end
+		} else {
+			e.link = unsafe.Pointer(old)
+		}
 		if sh.head.CompareAndSwap(old, e) {
 			break
 		}
@@ -424,7 +430,7 @@ func (s *Store) markDirty(e *Entry) {
 }
 
 // MarkDirty puts e back on the dirty list, e.g. after its reconcile failed.
-func (s *Store) MarkDirty(e *Entry) { s.markDirty(e) }
+func (s *Store) MarkDirty(e *Entry) { e.markDirty() }
 
 // Collect moves every dirty entry to buf (which it returns, appended) and clears their dirty flags.
 // An entry consumed again after Collect read it becomes dirty again.
@@ -433,12 +439,15 @@ func (s *Store) Collect(buf []*Entry) []*Entry {
 		e := s.shards[i].head.Swap(nil)
 		k := int64(0)
 		for e != nil {
-			next := e.next
-			e.next = nil
+			next := e.link
+			e.link = unsafe.Pointer(s)
 			e.flags.clear(fDirty)
 			buf = append(buf, e)
 			k++
-			e = next
+			if next == unsafe.Pointer(s) {
+				break
+			}
+			e = (*Entry)(next)
 		}
 		if k > 0 {
 			s.dirty.Add(-k)
