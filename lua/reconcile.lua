@@ -291,10 +291,8 @@ local function process(i, key)
   end
   -- Demand: the node's declared demand replaces what it declared before (if that still counts).
   if rec_inc ~= nil and rec_seen >= now_ms - window_ms then w = w - rec_d end
-  -- The node has called for this key before (with this incarnation), and declared a demand then:
-  -- its demand is known. (A node's first call declares what it saw before asking, often nothing;
-  -- its first call with a demand is still the first burst of a key that was quiet.)
-  local known = rec_inc == inc and rec_d ~= nil and rec_d > 0
+  -- The node has called for this key before (with this incarnation): its demand is known.
+  local known = rec_inc == inc
   if rec_inc == nil or rec_inc < inc then
     rec_inc, rec_chg, rec_used = inc, acked, uacked
   end
@@ -323,13 +321,10 @@ local function process(i, key)
   local wv = mmax(w, demand)
   local granted = true
   -- The advance is lent while the key's demand is under its rate, and only what that demand
-  -- takes over the advance, to a call of a node that declared a demand for the key in an earlier
-  -- call (`known`): a key that was idle (its demand near 0), or a node's first call with a demand
-  -- (a new key's first burst), gets no refill ahead of time, so a sudden burst on such a key takes
-  -- at most its burst; a busy node that runs dry between renewals still finds the refill it was
-  -- lent from. (A node's young estimate reads a burst in a key's first milliseconds as its count
-  -- over a second: examples/httpapi's burst of 20 on a key of burst 5 admitted 6 when a call with
-  -- that first demand was lent the advance.)
+  -- takes over the advance, to a background renewal (n = 0) or to a caller whose node has called
+  -- for the key before: a key that was idle (its demand near 0), or a node's first call (a new
+  -- key's first burst), gets no refill ahead of time, so a sudden burst on such a key takes at most
+  -- its burst; a busy node that runs dry between renewals still finds the refill it was lent from.
   -- (Until 2026-11-27 the advance was lent up to 1.25× the rate, as a margin for demand estimates
   -- that ran high; a key between 1 and 1.25× its rate then kept the advance, and its overshoot,
   -- for good. The nodes' young estimate (local.youngDemand) made the margin unneeded.)
@@ -349,7 +344,7 @@ local function process(i, key)
   -- key's demand and cannot tell that it is over its rate (on the fleet simulator, keys at 4× their
   -- limit on 512 nodes were lent the advance and admitted 1.10× their allowance); and nodes whose
   -- share is under a token hold no lease, so there is little inventory for the lend to make up for.
-  if known and fleet_n <= burst + adv_max then
+  if (n == 0 or known) and fleet_n <= burst + adv_max then
     if wv < rate then
       adv = mmin(adv_max, floor(wv * advance_ms / 1000))
     elseif demand > 0 and w > demand then
