@@ -291,8 +291,12 @@ local function process(i, key)
   end
   -- Demand: the node's declared demand replaces what it declared before (if that still counts).
   if rec_inc ~= nil and rec_seen >= now_ms - window_ms then w = w - rec_d end
-  -- The node has called for this key before (with this incarnation): its demand is known.
-  local known = rec_inc == inc
+  -- The node has called for this key before (with this incarnation), and either declared a demand
+  -- then or called a second or more ago: its demand is known. A call a few milliseconds after a
+  -- first call that declared nothing is a key's first burst, whose demand the node reads over a
+  -- second (local.youngDemand): lending it the coming refill let a burst of 20 on a quiet key of
+  -- burst 5 admit 6 (examples/httpapi).
+  local known = rec_inc == inc and (rec_d > 0 or now_ms - rec_seen >= 1000)
   if rec_inc == nil or rec_inc < inc then
     rec_inc, rec_chg, rec_used = inc, acked, uacked
   end
@@ -321,10 +325,11 @@ local function process(i, key)
   local wv = mmax(w, demand)
   local granted = true
   -- The advance is lent while the key's demand is under its rate, and only what that demand
-  -- takes over the advance, to a background renewal (n = 0) or to a caller whose node has called
-  -- for the key before: a key that was idle (its demand near 0), or a node's first call (a new
-  -- key's first burst), gets no refill ahead of time, so a sudden burst on such a key takes at most
-  -- its burst; a busy node that runs dry between renewals still finds the refill it was lent from.
+  -- takes over the advance, to a background renewal (n = 0) or to a caller whose node's demand is
+  -- known (above): a key that was idle (its demand near 0), or a node's first calls that need
+  -- tokens now (a new key's first burst), gets no refill ahead of time, so a sudden burst on such
+  -- a key takes at most its burst; a busy node that runs dry between renewals still finds the
+  -- refill it was lent from.
   -- (Until 2026-11-27 the advance was lent up to 1.25× the rate, as a margin for demand estimates
   -- that ran high; a key between 1 and 1.25× its rate then kept the advance, and its overshoot,
   -- for good. The nodes' young estimate (local.youngDemand) made the margin unneeded.)
