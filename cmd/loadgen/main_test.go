@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -91,8 +92,11 @@ func TestRunRealRedis(t *testing.T) {
 		require.NotNil(t, r.RedisCPU, "%s: INFO cpu", r.Mode)
 		assert.Positive(t, r.RedisCPU.Seconds, r.Mode)
 		require.NotEmpty(t, r.Scripts, r.Mode)
-		assert.Equal(t, "evalsha", r.Scripts[0].Name, r.Mode)
-		assert.Positive(t, r.Scripts[0].UsecPerCall, r.Mode)
+		// Sorted by Redis time: on a fresh server a mode that makes few calls (hybrid) may spend
+		// more of it in its first EVALs, which compile the script, than in its EVALSHAs.
+		i := slices.IndexFunc(r.Scripts, func(sc report.ScriptStat) bool { return sc.Name == "evalsha" })
+		require.GreaterOrEqual(t, i, 0, "%s: EVALSHA counted (%+v)", r.Mode, r.Scripts)
+		assert.Positive(t, r.Scripts[i].UsecPerCall, r.Mode)
 	}
 	// A strict central limiter sends one script call per decision, and Redis counts exactly that. On
 	// a fresh server each worker's first call may find the script not loaded yet and fall back to
