@@ -453,16 +453,6 @@ func (e *Entry) Next(now int64) Call {
 		}
 	} else {
 		dt := float64(max(now-e.sentAt, 1)) / 1e9
-		// An exponentially weighted rate over irregular intervals: the observation got/dt weighs
-		// 1 − e^(−dt/τ), so a call soon after the last (one request in 20 ms) moves the estimate by
-		// got/τ, not by got/dt.
-		rate := got / dt
-		obs := got / max(dt, 1) // for τ, a few requests in a short time count over a second
-		reliable := got >= demandReliable
-		if reliable {
-			rate = got / max(dt, 0.1) // a burst within a few ms is not a rate of thousands a second
-			obs = rate
-		}
 		if seen := float64(e.sentUsed + e.sentDenied()); seen+got < demandEvents {
 			// Young: the mean rate since the first request (youngDemand). The time since then is
 			// not stored: the estimate so far gives it back (count ÷ rate); with nothing seen
@@ -473,6 +463,16 @@ func (e *Entry) Next(now int64) Call {
 			}
 			e.demand = youngDemand(seen+got, life)
 		} else {
+			// An exponentially weighted rate over irregular intervals: the observation got/dt
+			// weighs 1 − e^(−dt/τ), so a call soon after the last (one request in 20 ms) moves the
+			// estimate by got/τ, not by got/dt.
+			rate := got / dt
+			obs := got / max(dt, 1) // for τ, a few requests in a short time count over a second
+			reliable := got >= demandReliable
+			if reliable {
+				rate = got / max(dt, 0.1) // a burst within a few ms is not a rate of thousands a second
+				obs = rate
+			}
 			keep := math.Exp(-dt / demandTau(e.demand, obs))
 			if reliable {
 				keep = min(keep, 0.5) // at least half the weight
