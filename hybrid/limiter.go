@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/bits"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -508,19 +509,56 @@ func (l *Limiter) denied(key string, limit Limit) (Decision, bool) {
 // the lease's life.
 const directToLease = 3
 
+// thinLeaseRate: on a fleet larger than what Redis lends of a key (thinFleet), a node whose one-off
+// takes of the key were all admitted asks for a lease only once it sends them at thinLeaseRate·
+// Rate/Burst a second or more (direct). There a key under its rate keeps its burst in reserve but
+// half the asking node's share (reconcile.lua), so a node's lease is about Burst·d/(2·W) for its
+// demand d of the key's W ≤ Rate: two tokens or more (thinLease) needs d ≥ 4·W/Burst. A node that
+// sees the key at the uniform share of such a fleet, under Rate/Burst, never gets there; a key's
+// home node (traffic pinned to one node) does.
+const thinLeaseRate = 2 * thinLease
+
+// thinFleet reports whether the fleet is larger than what Redis lends of a key of limit: its burst
+// and the refill of the lease advance (reconcile.lua lends neither the advance nor in-flight refill
+// there, and a node's share of the key is under a token at the uniform spread).
+func (l *Limiter) thinFleet(limit Limit) bool {
+	return float64(l.fleetSize.Load()) > float64(limit.Burst)+limit.Rate*l.opts.leaseAdvance.Seconds()
+}
+
+// directBreak is how many one-off takes within a LeaseLife end a thin answer's hold early (direct):
+// a node whose demand for the key rose asks for a lease again.
+const directBreak = 8 * directToLease
+
+// thinLease is the least a leasing take's answer must leave a node beyond its request to be worth
+// another (direct): a leasing take costs Redis about two and a half one-off takes (reconcile.lua,
+// the node's record, and the syncer's report of the lease's use later), so a lease of one token
+// costs more than the one-off take it saves.
+const thinLease = 2
+
+// maxThinHold caps the hold after thin answers in a row (direct), in LeaseLives: 8 (64 s by default).
+const maxThinHold = 8
+
 // direct reports whether the decision of e, which this node holds no lease or credit for, should
 // go to Redis as a one-off take (taken and counted at once, nothing leased, no node record): only
 // when the fleet outnumbers the key's burst (the fleet registry's count: a node's share of the
 // burst is under a token, so it has no cold-start credit either), and then
-//   - after an answer less than a LeaseLife old: when the last synchronous answer left this node
-//     nothing beyond its request (its share rounded to no lease, and no credit);
+//   - after a leasing take's answer that left this node less than thinLease beyond its request: for
+//     a hold of a LeaseLife, doubled for each such answer in a row before it (local.Entry.ThinRun),
+//     at most maxThinHold LeaseLives, unless the node sends directBreak of the key's decisions to
+//     Redis within a LeaseLife meanwhile;
+//   - after an answer that left it more, less than a LeaseLife old: never;
 //   - otherwise: while this node has sent fewer than directToLease of the key's decisions to Redis
-//     within a LeaseLife (the next one asks for a lease, and learns its share from the answer).
+//     within a LeaseLife (the next one asks for a lease, and learns its share from the answer);
+//     and on a fleet larger than what Redis lends of the key (thinFleet), while they were all
+//     admitted and came at less than thinLeaseRate·Rate/Burst a second.
 //
-// Such a node sees the key too rarely to use a lease before it expires; a one-off take costs
-// Redis what a central bucket's decision does, where a leasing take writes the node's record and
-// makes the syncer watch the key (issue 21: on 512 nodes, per-user keys cost 1.1–1.3× a central
-// bucket's Redis CPU that way). Never in strict mode (drift 0), whose takes ask for exactly n.
+// Such a node sees the key too rarely to use a lease before it expires. A one-off take costs Redis
+// about what a central bucket's decision does; a leasing take (reconcile.lua, the node's record,
+// and the syncer's report of the lease's use later) about two and a half. On the fleet simulator's
+// per-user keys on 128 nodes (a node sees a key every 3.7 s), a fifth of the decisions were leasing
+// takes that left nothing (a node's first after three one-off takes, then one every LeaseLife),
+// and Redis CPU was 1.2–1.6× a central bucket's; 0.9–1.1× with the rate threshold and the hold
+// (issue 21). Never in strict mode (drift 0), whose takes ask for exactly n.
 func (l *Limiter) direct(e *local.Entry, limit Limit, now int64) bool {
 	if l.opts.drift == 0 {
 		return false
@@ -528,10 +566,21 @@ func (l *Limiter) direct(e *local.Entry, limit Limit, now int64) bool {
 	if f := l.fleetSize.Load(); f <= limit.Burst {
 		return false
 	}
-	if at := e.GrantedAt(); at != 0 && now-at < int64(LeaseLife) {
-		return e.Thin()
+	if at := e.GrantedAt(); at != 0 {
+		if e.Thin() {
+			hold := int64(LeaseLife) << min(max(e.ThinRun()-1, 0), bits.Len(maxThinHold)-1)
+			if now-at < hold {
+				return e.Direct(now, int64(LeaseLife)) < directBreak
+			}
+		} else if now-at < int64(LeaseLife) {
+			return false
+		}
 	}
-	return e.Direct(now, int64(LeaseLife)) < directToLease
+	if e.Direct(now, int64(LeaseLife)) < directToLease {
+		return true
+	}
+	return l.thinFleet(limit) && !e.DirectWasDenied() &&
+		e.DirectRate(now, int64(LeaseLife)) < thinLeaseRate*limit.Rate/float64(limit.Burst)
 }
 
 // maxAttempts bounds how often one decision looks at the allowance again after another caller's
@@ -652,10 +701,10 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 			switch e.TryTake(n) {
 			case local.Taken:
 				allowed = true
-				// On a fleet larger than the burst, an answer that left nothing beyond n (no lease, no
-				// credit) sends this node's next decisions of the key to Redis as one-off takes, and
-				// tells the syncer not to ask for a lease Redis would not give (direct).
-				e.SetThin(l.fleetSize.Load() > limit.Burst && e.Mark() <= e.Total())
+				// On a fleet larger than the burst, an answer that left less than thinLease beyond n
+				// sends this node's next decisions of the key to Redis as one-off takes, and tells the
+				// syncer not to ask for a lease Redis would not give (direct).
+				e.SetThin(l.fleetSize.Load() > limit.Burst && e.Mark()-e.Total() < thinLease)
 			case local.Gone:
 				// The entry was evicted meanwhile. A covered n was charged to its lease and counted
 				// by Redis for this very request: admit it.
@@ -682,6 +731,9 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 			return Decision{Allowed: true, Limit: limit, Remaining: rem, ResetAfter: res.ResetAfter, Source: SourceCentral}, nil
 		}
 		st.centralDenied.Add(1)
+		if direct && e != nil && res.Status == central.StatusDenied {
+			e.DirectDenied()
+		}
 		return Decision{Limit: limit, Remaining: rem, RetryAfter: max(res.RetryAfter, time.Microsecond), ResetAfter: res.ResetAfter, Source: SourceCentral}, nil
 	}
 	if cerr := ctx.Err(); cerr != nil && !errors.Is(cerr, context.DeadlineExceeded) {

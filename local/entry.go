@@ -63,7 +63,9 @@ type rare struct {
 	excused    int64        // tokens AddExcused excused that Redis has not been told of
 	exSeq      uint64       // the first call that left them out of its Cum
 	directAt   int64        // start of the window Direct counts in (caller's clock); 0 before the first
-	directN    int32        // one-off takes counted in Direct's window
+	directN    int16        // one-off takes counted in Direct's window
+	directDen  bool         // one of them was denied
+	thinRun    uint8        // synchronous answers in a row that SetThin recorded as thin
 }
 
 // more returns e's rare part, allocating it the first time.
@@ -528,9 +530,9 @@ func (e *Entry) Direct(now, window int64) int64 {
 	defer e.mu.Unlock()
 	r := e.more()
 	if r.directAt == 0 || now-r.directAt > window {
-		r.directAt, r.directN = now, 0
+		r.directAt, r.directN, r.directDen = now, 0, false
 	}
-	if r.directN < math.MaxInt32 {
+	if r.directN < math.MaxInt16 {
 		r.directN++
 	}
 	return int64(r.directN)
@@ -549,19 +551,57 @@ func (e *Entry) DirectRate(now, window int64) float64 {
 	return float64(r.directN) / max(float64(now-r.directAt)/1e9, 1)
 }
 
+// DirectDenied records that a one-off take Direct counted was denied (the key's bucket was empty):
+// DirectWasDenied reports it until Direct's window ends.
+func (e *Entry) DirectDenied() {
+	e.mu.Lock()
+	e.more().directDen = true
+	e.mu.Unlock()
+}
+
+// DirectWasDenied reports whether a one-off take counted in Direct's current window was denied.
+func (e *Entry) DirectWasDenied() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	r := e.rare.Load()
+	return r != nil && r.directDen
+}
+
 // SetThin records whether the last synchronous call's answer left this node anything beyond the
 // request it was made for (a lease, or credit): the caller's decision of its next call (hybrid's
 // direct rule).
 func (e *Entry) SetThin(v bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	if v {
 		e.flags.set(fThin)
+		if r := e.more(); r.thinRun < maxThinRun {
+			r.thinRun++
+		}
 	} else {
 		e.flags.clear(fThin)
+		if r := e.rare.Load(); r != nil {
+			r.thinRun = 0
+		}
 	}
 }
 
+// maxThinRun caps ThinRun.
+const maxThinRun = 16
+
 // Thin reports what SetThin recorded last.
 func (e *Entry) Thin() bool { return e.flags.has(fThin) }
+
+// ThinRun returns how many synchronous answers in a row SetThin recorded as thin (at most 16): 0
+// after an answer that left this node something beyond its request, or before any answer.
+func (e *Entry) ThinRun() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if r := e.rare.Load(); r != nil {
+		return int(r.thinRun)
+	}
+	return 0
+}
 
 // Active reports whether the entry admitted or denied anything since its last call.
 func (e *Entry) Active() bool {
