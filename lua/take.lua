@@ -37,15 +37,13 @@ if not (window_ms ~= nil and window_ms >= 1 and window_ms <= 1e10) then
 end
 if not (now ~= nil and now >= 0 and now <= 1e17) then return redis.error_reply('ERR hybridrate: bad time override') end
 if not (fleet_n ~= nil and fleet_n >= 0 and fleet_n <= 1e9) then return redis.error_reply('ERR hybridrate: bad fleet size') end
--- The key's TTL is kept on Redis's own clock, which expires keys (as reconcile.lua's x field): with
--- Redis TIME, the TTL is refreshed when half of it has passed; under a time override the script
--- reads no clock and refreshes it on every write, as a central bucket does (ttl_ms nil).
-local ttl_ms
-if now == 0 then
-  local t = redis.call('TIME')
-  now = tonum(t[1]) * 1000000 + tonum(t[2])
-  ttl_ms = floor(now / 1000)
-end
+-- The key's TTL is kept on Redis's own clock, which expires keys, whatever the decisions' clock
+-- (as reconcile.lua's): it is refreshed when half of it has passed. (Until 2026-11-27 a call under
+-- a time override refreshed it on every write, which cost the fleet simulator's one-off takes a
+-- PEXPIRE per decision that they do not cost in production.)
+local t = redis.call('TIME')
+local ttl_ms = tonum(t[1]) * 1000 + floor(tonum(t[2]) / 1000)
+if now == 0 then now = tonum(t[1]) * 1000000 + tonum(t[2]) end
 local st = rawget(_G, 'struct')
 
 local burst_u = burst * 1000000
@@ -76,9 +74,10 @@ if now > ts then
 end
 -- A burst lowered since the bucket's last write (the limit is not part of the key): clamp.
 if tokens > burst_u then tokens = burst_u end
--- The key's ban (Redis TIME, ms; under a time override, tests and the fleet simulator, the override).
+-- The key's ban: a deadline on Redis TIME in ms (bucketban.lua), whatever the decisions' clock, as in
+-- reconcile.lua.
 if ban ~= nil then
-  local now_ms = ttl_ms or floor(now / 1000)
+  local now_ms = ttl_ms
   if ban > now_ms then
     return {2, 0, floor(tokens), floor(w * 1000), mmin((ban - now_ms) * 1000, 1e15),
       mmin(mmax(ceil((burst_u - tokens) / rate), 0), 1e15)}
@@ -100,9 +99,7 @@ tokens = floor(tokens - n * 1000000)
 consumed = consumed + n
 local ttl = mmin(mmax(ceil(2000 * (burst + adv_max) / rate) + 1000, window_ms), 1e12)
 local refresh = true
-if ttl_ms == nil then
-  ttl_set = 0 -- unknown on Redis's clock: the next call with Redis TIME refreshes the TTL
-elseif ttl_set < 0 or ttl_ms - ttl_set > ttl / 2 or ttl_ms < ttl_set then
+if ttl_set < 0 or ttl_ms - ttl_set > ttl / 2 or ttl_ms < ttl_set then
   ttl_set = ttl_ms
 else
   refresh = false
