@@ -10,6 +10,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/middleware"
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/policy"
 )
 
@@ -112,7 +113,7 @@ func warmUp(b *testing.B, m *middleware.Middleware, reqs []*http.Request) {
 		res, _ := middleware.FromContext(r.Context())
 		local = len(res.Decisions) > 0
 		for _, d := range res.Decisions {
-			local = local && d.Source == hybrid.SourceLocal
+			local = local && d.Source == outcome.SourceLocal
 		}
 	}))
 	deadline := time.Now().Add(10 * time.Second)

@@ -19,6 +19,7 @@ import (
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/middleware"
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/policy"
 )
 
@@ -234,8 +235,8 @@ func TestMissingKeyOverHTTP(t *testing.T) {
 func TestFailurePolicyPerRuleOverHTTPWhenRedisIsDown(t *testing.T) {
 	t.Parallel()
 	p := &policy.Policy{Rules: []policy.Rule{
-		{ID: "open", Dimensions: []string{"api_key"}, Rate: 1000, Burst: 1000, OnFailure: hybrid.FailOpen, Match: policy.Match{Methods: []string{"GET"}}},
-		{ID: "closed", Algorithm: policy.GCRA, Dimensions: []string{"api_key"}, Limit: 1000, Period: time.Hour, OnFailure: hybrid.FailClosed,
+		{ID: "open", Dimensions: []string{"api_key"}, Rate: 1000, Burst: 1000, OnFailure: outcome.FailOpen, Match: policy.Match{Methods: []string{"GET"}}},
+		{ID: "closed", Algorithm: policy.GCRA, Dimensions: []string{"api_key"}, Limit: 1000, Period: time.Hour, OnFailure: outcome.FailClosed,
 			Match: policy.Match{Methods: []string{"POST"}}},
 	}}
 	s := newStack(t, policy.Config{}, p)
@@ -260,11 +261,11 @@ func TestFailurePolicyPerRuleOverHTTPWhenRedisIsDown(t *testing.T) {
 func TestFailClosedIsServiceUnavailable(t *testing.T) {
 	t.Parallel()
 	p := &policy.Policy{Rules: []policy.Rule{
-		{ID: "hybrid-closed", Dimensions: []string{"api_key"}, Rate: 1000, Burst: 1000, OnFailure: hybrid.FailClosed,
+		{ID: "hybrid-closed", Dimensions: []string{"api_key"}, Rate: 1000, Burst: 1000, OnFailure: outcome.FailClosed,
 			Match: policy.Match{Methods: []string{"GET"}}},
 		{ID: "strict-closed", Algorithm: policy.GCRA, Dimensions: []string{"api_key"}, Limit: 1000, Period: time.Hour,
-			OnFailure: hybrid.FailClosed, Match: policy.Match{Methods: []string{"POST"}}},
-		{ID: "fallback", Dimensions: []string{"api_key"}, Rate: 0.001, Burst: 1, OnFailure: hybrid.LocalFallback,
+			OnFailure: outcome.FailClosed, Match: policy.Match{Methods: []string{"POST"}}},
+		{ID: "fallback", Dimensions: []string{"api_key"}, Rate: 0.001, Burst: 1, OnFailure: outcome.LocalFallback,
 			Match: policy.Match{Methods: []string{"PUT"}}},
 	}}
 	s := newStack(t, policy.Config{}, p)

@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/policy"
 )
 
@@ -100,7 +101,7 @@ type Event struct {
 	// Method is the request's method.
 	Method string
 	// Path is "local" (no Redis round trip), "central" (a synchronous or strict Redis call, as
-	// hybrid.SourceCentral names it) or "fallback" (a failure policy answered).
+	// outcome.SourceCentral names it) or "fallback" (a failure policy answered).
 	Path string
 	// Result is the policy's answer; Err is non-nil when no decision could be made.
 	Result policy.Result
@@ -382,8 +383,8 @@ func (o *Observer) cell(k attrKey) *cell {
 // maxAttrSets bounds the attribute sets (rules × sources × outcomes × routes × tiers can be many).
 const maxAttrSets = 1 << 16
 
-// outcome names a check's outcome.
-func outcome(res *policy.Result, err error) string {
+// checkOutcome names a check's outcome.
+func checkOutcome(res *policy.Result, err error) string {
 	switch {
 	case err != nil:
 		return "error"
@@ -402,9 +403,9 @@ func path(res *policy.Result) string {
 	p := "local"
 	for _, d := range res.Decisions {
 		switch d.Source {
-		case hybrid.SourceFallback:
+		case outcome.SourceFallback:
 			return "fallback"
-		case hybrid.SourceCentral, policy.SourceStrict:
+		case outcome.SourceCentral, outcome.SourceStrict:
 			p = "central"
 		}
 	}
@@ -413,7 +414,7 @@ func path(res *policy.Result) string {
 
 func (o *Observer) record(ctx context.Context, req *policy.Request, start time.Time, lat time.Duration, res policy.Result, err error) {
 	route, tier := o.labels(req)
-	outc := outcome(&res, err)
+	outc := checkOutcome(&res, err)
 	p := path(&res)
 	o.cell(attrKey{kind: kindReq, route: route, tier: tier, outc: outc}).n.Add(1)
 	o.latency.Record(ctx, lat.Seconds(), o.cell(attrKey{kind: kindLat, src: p, outc: outc}).rec...)

@@ -21,6 +21,7 @@ import (
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/middleware"
 	"github.com/hybridrate/hybridrate/observe"
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/policy"
 )
 
@@ -349,8 +350,8 @@ func TestStrictAndBreakerHealthWhenRedisIsDown(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = obs.Close() })
 	require.NoError(t, obs.SetPolicy(&policy.Policy{Rules: []policy.Rule{
-		{ID: "strict", Algorithm: policy.GCRA, Dimensions: []string{"api_key"}, Rate: 1, Burst: 1, OnFailure: hybrid.FailOpen},
-		{ID: "hyb", Dimensions: []string{"api_key"}, Rate: 1, Burst: 1, OnFailure: hybrid.FailOpen},
+		{ID: "strict", Algorithm: policy.GCRA, Dimensions: []string{"api_key"}, Rate: 1, Burst: 1, OnFailure: outcome.FailOpen},
+		{ID: "hyb", Dimensions: []string{"api_key"}, Rate: 1, Burst: 1, OnFailure: outcome.FailOpen},
 	}}))
 	mr.Close()
 	deadline := time.Now().Add(10 * time.Second)

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/policy"
 )
 
@@ -15,7 +16,7 @@ const maxSlotKeys = 128
 
 // srcOutcome is one decision's source and outcome.
 type srcOutcome struct {
-	src    policy.Source
+	src    outcome.Source
 	denied bool
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/policy"
 )
 
@@ -55,7 +56,7 @@ func BenchmarkCheck(b *testing.B) {
 						b.Fatal(err)
 					}
 					for _, d := range res.Decisions {
-						local = local && d.Source == hybrid.SourceLocal
+						local = local && d.Source == outcome.SourceLocal
 					}
 				}
 				if time.Now().After(deadline) {

@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/policy"
 )
 
@@ -36,7 +36,7 @@ func TestStrictBreakerMinSpan(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = enf.Close(context.Background()) })
 	require.NoError(t, enf.SetPolicy(&policy.Policy{Rules: []policy.Rule{
-		{ID: "s", Algorithm: policy.GCRA, Rate: 10, Burst: 10, OnFailure: hybrid.FailOpen},
+		{ID: "s", Algorithm: policy.GCRA, Rate: 10, Burst: 10, OnFailure: outcome.FailOpen},
 	}}))
 	check := func() {
 		t.Helper()

@@ -78,7 +78,7 @@ type Config struct {
 	// rule while the policy is in shadow mode), on the request's goroutine: keep it fast.
 	OnShadowDeny func(ShadowEvent)
 	// FallbackNodes is the number of processes that share a strict rule's limit while Redis is away:
-	// under LocalFallback each process enforces Limit/FallbackNodes locally. The default is 1. (Hybrid
+	// under outcome.LocalFallback each process enforces Limit/FallbackNodes locally. The default is 1. (Hybrid
 	// rules use the node count the limiter last saw.)
 	FallbackNodes int
 	// MaxMemo bounds the denials remembered until their retry-after (see docs/policies.md,

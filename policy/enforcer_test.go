@@ -18,6 +18,7 @@ import (
 	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/policy"
 )
 
@@ -438,13 +439,13 @@ func TestFailurePolicyPerRuleWhenRedisIsDown(t *testing.T) {
 	t.Parallel()
 	route := func(r string) policy.Match { return policy.Match{Routes: []string{r}} }
 	p := &policy.Policy{Rules: []policy.Rule{
-		{ID: "h-open", Rate: 0.001, Burst: 1, OnFailure: hybrid.FailOpen, Match: route("/h-open")},
-		{ID: "h-closed", Rate: 1000, Burst: 1000, OnFailure: hybrid.FailClosed, Match: route("/h-closed")},
-		{ID: "h-local", Rate: 0.001, Burst: 2, OnFailure: hybrid.LocalFallback, Match: route("/h-local")},
-		{ID: "s-open", Algorithm: policy.GCRA, Limit: 1, Period: time.Hour, OnFailure: hybrid.FailOpen, Match: route("/s-open")},
-		{ID: "s-closed", Algorithm: policy.GCRA, Limit: 1000, Period: time.Hour, OnFailure: hybrid.FailClosed, Match: route("/s-closed")},
+		{ID: "h-open", Rate: 0.001, Burst: 1, OnFailure: outcome.FailOpen, Match: route("/h-open")},
+		{ID: "h-closed", Rate: 1000, Burst: 1000, OnFailure: outcome.FailClosed, Match: route("/h-closed")},
+		{ID: "h-local", Rate: 0.001, Burst: 2, OnFailure: outcome.LocalFallback, Match: route("/h-local")},
+		{ID: "s-open", Algorithm: policy.GCRA, Limit: 1, Period: time.Hour, OnFailure: outcome.FailOpen, Match: route("/s-open")},
+		{ID: "s-closed", Algorithm: policy.GCRA, Limit: 1000, Period: time.Hour, OnFailure: outcome.FailClosed, Match: route("/s-closed")},
 		{ID: "s-local", Algorithm: policy.SlidingLog, Limit: 2, Period: time.Hour, Match: route("/s-local")},
-		{ID: "s-pair-open", Algorithm: policy.GCRA, Limit: 1000, Period: time.Hour, OnFailure: hybrid.FailOpen, Match: route("/pair")},
+		{ID: "s-pair-open", Algorithm: policy.GCRA, Limit: 1000, Period: time.Hour, OnFailure: outcome.FailOpen, Match: route("/pair")},
 		{ID: "s-pair-local", Algorithm: policy.FixedWindow, Limit: 1, Period: time.Hour, Match: route("/pair")},
 	}}
 	e := newEnv(t, policy.Config{}, p)
@@ -469,14 +470,14 @@ func TestFailurePolicyPerRuleWhenRedisIsDown(t *testing.T) {
 			}
 			require.NotEmpty(t, res.Decisions)
 			last := res.Decisions[len(res.Decisions)-1]
-			assert.Contains(t, []policy.Source{hybrid.SourceFallback, policy.SourceMemo, hybrid.SourceDenyCache}, last.Source,
+			assert.Contains(t, []outcome.Source{outcome.SourceFallback, outcome.SourceMemo, outcome.SourceDenyCache}, last.Source,
 				"%s: %v", route, units(res))
 		}
 		return out
 	}
 	// (Fail-open, which admits past a spent limit, is TestFailOpenWhenRedisIsDown.)
 	assert.Equal(t, []bool{false, false, false}, allowed("/h-closed", 3), "fail_closed denies")
-	// LocalFallback starts from what Redis last reported of the bucket (issue 26), not a fresh
+	// outcome.LocalFallback starts from what Redis last reported of the bucket (issue 26), not a fresh
 	// burst: one of the burst of 2 was taken while Redis was up (every decision goes to Redis
 	// here: drift 0), so one is left.
 	assert.Equal(t, []bool{true, false, false}, allowed("/h-local", 3), "local_fallback enforces what is left of its burst of 2 locally")
@@ -485,7 +486,7 @@ func TestFailurePolicyPerRuleWhenRedisIsDown(t *testing.T) {
 	// s-open's denial is in the memo until its retry-after; the memo is per process and still right.
 	res := e.check(t, req("GET", "/s-open"))
 	assert.False(t, res.Allowed)
-	assert.Equal(t, policy.SourceMemo, res.Decisions[0].Source)
+	assert.Equal(t, outcome.SourceMemo, res.Decisions[0].Source)
 	// A pair of strict rules, one fail-open and one local (1 per hour): all or nothing locally too.
 	assert.Equal(t, []bool{true, false}, allowed("/pair", 2))
 	assert.Positive(t, e.enf.Stats().Fallback)
@@ -494,8 +495,8 @@ func TestFailurePolicyPerRuleWhenRedisIsDown(t *testing.T) {
 func TestFailOpenWhenRedisIsDown(t *testing.T) {
 	t.Parallel()
 	p := &policy.Policy{Rules: []policy.Rule{
-		{ID: "h-open", Dimensions: []string{"api_key"}, Rate: 0.001, Burst: 1, OnFailure: hybrid.FailOpen},
-		{ID: "s-open", Algorithm: policy.GCRA, Dimensions: []string{"api_key"}, Limit: 1, Period: time.Hour, OnFailure: hybrid.FailOpen},
+		{ID: "h-open", Dimensions: []string{"api_key"}, Rate: 0.001, Burst: 1, OnFailure: outcome.FailOpen},
+		{ID: "s-open", Algorithm: policy.GCRA, Dimensions: []string{"api_key"}, Limit: 1, Period: time.Hour, OnFailure: outcome.FailOpen},
 	}}
 	e := newEnv(t, policy.Config{}, p)
 	e.srv.Kill(t)
@@ -582,7 +583,7 @@ func TestConcurrentChecksAndPolicyChanges(t *testing.T) {
 		{ID: "s", Algorithm: policy.GCRA, Dimensions: []string{"api_key"}, Limit: 1000, Period: time.Second},
 	}}
 	b := &policy.Policy{Shadow: true, Rules: []policy.Rule{
-		{ID: "h", Dimensions: []string{"api_key"}, Rate: 10, Burst: 10, OnFailure: hybrid.FailOpen},
+		{ID: "h", Dimensions: []string{"api_key"}, Rate: 10, Burst: 10, OnFailure: outcome.FailOpen},
 		{ID: "s2", Algorithm: policy.SlidingWindow, Limit: 5, Period: time.Second, Shadow: true},
 	}}
 	e := newEnv(t, policy.Config{HybridOptions: []hybrid.Option{hybrid.WithCheckTimeout(time.Second)}}, a)
@@ -646,7 +647,7 @@ func TestLimitersAndStrictHealth(t *testing.T) {
 	assert.Nil(t, enf.Limiter(), "no limiter before a policy needs one")
 	require.NoError(t, enf.SetPolicy(&policy.Policy{Rules: []policy.Rule{
 		{ID: "h", Rate: 10, Burst: 10},
-		{ID: "s", Algorithm: policy.GCRA, Rate: 10, Burst: 10, OnFailure: hybrid.FailOpen},
+		{ID: "s", Algorithm: policy.GCRA, Rate: 10, Burst: 10, OnFailure: outcome.FailOpen},
 	}}))
 	assert.NotNil(t, enf.Limiter())
 	_, err = enf.Check(context.Background(), &policy.Request{})
@@ -664,21 +665,21 @@ func TestOneHybridLimiterServesEveryFailurePolicy(t *testing.T) {
 	created := policy.CountHybridLimiters(t)
 	route := func(r string) policy.Match { return policy.Match{Routes: []string{r}} }
 	p := &policy.Policy{Rules: []policy.Rule{
-		{ID: "open", Rate: 0.001, Burst: 1, OnFailure: hybrid.FailOpen, Match: route("/open")},
-		{ID: "closed", Rate: 1000, Burst: 1000, OnFailure: hybrid.FailClosed, Match: route("/closed")},
-		{ID: "local", Rate: 0.001, Burst: 2, OnFailure: hybrid.LocalFallback, Match: route("/local")},
-		{ID: "default", Rate: 0.001, Burst: 1, Match: route("/default")}, // LocalFallback
-		{ID: "strict", Algorithm: policy.GCRA, Limit: 1000, Period: time.Hour, OnFailure: hybrid.FailClosed, Match: route("/strict")},
+		{ID: "open", Rate: 0.001, Burst: 1, OnFailure: outcome.FailOpen, Match: route("/open")},
+		{ID: "closed", Rate: 1000, Burst: 1000, OnFailure: outcome.FailClosed, Match: route("/closed")},
+		{ID: "local", Rate: 0.001, Burst: 2, OnFailure: outcome.LocalFallback, Match: route("/local")},
+		{ID: "default", Rate: 0.001, Burst: 1, Match: route("/default")}, // outcome.LocalFallback
+		{ID: "strict", Algorithm: policy.GCRA, Limit: 1000, Period: time.Hour, OnFailure: outcome.FailClosed, Match: route("/strict")},
 	}}
 	// The limiter's own default does not reach the rules: a rule without on_failure falls back locally.
-	opts := append(append([]hybrid.Option(nil), exact...), hybrid.WithFailurePolicy(hybrid.FailOpen))
+	opts := append(append([]hybrid.Option(nil), exact...), hybrid.WithFailurePolicy(outcome.FailOpen))
 	e := newEnv(t, policy.Config{HybridOptions: opts}, p)
 	require.NoError(t, e.enf.SetPolicy(p), "a second policy reuses the limiter")
 	assert.Equal(t, int64(1), created.Load(), "one hybrid limiter for every failure policy")
 	assert.NotNil(t, e.enf.Limiter())
 
 	e.srv.Kill(t)
-	answers := func(route string, n int) (allowed []bool, sources []policy.Source, unavailable []bool) {
+	answers := func(route string, n int) (allowed []bool, sources []outcome.Source, unavailable []bool) {
 		for range n {
 			res := e.check(t, req("GET", route))
 			require.NotEmpty(t, res.Decisions, route)
@@ -687,19 +688,19 @@ func TestOneHybridLimiterServesEveryFailurePolicy(t *testing.T) {
 		}
 		return allowed, sources, unavailable
 	}
-	fb, memo := hybrid.SourceFallback, policy.SourceMemo
+	fb, memo := outcome.SourceFallback, outcome.SourceMemo
 	for _, tc := range []struct {
 		route       string
 		allowed     []bool
-		sources     []policy.Source
+		sources     []outcome.Source
 		unavailable []bool
 	}{
-		{"/open", []bool{true, true, true}, []policy.Source{fb, fb, fb}, []bool{false, false, false}},
-		{"/closed", []bool{false, false}, []policy.Source{fb, fb}, []bool{true, true}},
+		{"/open", []bool{true, true, true}, []outcome.Source{fb, fb, fb}, []bool{false, false, false}},
+		{"/closed", []bool{false, false}, []outcome.Source{fb, fb}, []bool{true, true}},
 		// The local bucket holds the burst; its denial is then remembered until its retry-after.
-		{"/local", []bool{true, true, false, false}, []policy.Source{fb, fb, fb, memo}, []bool{false, false, false, false}},
-		{"/default", []bool{true, false}, []policy.Source{fb, fb}, []bool{false, false}},
-		{"/strict", []bool{false}, []policy.Source{fb}, []bool{true}},
+		{"/local", []bool{true, true, false, false}, []outcome.Source{fb, fb, fb, memo}, []bool{false, false, false, false}},
+		{"/default", []bool{true, false}, []outcome.Source{fb, fb}, []bool{false, false}},
+		{"/strict", []bool{false}, []outcome.Source{fb}, []bool{true}},
 	} {
 		allowed, sources, unavailable := answers(tc.route, len(tc.allowed))
 		assert.Equal(t, tc.allowed, allowed, "%s: allowed", tc.route)
@@ -708,5 +709,5 @@ func TestOneHybridLimiterServesEveryFailurePolicy(t *testing.T) {
 	}
 	assert.Equal(t, int64(1), created.Load())
 	require.NotNil(t, e.enf.Limiter())
-	assert.Equal(t, hybrid.FailOpen, e.enf.Limiter().FailurePolicy(), "the limiter keeps the default it was given")
+	assert.Equal(t, outcome.FailOpen, e.enf.Limiter().FailurePolicy(), "the limiter keeps the default it was given")
 }

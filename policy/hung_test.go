@@ -10,6 +10,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/policy"
 )
 
@@ -31,8 +32,8 @@ func TestHungRedisBounded(t *testing.T) {
 		_ = enf.Close(ctx)
 	})
 	require.NoError(t, enf.SetPolicy(&policy.Policy{Rules: []policy.Rule{
-		{ID: "h", Rate: 1000, Burst: 1000, OnFailure: hybrid.FailOpen},
-		{ID: "s", Algorithm: policy.GCRA, Rate: 1000, Burst: 1000, OnFailure: hybrid.FailOpen},
+		{ID: "h", Rate: 1000, Burst: 1000, OnFailure: outcome.FailOpen},
+		{ID: "s", Algorithm: policy.GCRA, Rate: 1000, Burst: 1000, OnFailure: outcome.FailOpen},
 	}}))
 	ctx := context.Background()
 	res, err := enf.Check(ctx, &policy.Request{})
@@ -77,8 +78,8 @@ func TestHungClusterBounded(t *testing.T) {
 				KeyPrefix: "hung" + string(rune('a'+len(tc.Name)))})
 			require.NoError(t, err)
 			require.NoError(t, enf.SetPolicy(&policy.Policy{Rules: []policy.Rule{
-				{ID: "h", Rate: 1000, Burst: 1000, OnFailure: hybrid.FailOpen},
-				{ID: "s", Algorithm: policy.GCRA, Rate: 1000, Burst: 1000, OnFailure: hybrid.FailOpen},
+				{ID: "h", Rate: 1000, Burst: 1000, OnFailure: outcome.FailOpen},
+				{ID: "s", Algorithm: policy.GCRA, Rate: 1000, Burst: 1000, OnFailure: outcome.FailOpen},
 			}}))
 			ctx := context.Background()
 			res, err := enf.Check(ctx, &policy.Request{})

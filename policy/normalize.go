@@ -9,6 +9,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/limits"
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/strict"
 )
 
@@ -173,7 +174,7 @@ func (p *Policy) normalizeRule(i int, r *Rule, env *checkEnv) (normRule, error) 
 	if nr.missing == "" {
 		nr.missing = MissingReject
 	}
-	if r.OnFailure < hybrid.DefaultFailure || r.OnFailure > hybrid.FailClosed {
+	if r.OnFailure < outcome.DefaultFailure || r.OnFailure > outcome.FailClosed {
 		return nr, r.errorf(p, i, "on_failure", "on_failure %v: want local_fallback, fail_open or fail_closed", r.OnFailure)
 	}
 	if len(r.Dimensions) > MaxDimensions {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/strict"
 )
 
@@ -288,10 +289,10 @@ type Rule struct {
 	Tiered bool
 	// Cost is what one request costs under this rule; the zero Cost is 1.
 	Cost Cost
-	// OnFailure says what the rule answers when Redis cannot: LocalFallback enforces the rule in this
-	// process at its share of the limit, FailOpen admits, FailClosed denies. The zero value,
-	// hybrid.DefaultFailure, means LocalFallback.
-	OnFailure hybrid.FailurePolicy
+	// OnFailure says what the rule answers when Redis cannot: outcome.LocalFallback enforces the rule in this
+	// process at its share of the limit, outcome.FailOpen admits, outcome.FailClosed denies. The zero value,
+	// outcome.DefaultFailure, means outcome.LocalFallback.
+	OnFailure outcome.FailurePolicy
 	// Disabled turns the rule off without deleting it ("enabled: false" in a file).
 	Disabled bool
 	// Shadow evaluates the rule without ever denying: would-be denials are reported.

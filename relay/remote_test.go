@@ -16,6 +16,7 @@ import (
 	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/relay"
 )
 
@@ -67,7 +68,7 @@ func TestRemoteChildren(t *testing.T) {
 				if d.Allowed {
 					admitted.Add(1)
 				}
-				if d.Source == hybrid.SourceFallback {
+				if d.Source == outcome.SourceFallback {
 					fallback.Add(1)
 				}
 			}

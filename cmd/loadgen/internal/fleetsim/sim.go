@@ -40,6 +40,7 @@ import (
 	"github.com/hybridrate/hybridrate/cmd/loadgen/internal/workload"
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/virtual"
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/relay"
 )
 
@@ -572,9 +573,9 @@ func runHybrid(ctx context.Context, cfg Config, s Scenario, n int, arr []arrival
 		if w.open {
 			decisions++
 			switch d.Source {
-			case hybrid.SourceLocal, hybrid.SourceDenyCache:
+			case outcome.SourceLocal, outcome.SourceDenyCache:
 				local++
-			case hybrid.SourceFallback:
+			case outcome.SourceFallback:
 				fallback++
 			}
 			_ = hist.RecordValue(max(int64(lat), 1))
