@@ -32,7 +32,7 @@ func TestStrictBreakerMinSpan(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	var now atomic.Int64 // the Enforcer's clock, ns
 	now.Store(time.Unix(1_000_000, 0).UnixNano())
-	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, Now: func() time.Time { return time.Unix(0, now.Load()) }})
+	enf, err := policy.NewEnforcer(rdb, policy.WithClock(func() time.Time { return time.Unix(0, now.Load()) }))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = enf.Close(context.Background()) })
 	require.NoError(t, enf.SetPolicy(&policy.Policy{Rules: []policy.Rule{

@@ -154,7 +154,7 @@ func dimHint(d string, env *checkEnv) string {
 	if !validDimName(d) {
 		return "want a dimension name of 1 to 32 bytes of [a-z0-9_], starting with a letter"
 	}
-	return "unknown dimension (the built-in ones are api_key, user, ip, tenant, route, method and global; declare others in Config.Dimensions)"
+	return "unknown dimension (the built-in ones are api_key, user, ip, tenant, route, method and global; declare others with WithDimensions)"
 }
 
 func (p *Policy) normalizeRule(i int, r *Rule, env *checkEnv) (normRule, error) {
@@ -222,7 +222,7 @@ func (p *Policy) normalizeRule(i int, r *Rule, env *checkEnv) (normRule, error) 
 		if env != nil {
 			f, ok := env.costFuncs[c.FuncName]
 			if !ok || f == nil {
-				return nr, r.errorf(p, i, "cost", "cost function %q is not in Config.CostFuncs", c.FuncName)
+				return nr, r.errorf(p, i, "cost", "cost function %q is not in WithCostFuncs", c.FuncName)
 			}
 			nr.cost = f
 		}

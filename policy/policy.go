@@ -87,7 +87,7 @@ const (
 	// UpstreamWindow is envoyproxy/ratelimit's fixed window (strict.UpstreamWindow): every request
 	// counts, admitted or refused, and one is refused when the count after it is above the limit;
 	// a check-only request (Request.CheckOnly) reads the count. It is what upstream's configuration
-	// files compile to by default ([UpstreamOptions]).
+	// files compile to by default ([WithUpstreamAlgorithm]).
 	UpstreamWindow Algorithm = "upstream_window"
 )
 
@@ -162,7 +162,7 @@ func (m MissingKey) valid() bool {
 
 // The built-in dimensions. A rule's Dimensions name the request attributes its counter is kept per;
 // no dimensions (or only DimGlobal) means one counter for every request. Package middleware fills
-// the built-in ones from the HTTP request; [Config.Dimensions] declares more.
+// the built-in ones from the HTTP request; [WithDimensions] declares more.
 const (
 	DimGlobal = "global"  // no attribute: one counter for every request the rule matches
 	DimAPIKey = "api_key" // the API key
@@ -210,7 +210,7 @@ type Policy struct {
 	// set: DomainReject (the default) fails with ErrUnknownDomain, DomainAllow admits with no limit.
 	UnknownDomain UnknownDomain
 	// Shadow puts every rule in shadow mode: rules are evaluated and count as if enforced, denials
-	// are reported (Config.OnShadowDeny, Stats.ShadowDenied) but every request is admitted.
+	// are reported (WithOnShadowDeny, Stats.ShadowDenied) but every request is admitted.
 	Shadow bool
 	// MissingKey is the default answer of rules to a request that lacks one of their dimensions;
 	// empty means MissingReject.
@@ -328,7 +328,7 @@ type Cost struct {
 	PerMethod map[string]int64
 	// Func computes the cost of each request (Go only).
 	Func CostFunc
-	// FuncName names a function of Config.CostFuncs (the file form: `cost: {func: name}`).
+	// FuncName names a function of WithCostFuncs (the file form: `cost: {func: name}`).
 	FuncName string
 }
 

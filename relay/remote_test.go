@@ -26,7 +26,7 @@ func TestRemoteChildren(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	const prefix = "rr1"
-	r := newRelay(t, rdb, prefix, "relay-http", nil)
+	r := newRelay(t, rdb, prefix, "relay-http")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); r.Run(ctx) }()
@@ -105,7 +105,7 @@ func TestRemoteChildren(t *testing.T) {
 // TestHandlerRefusesMalformed: the endpoint's answers to what is not a request.
 func TestHandlerRefusesMalformed(t *testing.T) {
 	srv := redistest.Start(t)
-	r := newRelay(t, srv.Client(t), "rr2", "relay", nil)
+	r := newRelay(t, srv.Client(t), "rr2", "relay")
 	hs := httptest.NewServer(r.Handler())
 	defer hs.Close()
 	for _, c := range []struct {

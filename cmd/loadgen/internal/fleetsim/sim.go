@@ -430,12 +430,12 @@ func runHybrid(ctx context.Context, cfg Config, s Scenario, n int, arr []arrival
 			cc.ScriptNow = func() int64 { return clk.now().UnixMicro() }
 			// The fleet's size, as the registry would count it (the nodes join it; the relays'
 			// own heartbeats are not simulated).
-			rc := relay.Config{Central: cc, Interval: hybrid.DefaultSyncInterval,
-				Fleet: func() int64 { return int64(n) }, Now: func() int64 { return clk.ns.Load() + 1 }}
+			ro := []relay.Option{relay.WithInterval(hybrid.DefaultSyncInterval),
+				relay.WithFleet(func() int64 { return int64(n) }), relay.WithClock(func() int64 { return clk.ns.Load() + 1 })}
 			if cfg.Shard {
-				rc.ColdCredit = 1 // each key reaches Redis through its owner only
+				ro = append(ro, relay.WithColdCredit(1)) // each key reaches Redis through its owner only
 			}
-			rl, err := relay.New(rc)
+			rl, err := relay.New(cc, ro...)
 			if err != nil {
 				return r, err
 			}
