@@ -10,6 +10,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // keySet is a set of keys and the sequence in which the benchmarks visit them.
@@ -158,7 +159,7 @@ func TestAllowLocalAllocatesNothing(t *testing.T) {
 	var denied int
 	allocs := testing.AllocsPerRun(10_000, func() {
 		d, err := lim.Allow(ctx, keys[i&(smallKeys-1)], generous)
-		if err != nil || d.Source != hybrid.SourceLocal || !d.Allowed {
+		if err != nil || d.Source != outcome.SourceLocal || !d.Allowed {
 			denied++
 		}
 		i++

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // strictSource is cmd/loadgen's strict central token bucket (the "central" mode), copied because
@@ -86,9 +87,9 @@ func BenchmarkCentral(b *testing.B) {
 			all.Add(1)
 			switch {
 			case err != nil:
-			case d.Source == hybrid.SourceLocal:
+			case d.Source == outcome.SourceLocal:
 				local.Add(1)
-			case d.Source != hybrid.SourceCentral:
+			case d.Source != outcome.SourceCentral:
 				return false, fmt.Errorf("decided by %v, not by Redis", d.Source)
 			}
 			return d.Allowed, err

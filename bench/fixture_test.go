@@ -13,6 +13,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // generous is a limit no benchmark comes near: after one Redis take per key, a node's local
@@ -105,7 +106,7 @@ func warm(tb testing.TB, lim *hybrid.Limiter, keys []string, idx []int32) {
 		deadline := time.Now().Add(3 * time.Second)
 		for {
 			d, err := lim.Allow(ctx, key, generous)
-			if err != nil || d.Source == hybrid.SourceCentral || d.Source == hybrid.SourceLocal {
+			if err != nil || d.Source == outcome.SourceCentral || d.Source == outcome.SourceLocal {
 				return err
 			}
 			if time.Now().After(deadline) {
@@ -138,7 +139,7 @@ func warm(tb testing.TB, lim *hybrid.Limiter, keys []string, idx []int32) {
 		tb.Fatalf("warm-up: %v", err)
 	}
 	for _, i := range idx[:min(len(idx), 64)] {
-		if d, err := lim.Allow(ctx, keys[i], generous); err != nil || d.Source != hybrid.SourceLocal {
+		if d, err := lim.Allow(ctx, keys[i], generous); err != nil || d.Source != outcome.SourceLocal {
 			tb.Fatalf("warm-up: key %s: decided by %v (err %v) after its Redis take, want local", keys[i], d.Source, err)
 		}
 	}

@@ -109,7 +109,7 @@ type Update struct {
 	Want   int64   // unused lease the node wants to hold after the call
 	N      int64   // tokens the caller needs now (a synchronous call); 0 for a background reconcile
 	// Vetted marks a one-off take whose caller checked Key against a complete copy of the ban list
-	// and found no ban: a relay may admit it on its cold credit (relay.Config.ColdCredit) without
+	// and found no ban: a relay may admit it on its cold credit (relay.WithColdCredit) without
 	// asking Redis, which would read the key's ban. The scripts do not read it.
 	Vetted bool
 }

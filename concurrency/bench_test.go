@@ -10,6 +10,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/concurrency"
 	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // BenchmarkAcquireRelease measures one TryAcquire and one Release, two round trips to a real
@@ -35,7 +36,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 				i := 0
 				for pb.Next() {
 					ls, err := lim.TryAcquire(ctx, keys[i%nkeys], concurrency.MaxLimit, time.Minute)
-					if err != nil || !ls.Acquired() || ls.Source() != concurrency.SourceCentral {
+					if err != nil || !ls.Acquired() || ls.Source() != outcome.SourceCentral {
 						b.Errorf("acquire: %v %v", err, ls)
 						return
 					}

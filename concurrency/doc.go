@@ -53,11 +53,11 @@
 // NOAUTH, …), and a key that cannot be used (WRONGTYPE: something else owns the Redis key; only that
 // key is affected). A circuit breaker stops calling Redis after 5 failures in a row and probes it
 // again after 500ms. The policies ([WithFailurePolicy]):
-//   - LocalFallback (the default): each node admits max(1, limit/nodes) leases per key in a local
+//   - outcome.LocalFallback (the default): each node admits max(1, limit/nodes) leases per key in a local
 //     semaphore with the same TTLs ([WithNodes] says how many nodes share the limits), so the fleet
 //     admits at most max(limit, nodes) per key while Redis is away.
-//   - FailOpen: every lease is granted.
-//   - FailClosed: every lease is denied and marked Unavailable ([Lease.Unavailable]), so an HTTP
+//   - outcome.FailOpen: every lease is granted.
+//   - outcome.FailClosed: every lease is denied and marked Unavailable ([Lease.Unavailable]), so an HTTP
 //     server can answer 503 rather than 429.
 //
 // Leases granted by a failure policy are not in Redis: when Redis comes back, a key can briefly hold

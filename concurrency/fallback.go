@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// fallback is the local semaphore of the LocalFallback policy: per key, the leases this node granted
+// fallback is the local semaphore of the outcome.LocalFallback policy: per key, the leases this node granted
 // while Redis could not decide, with their expiries on the local monotonic clock. It mirrors
 // concurrency.lua: expired leases are dropped on every call, a key's entry goes when its last lease
 // does.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/concurrency"
 	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // The helper process: the test binary run again with helperEnv set to "<redis addr> <key> <leases>
@@ -34,7 +35,7 @@ func helperMain() int {
 	limit, _ := strconv.Atoi(f[3])
 	ttl, _ := time.ParseDuration(f[4])
 	rdb := redis.NewClient(&redis.Options{Addr: f[0]})
-	lim, err := concurrency.New(rdb, concurrency.WithTimeout(5*time.Second), concurrency.WithFailurePolicy(concurrency.FailClosed))
+	lim, err := concurrency.New(rdb, concurrency.WithTimeout(5*time.Second), concurrency.WithFailurePolicy(outcome.FailClosed))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "helper:", err)
 		return 2
@@ -42,7 +43,7 @@ func helperMain() int {
 	got := 0
 	for range n {
 		ls, err := lim.TryAcquire(context.Background(), f[1], limit, ttl)
-		if err != nil || ls.Source() != concurrency.SourceCentral {
+		if err != nil || ls.Source() != outcome.SourceCentral {
 			fmt.Fprintln(os.Stderr, "helper: acquire:", err)
 			return 2
 		}

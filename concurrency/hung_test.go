@@ -11,6 +11,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/concurrency"
 	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // TestHungRedisBounded: on a redis-server stopped with SIGSTOP (a hung host: it accepts connections
@@ -32,7 +33,7 @@ func TestHungRedisBounded(t *testing.T) {
 			held, err := lim.TryAcquire(ctx, "k", 10, time.Minute)
 			require.NoError(t, err)
 			require.True(t, held.Acquired())
-			require.Equal(t, concurrency.SourceCentral, held.Source())
+			require.Equal(t, outcome.SourceCentral, held.Source())
 			other, err := lim.TryAcquire(ctx, "k", 10, time.Minute)
 			require.NoError(t, err)
 			require.True(t, other.Acquired())
@@ -60,14 +61,14 @@ func TestHungRedisBounded(t *testing.T) {
 				timed("TryAcquire", func() {
 					ls, err := lim.TryAcquire(ctx, "k", 10, time.Minute)
 					require.NoError(t, err, "attempt %d", i)
-					assert.Equal(t, concurrency.SourceFallback, ls.Source(), "attempt %d", i)
+					assert.Equal(t, outcome.SourceFallback, ls.Source(), "attempt %d", i)
 				})
 			}
 
 			srv.Resume(t)
 			require.Eventually(t, func() bool {
 				ls, err := lim.TryAcquire(ctx, "k", 10, time.Minute)
-				return err == nil && ls.Source() == concurrency.SourceCentral && ls.Acquired() && ls.Release(ctx) == nil
+				return err == nil && ls.Source() == outcome.SourceCentral && ls.Acquired() && ls.Release(ctx) == nil
 			}, 10*time.Second, 20*time.Millisecond, "Redis decides again after SIGCONT")
 		})
 	}
@@ -108,7 +109,7 @@ func TestHungClusterBounded(t *testing.T) {
 			var held *concurrency.Lease
 			require.Eventually(t, func() bool { // the first calls load the slot map and the script
 				ls, err := lim.TryAcquire(ctx, key, 10, time.Minute)
-				if err != nil || !ls.Acquired() || ls.Source() != concurrency.SourceCentral {
+				if err != nil || !ls.Acquired() || ls.Source() != outcome.SourceCentral {
 					return false
 				}
 				held = ls
@@ -117,7 +118,7 @@ func TestHungClusterBounded(t *testing.T) {
 			other, err := lim.TryAcquire(ctx, key, 10, time.Minute)
 			require.NoError(t, err)
 			require.True(t, other.Acquired())
-			require.Equal(t, concurrency.SourceCentral, other.Source())
+			require.Equal(t, outcome.SourceCentral, other.Source())
 
 			master := cl.MasterFor(t, "{"+key+"}")
 			master.Pause(t)
@@ -143,7 +144,7 @@ func TestHungClusterBounded(t *testing.T) {
 				timed("TryAcquire", func() {
 					ls, err := lim.TryAcquire(ctx, key, 10, time.Minute)
 					require.NoError(t, err, "attempt %d", i)
-					assert.Equal(t, concurrency.SourceFallback, ls.Source(), "attempt %d", i)
+					assert.Equal(t, outcome.SourceFallback, ls.Source(), "attempt %d", i)
 				})
 			}
 
@@ -151,7 +152,7 @@ func TestHungClusterBounded(t *testing.T) {
 			cl.WaitHealthy(t, 30*time.Second)
 			require.Eventually(t, func() bool {
 				ls, err := lim.TryAcquire(ctx, key, 10, time.Minute)
-				return err == nil && ls.Source() == concurrency.SourceCentral && ls.Acquired() && ls.Release(ctx) == nil
+				return err == nil && ls.Source() == outcome.SourceCentral && ls.Acquired() && ls.Release(ctx) == nil
 			}, 10*time.Second, 20*time.Millisecond, "Redis decides again after SIGCONT")
 			require.NoError(t, lim.Close(ctx))
 			require.NoError(t, rdb.Ping(ctx).Err(), "the caller's client is not closed")

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 )
@@ -151,7 +152,7 @@ func TestOptions(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	defer rdb.Close()
 	for _, opt := range []Option{
-		WithKeyPrefix(""), WithKeyPrefix("a{b"), WithKeyPrefix("a b"), WithFailurePolicy(FailurePolicy(9)),
+		WithKeyPrefix(""), WithKeyPrefix("a{b"), WithKeyPrefix("a b"), WithFailurePolicy(outcome.FailurePolicy(9)),
 		WithNodes(0), WithTimeout(0), WithTimeout(time.Minute), WithLogger(nil), nil,
 	} {
 		_, err := New(rdb, opt)
@@ -159,16 +160,16 @@ func TestOptions(t *testing.T) {
 	}
 	_, err := New(nil)
 	assert.Error(t, err)
-	lim, err := New(rdb, WithKeyPrefix("app"), WithFailurePolicy(FailClosed), WithNodes(4), WithTimeout(time.Second))
+	lim, err := New(rdb, WithKeyPrefix("app"), WithFailurePolicy(outcome.FailClosed), WithNodes(4), WithTimeout(time.Second))
 	if assert.NoError(t, err) {
 		assert.Equal(t, "app", lim.o.prefix)
-		assert.Equal(t, FailClosed, lim.o.policy)
+		assert.Equal(t, outcome.FailClosed, lim.o.policy)
 		assert.Equal(t, 4, lim.o.nodes)
 	}
-	assert.Equal(t, "fail-closed", FailClosed.String())
-	assert.Equal(t, "FailurePolicy(9)", FailurePolicy(9).String())
-	assert.Equal(t, "fallback", SourceFallback.String())
-	assert.Equal(t, "central", SourceCentral.String())
+	assert.Equal(t, "fail-closed", outcome.FailClosed.String())
+	assert.Equal(t, "FailurePolicy(9)", outcome.FailurePolicy(9).String())
+	assert.Equal(t, "fallback", outcome.SourceFallback.String())
+	assert.Equal(t, "central", outcome.SourceCentral.String())
 }
 
 func TestHeldLeasesAreSwept(t *testing.T) {

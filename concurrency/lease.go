@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/hybridrate/hybridrate/internal/redisx"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // Lease is the answer to [Limiter.TryAcquire] or [Limiter.Acquire]: when [Lease.Acquired] reports
@@ -20,8 +21,8 @@ type Lease struct {
 	id         string // the lease's member in Redis: the Limiter's tag and num
 	num        uint64 // the lease's number in this Limiter, its id in the local semaphore
 	acquired   bool
-	source     Source
-	fallback   FailurePolicy // the policy that decided under SourceFallback
+	source     outcome.Source
+	fallback   outcome.FailurePolicy // the policy that decided under outcome.SourceFallback
 	inFlight   int
 	retryAfter time.Duration
 	released   atomic.Bool
@@ -33,17 +34,19 @@ func (ls *Lease) Acquired() bool { return ls.acquired }
 // Key returns the key the lease was asked for. It does no I/O.
 func (ls *Lease) Key() string { return ls.key }
 
-// Source returns who decided: SourceCentral normally, or SourceFallback when the failure policy did
+// Source returns who decided: outcome.SourceCentral normally, or outcome.SourceFallback when the failure policy did
 // while Redis could not.
-func (ls *Lease) Source() Source { return ls.source }
+func (ls *Lease) Source() outcome.Source { return ls.source }
 
 // Unavailable reports a lease denied only because Redis could not decide and the failure policy is
-// FailClosed: it says nothing about the key's slots (an HTTP server answers 503, not 429).
-func (ls *Lease) Unavailable() bool { return ls.source == SourceFallback && ls.fallback == FailClosed }
+// outcome.FailClosed: it says nothing about the key's slots (an HTTP server answers 503, not 429).
+func (ls *Lease) Unavailable() bool {
+	return ls.source == outcome.SourceFallback && ls.fallback == outcome.FailClosed
+}
 
 // InFlight returns the number of leases the key held just after the decision, this one included if
-// acquired: in Redis, or in the local semaphore under LocalFallback (0 under FailOpen and
-// FailClosed).
+// acquired: in Redis, or in the local semaphore under outcome.LocalFallback (0 under outcome.FailOpen and
+// outcome.FailClosed).
 func (ls *Lease) InFlight() int { return ls.inFlight }
 
 // RetryAfter returns, for a lease that was not acquired, an upper bound on the wait for a slot: the
@@ -63,13 +66,13 @@ func (ls *Lease) Release(ctx context.Context) error {
 	}
 	l := ls.l
 	switch {
-	case ls.source == SourceCentral:
+	case ls.source == outcome.SourceCentral:
 		rkey, ok := l.untrack(ls)
 		if !ok { // Close released it, or it expired long ago
 			return nil
 		}
 		return l.releaseRedis(context.WithoutCancel(ctx), rkey, ls.id)
-	case ls.fallback == LocalFallback:
+	case ls.fallback == outcome.LocalFallback:
 		l.fb.release(ls.key, ls.num, l.o.now())
 	}
 	return nil
@@ -89,11 +92,11 @@ func (ls *Lease) Extend(ctx context.Context, ttl time.Duration) (bool, error) {
 		return false, nil
 	}
 	l := ls.l
-	if ls.source == SourceFallback {
-		if ls.fallback == LocalFallback {
+	if ls.source == outcome.SourceFallback {
+		if ls.fallback == outcome.LocalFallback {
 			return l.fb.extend(ls.key, ls.num, ttl, l.o.now()), nil
 		}
-		return true, nil // FailOpen: nothing holds the slot
+		return true, nil // outcome.FailOpen: nothing holds the slot
 	}
 	start := l.o.now()
 	rep, f, err := l.call(ctx, redisKey(l.o.prefix, ls.key), opExtend, ls.id, 0, ttlMS(ttl))

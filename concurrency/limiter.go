@@ -16,8 +16,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/hybridrate/hybridrate/internal/option"
-	"github.com/hybridrate/hybridrate/internal/outcome"
 	"github.com/hybridrate/hybridrate/internal/redisx"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // Errors returned by the Limiter. A full key is not an error: see [Lease.Acquired].
@@ -34,19 +34,6 @@ var (
 	// ([Lease.Release], [Lease.Extend], [Limiter.InFlight]) when Redis could not serve them. It is
 	// the same value as hybrid.ErrUnavailable and strict.ErrUnavailable.
 	ErrUnavailable = redisx.ErrUnavailable
-)
-
-// Source says who decided on a lease: SourceCentral (Redis) or SourceFallback (the failure policy,
-// while Redis could not). It is the same type as hybrid.Source; its String returns "central" or
-// "fallback".
-type Source = outcome.Source
-
-// The sources of a lease.
-const (
-	// SourceCentral: Redis decided (the normal case).
-	SourceCentral = outcome.SourceCentral
-	// SourceFallback: Redis could not decide; the failure policy did.
-	SourceFallback = outcome.SourceFallback
 )
 
 // Stats is a snapshot of what a [Limiter] did, from [Limiter.Stats]. Every count only grows over the
@@ -207,7 +194,7 @@ func (l *Limiter) TryAcquire(ctx context.Context, key string, limit int, ttl tim
 		l.stats.RedisErrors.Add(1)
 		return l.decideLocally(ls, limit, ttl), nil
 	}
-	ls.source = SourceCentral
+	ls.source = outcome.SourceCentral
 	ls.inFlight = rep.inFlight
 	if !rep.ok {
 		l.stats.Denied.Add(1)
@@ -269,11 +256,11 @@ func (l *Limiter) extended(ls *Lease, expires time.Time) {
 // decideLocally applies the failure policy to ls.
 func (l *Limiter) decideLocally(ls *Lease, limit int, ttl time.Duration) *Lease {
 	l.stats.Fallbacks.Add(1)
-	ls.source, ls.fallback = SourceFallback, l.o.policy
+	ls.source, ls.fallback = outcome.SourceFallback, l.o.policy
 	switch l.o.policy {
-	case FailOpen:
+	case outcome.FailOpen:
 		ls.acquired = true
-	case FailClosed:
+	case outcome.FailClosed:
 		ls.retryAfter = redisx.DefaultBreakerCooldown
 	default:
 		ls.acquired, ls.inFlight, ls.retryAfter = l.fb.acquire(ls.key, ls.num, share(limit, l.o.nodes), ttl, l.o.now())

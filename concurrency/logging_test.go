@@ -13,6 +13,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/concurrency"
 	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // logRecorder is a slog.Handler that keeps every record as "LEVEL message".
@@ -51,7 +52,7 @@ func TestOutageLogsStateChanges(t *testing.T) {
 	for range 3 {
 		ls, err := lim.TryAcquire(ctx, "k", 10, time.Minute)
 		require.NoError(t, err)
-		require.Equal(t, concurrency.SourceCentral, ls.Source())
+		require.Equal(t, outcome.SourceCentral, ls.Source())
 		held = append(held, ls)
 	}
 
@@ -76,7 +77,7 @@ func TestOutageLogsStateChanges(t *testing.T) {
 	srv.Restart(t)
 	require.Eventually(t, func() bool {
 		ls, err := lim.TryAcquire(ctx, "k", 10, time.Minute)
-		return err == nil && ls.Source() == concurrency.SourceCentral && ls.Release(ctx) == nil
+		return err == nil && ls.Source() == outcome.SourceCentral && ls.Release(ctx) == nil
 	}, 10*time.Second, 20*time.Millisecond)
 
 	lines := rec.all()

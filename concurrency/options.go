@@ -7,8 +7,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/internal/limits"
 	"github.com/hybridrate/hybridrate/internal/option"
-	"github.com/hybridrate/hybridrate/internal/outcome"
-	"github.com/hybridrate/hybridrate/internal/redisx"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // Defaults and bounds.
@@ -36,28 +35,6 @@ const (
 	pollMax = 50 * time.Millisecond // and its longest
 )
 
-// FailurePolicy says what TryAcquire and Acquire do when Redis cannot decide: the call failed or
-// timed out, the circuit breaker is open, Redis refused the call (OOM, READONLY, NOAUTH, …), or the
-// key could not be used (WRONGTYPE: something else owns the Redis key). It is the same type, with
-// the same values, as hybrid.FailurePolicy; its String returns "default", "local-fallback",
-// "fail-open" or "fail-closed".
-type FailurePolicy = outcome.FailurePolicy
-
-// The failure policies.
-const (
-	// DefaultFailure, the zero value, stands for the default: WithFailurePolicy(DefaultFailure)
-	// keeps LocalFallback.
-	DefaultFailure = outcome.DefaultFailure
-	// LocalFallback admits up to this node's share of the limit, max(1, limit/nodes) leases per key
-	// (nodes: [WithNodes]), counted in a local semaphore with the same TTLs, until Redis is back.
-	// This is the default.
-	LocalFallback = outcome.LocalFallback
-	// FailOpen admits every request.
-	FailOpen = outcome.FailOpen
-	// FailClosed denies every request; the lease is marked Unavailable ([Lease.Unavailable]).
-	FailClosed = outcome.FailClosed
-)
-
 // Option configures a [Limiter]; see the With functions. Options are immutable values, safe to
 // share between goroutines and to pass to several New calls.
 type Option interface{ option.Setter[options] }
@@ -66,7 +43,7 @@ type optionFunc = option.Func[options]
 
 type options struct {
 	prefix  string
-	policy  FailurePolicy
+	policy  outcome.FailurePolicy
 	nodes   int
 	timeout time.Duration
 	logger  *slog.Logger
@@ -76,7 +53,7 @@ type options struct {
 func defaultOptions() options {
 	return options{
 		prefix:  DefaultKeyPrefix,
-		policy:  LocalFallback,
+		policy:  outcome.LocalFallback,
 		nodes:   1,
 		timeout: DefaultTimeout,
 		logger:  slog.New(slog.DiscardHandler),
@@ -92,31 +69,31 @@ func badOption(format string, args ...any) error { return option.Bad(ErrBadOptio
 // WithKeyPrefix sets the prefix of every Redis key, so that several applications can share a Redis.
 // It must be 1 to 64 bytes with no braces or whitespace. The default is DefaultKeyPrefix ("hr").
 func WithKeyPrefix(p string) Option {
-	return optionFunc(func(o *options) error {
-		if !redisx.ValidPrefix(p) {
-			return badOption("key prefix %q: want 1 to %d bytes without braces or whitespace", p, limits.MaxKeyPrefixLen)
-		}
-		o.prefix = p
-		return nil
+	return optionFunc(func(o *options) (err error) {
+		o.prefix, err = option.KeyPrefix(ErrBadOption, p)
+		return err
 	})
 }
 
-// WithFailurePolicy sets what happens while Redis cannot decide. The default is LocalFallback, which
-// DefaultFailure also selects.
-func WithFailurePolicy(p FailurePolicy) Option {
-	return optionFunc(func(o *options) error {
-		if !p.Valid() {
-			return badOption("unknown failure policy %d", int(p))
-		}
-		if p == DefaultFailure {
-			p = LocalFallback
-		}
-		o.policy = p
-		return nil
+// WithFailurePolicy sets what TryAcquire and Acquire do when Redis cannot decide: the call failed
+// or timed out, the circuit breaker is open, Redis refused the call (OOM, READONLY, NOAUTH, …), or
+// the key could not be used (WRONGTYPE: something else owns the Redis key). The default is
+// outcome.LocalFallback, which outcome.DefaultFailure also selects. In a Limiter the policies mean:
+//
+//   - outcome.LocalFallback admits up to this node's share of the limit, max(1, limit/nodes) leases
+//     per key (nodes: [WithNodes]), counted in a local semaphore with the same TTLs, until Redis is
+//     back.
+//   - outcome.FailOpen admits every request.
+//   - outcome.FailClosed denies every request; the lease is marked Unavailable
+//     ([Lease.Unavailable]).
+func WithFailurePolicy(p outcome.FailurePolicy) Option {
+	return optionFunc(func(o *options) (err error) {
+		o.policy, err = option.FailurePolicy(ErrBadOption, p)
+		return err
 	})
 }
 
-// WithNodes sets the number of nodes that share the limits, from 1 to 10000: under LocalFallback each
+// WithNodes sets the number of nodes that share the limits, from 1 to 10000: under outcome.LocalFallback each
 // node admits max(1, limit/nodes) leases per key while Redis is away, so the fleet stays near the
 // limit. The default is 1 (each node alone may then admit the whole limit while Redis is away).
 func WithNodes(n int) Option {
@@ -152,11 +129,8 @@ func WithTimeout(d time.Duration) Option {
 // breaker's state changes (opened, with its cause, and closed; not each probe). The default
 // discards them. go-redis logs through a logger of its own: see hybrid.NewRedisLog.
 func WithLogger(l *slog.Logger) Option {
-	return optionFunc(func(o *options) error {
-		if l == nil {
-			return badOption("nil logger")
-		}
-		o.logger = l
-		return nil
+	return optionFunc(func(o *options) (err error) {
+		o.logger, err = option.NonNil(ErrBadOption, "logger", l)
+		return err
 	})
 }

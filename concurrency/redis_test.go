@@ -15,6 +15,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/concurrency"
 	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // newLimiter returns a Limiter on srv, with its own client (a node of its own), closed in Cleanup.
@@ -37,7 +38,7 @@ func acquireAll(t *testing.T, lim *concurrency.Limiter, key string, limit, n int
 	for range n {
 		ls, err := lim.TryAcquire(context.Background(), key, limit, time.Minute)
 		require.NoError(t, err)
-		require.Equal(t, concurrency.SourceCentral, ls.Source())
+		require.Equal(t, outcome.SourceCentral, ls.Source())
 		if ls.Acquired() {
 			got++
 		}
@@ -60,7 +61,7 @@ func TestLimitIsExactAcrossNodes(t *testing.T) {
 		for i := range nodes * callers {
 			wg.Go(func() {
 				ls, err := lims[i%nodes].TryAcquire(context.Background(), "burst", limit, time.Minute)
-				if assert.NoError(t, err) && assert.Equal(t, concurrency.SourceCentral, ls.Source()) && ls.Acquired() {
+				if assert.NoError(t, err) && assert.Equal(t, outcome.SourceCentral, ls.Source()) && ls.Acquired() {
 					granted.Add(1)
 					assert.LessOrEqual(t, ls.InFlight(), limit)
 				}
@@ -78,7 +79,7 @@ func TestLimitIsExactAcrossNodes(t *testing.T) {
 				lim := lims[i%nodes]
 				for range 40 {
 					ls, err := lim.Acquire(context.Background(), "churn", limit, time.Minute)
-					if !assert.NoError(t, err) || !assert.Equal(t, concurrency.SourceCentral, ls.Source()) {
+					if !assert.NoError(t, err) || !assert.Equal(t, outcome.SourceCentral, ls.Source()) {
 						return
 					}
 					n := inFlight.Add(1)
@@ -212,13 +213,13 @@ func TestExtendKeepsTheSlot(t *testing.T) {
 func TestRedisStopped(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		policy   concurrency.FailurePolicy
-		source   concurrency.Source
+		policy   outcome.FailurePolicy
+		source   outcome.Source
 		acquired int // of 5 tries with limit 6 and 3 nodes
 	}{
-		{concurrency.LocalFallback, concurrency.SourceFallback, 2},
-		{concurrency.FailOpen, concurrency.SourceFallback, 5},
-		{concurrency.FailClosed, concurrency.SourceFallback, 0},
+		{outcome.LocalFallback, outcome.SourceFallback, 2},
+		{outcome.FailOpen, outcome.SourceFallback, 5},
+		{outcome.FailClosed, outcome.SourceFallback, 0},
 	} {
 		t.Run(tc.policy.String(), func(t *testing.T) {
 			t.Parallel()
@@ -237,7 +238,7 @@ func TestRedisStopped(t *testing.T) {
 				ls, err := lim.TryAcquire(ctx, "k", 6, time.Minute)
 				require.NoError(t, err, "a Redis failure is never the caller's error")
 				assert.Equal(t, tc.source, ls.Source())
-				assert.Equal(t, tc.policy == concurrency.FailClosed, ls.Unavailable())
+				assert.Equal(t, tc.policy == outcome.FailClosed, ls.Unavailable())
 				if ls.Acquired() {
 					got++
 					leases = append(leases, ls)
@@ -252,7 +253,7 @@ func TestRedisStopped(t *testing.T) {
 			for _, ls := range leases {
 				assert.NoError(t, ls.Release(ctx), "fallback leases are released locally")
 			}
-			if tc.policy == concurrency.LocalFallback {
+			if tc.policy == outcome.LocalFallback {
 				ls, err := lim.TryAcquire(ctx, "k", 6, time.Minute)
 				require.NoError(t, err)
 				assert.True(t, ls.Acquired(), "a released fallback lease frees its local slot")
@@ -264,7 +265,7 @@ func TestRedisStopped(t *testing.T) {
 			srv.Restart(t)
 			require.Eventually(t, func() bool {
 				ls, err := lim.TryAcquire(ctx, "k", 6, time.Minute)
-				if err != nil || ls.Source() != concurrency.SourceCentral {
+				if err != nil || ls.Source() != outcome.SourceCentral {
 					return false
 				}
 				return assert.True(t, ls.Acquired()) && assert.NoError(t, ls.Release(ctx))
@@ -287,17 +288,17 @@ func TestRedisRefuses(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			srv := redistest.Start(t, "--maxmemory-policy", "noeviction")
-			lim := newLimiter(t, srv, concurrency.WithFailurePolicy(concurrency.FailClosed))
+			lim := newLimiter(t, srv, concurrency.WithFailurePolicy(outcome.FailClosed))
 			ctx := context.Background()
 			ok, err := lim.TryAcquire(ctx, "warm", 1, time.Minute) // a pooled connection, for the NOAUTH case
 			require.NoError(t, err)
-			require.Equal(t, concurrency.SourceCentral, ok.Source())
+			require.Equal(t, outcome.SourceCentral, ok.Source())
 			for _, cmd := range tc.break_ {
 				srv.Do(t, cmd...)
 			}
 			ls, err := lim.TryAcquire(ctx, "k", 1, time.Minute)
 			require.NoError(t, err, "a refusal is never the caller's error")
-			assert.Equal(t, concurrency.SourceFallback, ls.Source())
+			assert.Equal(t, outcome.SourceFallback, ls.Source())
 			assert.True(t, ls.Unavailable())
 			assert.False(t, ls.Acquired())
 			assert.Equal(t, int64(1), lim.Stats().RedisErrors)
@@ -309,7 +310,7 @@ func TestRedisRefuses(t *testing.T) {
 			}
 			require.Eventually(t, func() bool {
 				ls, err := lim.TryAcquire(ctx, "k", 1, time.Minute)
-				return err == nil && ls.Source() == concurrency.SourceCentral && ls.Acquired()
+				return err == nil && ls.Source() == outcome.SourceCentral && ls.Acquired()
 			}, 10*time.Second, 20*time.Millisecond)
 		})
 	}
@@ -318,7 +319,7 @@ func TestRedisRefuses(t *testing.T) {
 func TestWrongTypeAffectsOnlyItsKey(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	lim := newLimiter(t, srv, concurrency.WithFailurePolicy(concurrency.FailClosed))
+	lim := newLimiter(t, srv, concurrency.WithFailurePolicy(outcome.FailClosed))
 	ctx := context.Background()
 	srv.Do(t, "set", "hr:v1:c:{squatted}", "not a sorted set")
 
@@ -329,13 +330,13 @@ func TestWrongTypeAffectsOnlyItsKey(t *testing.T) {
 		}
 		ls, err := lim.TryAcquire(ctx, "squatted", 3, time.Minute)
 		require.NoError(t, err, "WRONGTYPE is never the caller's error")
-		require.Equal(t, concurrency.SourceFallback, ls.Source(), "try %d", i)
+		require.Equal(t, outcome.SourceFallback, ls.Source(), "try %d", i)
 		require.True(t, ls.Unavailable(), "try %d", i)
 	}
 	assert.Equal(t, int64(20), lim.Stats().RedisErrors)
 	ls, err := lim.TryAcquire(ctx, "other", 3, time.Minute)
 	require.NoError(t, err)
-	assert.Equal(t, concurrency.SourceCentral, ls.Source(), "other keys are unaffected: the breaker stays closed")
+	assert.Equal(t, outcome.SourceCentral, ls.Source(), "other keys are unaffected: the breaker stays closed")
 	assert.True(t, ls.Acquired())
 	assert.Equal(t, "not a sorted set", srv.Do(t, "get", "hr:v1:c:{squatted}"), "the squatter's value is untouched")
 }
@@ -499,7 +500,7 @@ func TestCluster(t *testing.T) {
 		for i := range 6 {
 			ls, err := lims[i%2].TryAcquire(ctx, key, 3, time.Minute)
 			require.NoError(t, err)
-			require.Equal(t, concurrency.SourceCentral, ls.Source(), "key %q", key)
+			require.Equal(t, outcome.SourceCentral, ls.Source(), "key %q", key)
 			if ls.Acquired() {
 				got++
 				leases = append(leases, ls)
@@ -527,17 +528,17 @@ func TestLeastPrivilegeACL(t *testing.T) {
 	srv := redistest.Start(t)
 	srv.Do(t, append([]any{"ACL", "SETUSER", "conc"}, concurrencyACL...)...)
 	rdb := srv.Client(t, func(o *redis.Options) { o.Username, o.Password, o.MaxRetries = "conc", "pw", -1 })
-	lim, err := concurrency.New(rdb, concurrency.WithFailurePolicy(concurrency.FailClosed), concurrency.WithTimeout(2*time.Second))
+	lim, err := concurrency.New(rdb, concurrency.WithFailurePolicy(outcome.FailClosed), concurrency.WithTimeout(2*time.Second))
 	require.NoError(t, err)
 	defer lim.Close(context.Background())
 	ctx := context.Background()
 
 	ls, err := lim.TryAcquire(ctx, "acl", 1, time.Minute)
 	require.NoError(t, err)
-	require.Equal(t, concurrency.SourceCentral, ls.Source(), "the ACL allows acquiring")
+	require.Equal(t, outcome.SourceCentral, ls.Source(), "the ACL allows acquiring")
 	full, err := lim.TryAcquire(ctx, "acl", 1, time.Minute)
 	require.NoError(t, err)
-	assert.Equal(t, concurrency.SourceCentral, full.Source(), "and denying (ZRANGE for the wait)")
+	assert.Equal(t, outcome.SourceCentral, full.Source(), "and denying (ZRANGE for the wait)")
 	assert.False(t, full.Acquired())
 	ok, err := ls.Extend(ctx, time.Minute)
 	require.NoError(t, err)
@@ -588,7 +589,7 @@ func TestInFlightGoesThroughTheBreaker(t *testing.T) {
 	t.Parallel()
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
-	lim, err := concurrency.New(rdb, concurrency.WithFailurePolicy(concurrency.FailClosed))
+	lim, err := concurrency.New(rdb, concurrency.WithFailurePolicy(outcome.FailClosed))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = lim.Close(context.Background()) })
 	ctx := context.Background()

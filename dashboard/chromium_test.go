@@ -96,11 +96,15 @@ func TestDashboardInChromium(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, StrictTimeout: time.Second, HybridOptions: []hybrid.Option{
-		hybrid.WithCheckTimeout(time.Second), hybrid.WithMeterProvider(mp), hybrid.WithInstance("demo-pod-1")}})
+	enf, err := policy.NewEnforcer(
+		rdb,
+		policy.WithStrictTimeout(time.Second),
+		policy.WithHybridOptions(
+			hybrid.WithCheckTimeout(time.Second), hybrid.WithMeterProvider(mp), hybrid.WithInstance("demo-pod-1")),
+	)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = enf.Close(context.Background()) })
-	obs, err := observe.New(enf, observe.Config{MeterProvider: mp, Instance: "demo-pod-1"})
+	obs, err := observe.New(enf, observe.WithMeterProvider(mp), observe.WithInstance("demo-pod-1"))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = obs.Close() })
 	p, err := policy.Parse([]byte(browserPolicy), "browser.yaml")

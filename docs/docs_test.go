@@ -18,6 +18,7 @@ import (
 	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/concurrency"
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/strict"
 )
 
@@ -255,7 +256,7 @@ var sourceRE = regexp.MustCompile("`source` \\(([a-z-]+(?:, [a-z-]+)*)")
 // Source.String returns, every one of them.
 func TestSourceWordsMatchTheCode(t *testing.T) {
 	var want []string
-	for s := hybrid.SourceLocal; s <= hybrid.SourceFallback; s++ {
+	for s := outcome.SourceLocal; s <= outcome.SourceFallback; s++ {
 		want = append(want, s.String())
 	}
 	if got := (hybrid.Decision{}).Source.String(); got != "none" {

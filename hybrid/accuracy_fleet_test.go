@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // TestAccuracySixtyFourNodes is TestAccuracyEightNodes at 64 nodes (issue 21 item 3): 64 limiters at
@@ -127,11 +128,11 @@ func accuracyFleet(t *testing.T, nodes int, d time.Duration, opts ...hybrid.Opti
 }
 
 // localShare returns the percentage of decisions made without a Redis call (local and deny-cache).
-func localShare(src map[hybrid.Source]int64) float64 {
+func localShare(src map[outcome.Source]int64) float64 {
 	var local, total int64
 	for s, v := range src {
 		total += v
-		if s == hybrid.SourceLocal || s == hybrid.SourceDenyCache {
+		if s == outcome.SourceLocal || s == outcome.SourceDenyCache {
 			local += v
 		}
 	}

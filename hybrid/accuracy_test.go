@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // TestAccuracyEightNodes is DESIGN.md invariant 1 on real Redis: 8 nodes, each with its own client,
@@ -160,7 +161,7 @@ func TestRedisKilledMidLoad(t *testing.T) {
 
 	t.Logf("sources %v, max decision latency %v, errors %d", tl.sources, tl.maxLatency, tl.errors)
 	assert.Zero(t, tl.errors, "no decision failed")
-	assert.Positive(t, tl.sources[hybrid.SourceFallback], "the failure policy decided while Redis was down")
+	assert.Positive(t, tl.sources[outcome.SourceFallback], "the failure policy decided while Redis was down")
 	// The bound is the sync timeout; the slack absorbs scheduling delays of a loaded -race run (the
 	// measured maximum is logged above, typically the sync timeout plus a millisecond or two).
 	assert.Less(t, tl.maxLatency, syncTimeout+250*time.Millisecond, "no decision waits much beyond the sync timeout")
@@ -190,7 +191,7 @@ func TestBanReachesEveryNode(t *testing.T) {
 	for i, l := range f.lims {
 		require.Eventually(t, func() bool {
 			d, err := l.Allow(ctx, "abuser", limit)
-			return err == nil && !d.Allowed && d.Source == hybrid.SourceDenyCache && d.RetryAfter > 50*time.Second
+			return err == nil && !d.Allowed && d.Source == outcome.SourceDenyCache && d.RetryAfter > 50*time.Second
 			// Pub/Sub carries it at once; a node whose subscription was not up yet (a loaded
 			// machine) reads it from the change log within banRefresh (10 s).
 		}, 15*time.Second, 5*time.Millisecond, "node %d", i)
@@ -207,7 +208,7 @@ func TestBanReachesEveryNode(t *testing.T) {
 	late := newFleet(t, srv.Addr, 1)
 	require.Eventually(t, func() bool {
 		d, err := late.lims[0].Allow(ctx, "other", limit)
-		return err == nil && !d.Allowed && d.Source == hybrid.SourceDenyCache
+		return err == nil && !d.Allowed && d.Source == outcome.SourceDenyCache
 	}, 2*time.Second, 5*time.Millisecond)
 }
 
@@ -306,7 +307,7 @@ func TestAccuracyShapes(t *testing.T) {
 			var local, total int64
 			for s, v := range tl.sources {
 				total += v
-				if s == hybrid.SourceLocal || s == hybrid.SourceDenyCache {
+				if s == outcome.SourceLocal || s == outcome.SourceDenyCache {
 					local += v
 				}
 			}

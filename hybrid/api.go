@@ -9,11 +9,12 @@ import (
 
 	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/internal/redisx"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // ErrUnavailable is wrapped by every error that means Redis could not serve a call and no failure
 // policy decided in its place: [Limiter.WaitN] when a decision needed Redis and the failure policy
-// is FailClosed (waiting would not help). It is the same value as concurrency.ErrUnavailable and
+// is outcome.FailClosed (waiting would not help). It is the same value as concurrency.ErrUnavailable and
 // strict.ErrUnavailable, so one errors.Is test serves every package.
 var ErrUnavailable = redisx.ErrUnavailable
 
@@ -52,9 +53,9 @@ func (l *Limiter) Wait(ctx context.Context, key string, limit Limit) error {
 //   - n can never be admitted (n > limit.Burst: ErrInvalidCost) or the input is invalid;
 //   - ctx has a deadline sooner than the next attempt: the error wraps context.DeadlineExceeded,
 //     like x/time/rate's WaitN;
-//   - Redis cannot answer and the failure policy is FailClosed: the error wraps [ErrUnavailable]
+//   - Redis cannot answer and the failure policy is outcome.FailClosed: the error wraps [ErrUnavailable]
 //     (sleeping through an outage of unknown length would pile up blocked callers; retry later or
-//     choose another policy). With LocalFallback, WaitN waits for the fallback limiter's tokens
+//     choose another policy). With outcome.LocalFallback, WaitN waits for the fallback limiter's tokens
 //     (its denials carry the time until it holds n tokens), and fails at once only past the deadline.
 //
 // When ctx ends while WaitN sleeps, it returns ctx.Err() wrapped. A banned key is a denial like any
@@ -81,7 +82,7 @@ func (l *Limiter) WaitN(ctx context.Context, key string, limit Limit, n int64) e
 			return fmt.Errorf("hybrid: wait(n=%d): %w", n, cerr) // the check timed out with ctx
 		}
 		if d.Unavailable {
-			return fmt.Errorf("hybrid: wait(n=%d) for %q: the failure policy is FailClosed: %w", n, key, ErrUnavailable)
+			return fmt.Errorf("hybrid: wait(n=%d) for %q: the failure policy is outcome.FailClosed: %w", n, key, ErrUnavailable)
 		}
 		wait := max(d.RetryAfter, time.Microsecond)
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
@@ -164,7 +165,7 @@ func (l *Limiter) ReserveN(ctx context.Context, key string, limit Limit, n int64
 //   - the lease they came from has reached LeaseLife: they are written off, as its unused part is.
 //
 // Tokens the failure policy admitted while Redis was away are refunded from what will be reported
-// to Redis, but the LocalFallback limiter's own local bucket is not refilled.
+// to Redis, but the outcome.LocalFallback limiter's own local bucket is not refilled.
 //
 // Tokens refunded into an unexpired lease may be used until that lease's life ends. Refund does no
 // I/O; ctx is checked but otherwise unused. Errors: invalid input, ErrClosed, a cancelled ctx.
@@ -183,15 +184,15 @@ func (l *Limiter) Refund(ctx context.Context, key string, limit Limit, n int64) 
 // as a Decision: Remaining is the estimate, Allowed reports Remaining ≥ 1, RetryAfter (when not
 // Allowed) is the time the refill takes to bring it to one token, and Source says where the
 // estimate comes from:
-//   - SourceLocal: this node has Redis's answer for the key. The estimate is the global bucket at
+//   - outcome.SourceLocal: this node has Redis's answer for the key. The estimate is the global bucket at
 //     that answer, refilled at limit.Rate since (capped at Burst), plus this node's unused lease. It
 //     does not see what other nodes consumed since that answer (at most one sync interval old while
 //     the key is busy, up to LeaseLife for a quiet key): it can overestimate by their consumption.
-//   - SourceCentral: the key is unknown here, so Peek reads the bucket from Redis (one read-only
+//   - outcome.SourceCentral: the key is unknown here, so Peek reads the bucket from Redis (one read-only
 //     script call, bounded by ctx and WithFlushTimeout): exact at that instant, except that tokens
 //     other nodes hold as leases are not in it (they may still be used). A bucket Redis does not
 //     hold is full.
-//   - SourceDenyCache: the key is banned (Remaining 0, RetryAfter until the ban ends).
+//   - outcome.SourceDenyCache: the key is banned (Remaining 0, RetryAfter until the ban ends).
 //
 // Peek is not a promise: AllowN may decide otherwise (cold-start and overdraft credit can admit a
 // request the estimate says has no token; other nodes can spend the tokens). A Redis error is
@@ -207,7 +208,7 @@ func (l *Limiter) Peek(ctx context.Context, key string, limit Limit) (Decision, 
 	}
 	burstMicro := limit.Burst * 1_000_000
 	var micro int64 // the estimate, micro-tokens
-	src := SourceLocal
+	src := outcome.SourceLocal
 	e := l.store.Lookup(key, l.store.Hash(key))
 	if e != nil && e.GrantedAt() != 0 {
 		g, _ := e.Global()
@@ -220,7 +221,7 @@ func (l *Limiter) Peek(ctx context.Context, key string, limit Limit) (Decision, 
 		if err != nil {
 			return Decision{}, fmt.Errorf("hybrid: peek: %w", err)
 		}
-		micro, src = p.Tokens, SourceCentral
+		micro, src = p.Tokens, outcome.SourceCentral
 	}
 	rem := max(micro/1_000_000, 0)
 	d := Decision{Allowed: rem >= 1, Limit: limit, Remaining: rem, ResetAfter: resetAfter(limit, rem), Source: src}

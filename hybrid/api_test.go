@@ -13,6 +13,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // allowed counts how many of k calls of AllowN(n) are admitted.
@@ -190,18 +191,18 @@ func TestWait(t *testing.T) {
 		err := <-done
 		assert.ErrorIs(t, err, context.Canceled)
 	})
-	t.Run("FailClosed under an outage fails at once", func(t *testing.T) {
-		fc, fm := newMini(t, hybrid.WithoutColdStart(), hybrid.WithFailurePolicy(hybrid.FailClosed))
+	t.Run("outcome.FailClosed under an outage fails at once", func(t *testing.T) {
+		fc, fm := newMini(t, hybrid.WithoutColdStart(), hybrid.WithFailurePolicy(outcome.FailClosed))
 		fm.Close()
 		err := fc.Wait(ctx, "w:outage", hybrid.PerSecond(10))
 		assert.ErrorIs(t, err, hybrid.ErrUnavailable)
 		// A limit's own policy counts, not only the limiter's default.
-		fo, om := newMini(t, hybrid.WithoutColdStart(), hybrid.WithFailurePolicy(hybrid.FailOpen))
+		fo, om := newMini(t, hybrid.WithoutColdStart(), hybrid.WithFailurePolicy(outcome.FailOpen))
 		om.Close()
 		closed := hybrid.PerSecond(10)
-		closed.OnFailure = hybrid.FailClosed
+		closed.OnFailure = outcome.FailClosed
 		assert.ErrorIs(t, fo.Wait(ctx, "w:outage", closed), hybrid.ErrUnavailable)
-		assert.NoError(t, fo.Wait(ctx, "w:outage2", hybrid.PerSecond(10)), "the default, FailOpen, admits")
+		assert.NoError(t, fo.Wait(ctx, "w:outage2", hybrid.PerSecond(10)), "the default, outcome.FailOpen, admits")
 	})
 }
 
@@ -212,14 +213,14 @@ func TestPeekTakesNothing(t *testing.T) {
 
 	d, err := p.lim.Peek(ctx, "k", limit)
 	require.NoError(t, err)
-	assert.Equal(t, hybrid.Decision{Allowed: true, Limit: limit, Remaining: 10, Source: hybrid.SourceCentral}, d,
+	assert.Equal(t, hybrid.Decision{Allowed: true, Limit: limit, Remaining: 10, Source: outcome.SourceCentral}, d,
 		"a key Redis has no bucket for: full")
 
 	require.Equal(t, 3, allowed(t, p.lim, "k", limit, 1, 3))
 	for range 2 {
 		d, err = p.lim.Peek(ctx, "k", limit)
 		require.NoError(t, err)
-		assert.Equal(t, hybrid.SourceLocal, d.Source)
+		assert.Equal(t, outcome.SourceLocal, d.Source)
 		assert.Equal(t, int64(7), d.Remaining, "the bucket with this node's lease, and Peek takes nothing")
 	}
 	p.advance(2 * time.Second)
@@ -233,7 +234,7 @@ func TestPeekTakesNothing(t *testing.T) {
 	other := newLimiter(t, rdb, hybrid.WithCheckTimeout(time.Second), hybrid.WithTestClock(p.clock.Now))
 	d, err = other.Peek(ctx, "k", limit)
 	require.NoError(t, err)
-	assert.Equal(t, hybrid.SourceCentral, d.Source)
+	assert.Equal(t, outcome.SourceCentral, d.Source)
 	assert.LessOrEqual(t, d.Remaining, int64(9))
 
 	empty := hybrid.Limit{Rate: 0.5, Burst: 1}
@@ -247,7 +248,7 @@ func TestPeekTakesNothing(t *testing.T) {
 	require.NoError(t, p.lim.Ban(ctx, "k", time.Minute))
 	d, err = p.lim.Peek(ctx, "k", limit)
 	require.NoError(t, err)
-	assert.Equal(t, hybrid.SourceDenyCache, d.Source)
+	assert.Equal(t, outcome.SourceDenyCache, d.Source)
 	assert.False(t, d.Allowed)
 }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hybridrate/hybridrate/central"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // banWatch is what the limiter knows of the ban list beyond its local copy. The local copy (the deny
@@ -86,7 +87,7 @@ func (l *Limiter) onBanTotal(n int64) {
 func (l *Limiter) banned(key string, limit Limit, retry time.Duration) Decision {
 	retry = max(retry, time.Millisecond)
 	l.deny.Ban(key, l.opts.now().Add(retry))
-	return Decision{Limit: limit, RetryAfter: retry, ResetAfter: retry, Source: SourceDenyCache}
+	return Decision{Limit: limit, RetryAfter: retry, ResetAfter: retry, Source: outcome.SourceDenyCache}
 }
 
 // checkBans checks the queued keys in Redis until ctx ends; see banWatch.

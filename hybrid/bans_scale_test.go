@@ -18,6 +18,7 @@ import (
 	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/internal/redisx"
 	"github.com/hybridrate/hybridrate/lua"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // banMany bans n keys ("<prefix><i>") for an hour, straight through the ban script in pipelines.
@@ -53,7 +54,7 @@ func enforced(t *testing.T, lim *hybrid.Limiter, keys []string, within time.Dura
 			if d.Allowed {
 				admitted++
 			}
-			return !d.Allowed && d.Source == hybrid.SourceDenyCache
+			return !d.Allowed && d.Source == outcome.SourceDenyCache
 		}, within, time.Millisecond, "ban of %s enforced", k)
 		longest = max(longest, time.Since(start))
 		if !ok {

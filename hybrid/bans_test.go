@@ -10,6 +10,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // TestBanReachesANodeAfterItsSubscriptionBroke: a node whose ban subscription was cut, or went
@@ -27,7 +28,7 @@ func TestBanReachesANodeAfterItsSubscriptionBroke(t *testing.T) {
 	limit := hybrid.Limit{Rate: 1000, Burst: 1000}
 	banned := func(key string) bool {
 		d, err := b.Allow(ctx, key, limit)
-		return err == nil && !d.Allowed && d.Source == hybrid.SourceDenyCache
+		return err == nil && !d.Allowed && d.Source == outcome.SourceDenyCache
 	}
 	require.NoError(t, a.Ban(ctx, "sub:0", time.Hour))
 	require.Eventually(t, func() bool { return banned("sub:0") }, 2*time.Second, 5*time.Millisecond, "Pub/Sub")

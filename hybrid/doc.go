@@ -19,13 +19,13 @@
 // within its demand-weighted share of the burst, plus up to a second of the key's demand drawn on
 // its coming refill while it is under its rate: WithLeaseAdvance), and
 // consumes them locally: no I/O, no allocation,
-// no clock read (SourceLocal). A small overdraft credit (max(1, DriftThreshold·G/A) tokens while
+// no clock read (outcome.SourceLocal). A small overdraft credit (max(1, DriftThreshold·G/A) tokens while
 // the bucket G is not empty) covers the moment a lease runs out while its renewal is in flight, and
 // a key the node has never seen is admitted from a cold-start credit (WithoutColdStart turns it
 // off). A background loop calls Redis only for keys that need it: debt to report, a lease nearly
 // spent, or a renewal Redis asked for; a key with lease to spare costs Redis nothing. When the
 // bucket is empty, the node denies locally until Redis's answer says its share of the refill is due.
-// Decisions go to Redis synchronously (SourceCentral, exact) only when a node has no lease and no
+// Decisions go to Redis synchronously (outcome.SourceCentral, exact) only when a node has no lease and no
 // credit while Redis's last answer said the bucket had tokens, or with a drift threshold of 0.
 //
 // # How far it can over-admit
@@ -46,12 +46,12 @@
 // # When Redis fails
 //
 // Redis calls have short timeouts and a circuit breaker. While Redis cannot answer, leases are used
-// up and then the FailurePolicy decides — the limit's own (Limit.OnFailure) or, when that is
-// DefaultFailure, the limiter's (WithFailurePolicy): LocalFallback (the default) enforces this node's
-// share of the limit locally, FailOpen admits, FailClosed denies. Consumption admitted meanwhile is
+// up and then the outcome.FailurePolicy decides — the limit's own (Limit.OnFailure) or, when that is
+// outcome.DefaultFailure, the limiter's (WithFailurePolicy): outcome.LocalFallback (the default) enforces this node's
+// share of the limit locally, outcome.FailOpen admits, outcome.FailClosed denies. Consumption admitted meanwhile is
 // kept (bounded by the local key cap) and applied when Redis returns: nothing consumed is forgotten.
 // A Redis slower than the check timeout but faster than the flush timeout is slow, not down:
 // synchronous checks that time out are suspended by a breaker of their own (they go to the
-// FailurePolicy), while the background loop keeps renewing leases (docs/operations.md, "Slow
+// outcome.FailurePolicy), while the background loop keeps renewing leases (docs/operations.md, "Slow
 // Redis").
 package hybrid

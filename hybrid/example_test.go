@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 func Example() {
@@ -26,7 +27,7 @@ func Example() {
 	lim, err := hybrid.New(rdb,
 		hybrid.WithSyncInterval(20*time.Millisecond),
 		hybrid.WithDriftThreshold(0.1),
-		hybrid.WithFailurePolicy(hybrid.LocalFallback),
+		hybrid.WithFailurePolicy(outcome.LocalFallback),
 		hybrid.WithCheckTimeout(time.Second)) // generous for an example on a busy machine; the default is 5ms
 	if err != nil {
 		panic(err)

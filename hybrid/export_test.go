@@ -28,7 +28,7 @@ func WithMaxBans(n int) Option {
 }
 
 // WithTestClock drives every clock of the limiter from now, for tests that must not sleep: the wall
-// clock of WithClock (deny-cache deadlines, the LocalFallback limiter) and the node's monotonic clock
+// clock of WithClock (deny-cache deadlines, the outcome.LocalFallback limiter) and the node's monotonic clock
 // (lease life, retry times, the trust in Redis's last answer), which counts from now's value at New.
 // The global buckets keep Redis TIME: pin it too (miniredis's SetTime) for a deterministic scenario.
 func WithTestClock(now func() time.Time) Option {

@@ -10,7 +10,7 @@ import (
 	"github.com/hybridrate/hybridrate/local"
 )
 
-// fallbackShare returns the number of nodes LocalFallback divides a limit by: the nodes that can be
+// fallbackShare returns the number of nodes outcome.LocalFallback divides a limit by: the nodes that can be
 // sharing the key now. Redis reports, with each answer for a key, the nodes that used it within the
 // last ActiveWindow (10 minutes), departed processes included; the fleet registry counts the limiters
 // live now (a heartbeat within its TTL, at least 15 s: FleetSize). A node that shares the key now is
@@ -31,7 +31,7 @@ func (l *Limiter) fallbackShare(e *local.Entry) int64 {
 	return max(active, 1)
 }
 
-// fallbackBucket is LocalFallback's bucket for one key during one outage: this node's share of the
+// fallbackBucket is outcome.LocalFallback's bucket for one key during one outage: this node's share of the
 // global bucket (Rate/A, Burst/A), enforced locally with x/time/rate. It starts from this node's share
 // of what it last knew of the global bucket, not full, and it sorts its admissions into those the
 // bucket's own refill during the outage pays for and those it does not (take): only the latter are
@@ -48,7 +48,7 @@ type fallbackBucket struct {
 	charged int64         // tokens of its admissions charged as debt so far
 }
 
-// newFallback makes the LocalFallback bucket of a key shared by active nodes, with this node's
+// newFallback makes the outcome.LocalFallback bucket of a key shared by active nodes, with this node's
 // rate r and burst b, at time now. It holds this node's share of the global tokens Redis last
 // reported to it plus this node's share of the refill since that answer, at most b; b when Redis
 // never answered this node about the key (a share of the burst, never the whole burst).

@@ -7,7 +7,7 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// TestFallbackBucketCharges runs a LocalFallback bucket (one node's share: 25/s, capacity 50)
+// TestFallbackBucketCharges runs an outcome.LocalFallback bucket (one node's share: 25/s, capacity 50)
 // through an outage and checks what of its admissions it charges as debt: the largest drawdown
 // below where it would stand with no admissions, never more than its capacity.
 func TestFallbackBucketCharges(t *testing.T) {

@@ -11,9 +11,10 @@ import (
 
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
-// fallbackGrants calls Allow on key until the LocalFallback limiter denies it (decisions still
+// fallbackGrants calls Allow on key until the outcome.LocalFallback limiter denies it (decisions still
 // covered by a lease held from before the outage are skipped) and returns how many it admitted.
 func fallbackGrants(t *testing.T, lim *hybrid.Limiter, key string, limit hybrid.Limit) int {
 	t.Helper()
@@ -21,7 +22,7 @@ func fallbackGrants(t *testing.T, lim *hybrid.Limiter, key string, limit hybrid.
 	for i := range 1000 {
 		d, err := lim.Allow(context.Background(), key, limit)
 		require.NoError(t, err)
-		if d.Source != hybrid.SourceFallback {
+		if d.Source != outcome.SourceFallback {
 			continue
 		}
 		if !d.Allowed {
@@ -34,7 +35,7 @@ func fallbackGrants(t *testing.T, lim *hybrid.Limiter, key string, limit hybrid.
 }
 
 // TestFallbackShareCountsLiveNodes (issue 26): after rolling restarts, Redis still reports every
-// process that used a key in the last 10 minutes (eight here, two of them live); LocalFallback
+// process that used a key in the last 10 minutes (eight here, two of them live); outcome.LocalFallback
 // divides the limit by the live limiters of the fleet registry instead, so each of the two live
 // nodes enforces half the limit, not an eighth of it, both on the key the departed processes used
 // (half of what Redis last said its bucket held) and on a key this node never asked Redis about
@@ -47,7 +48,7 @@ func TestFallbackShareCountsLiveNodes(t *testing.T) {
 	limit := hybrid.Limit{Rate: 1, Burst: 100} // a refill too slow to matter while the test counts
 	start := func() *hybrid.Limiter {
 		lim, err := hybrid.New(srv.Client(t), hybrid.WithFleetBeat(20*time.Millisecond),
-			hybrid.WithCheckTimeout(time.Second), hybrid.WithFailurePolicy(hybrid.LocalFallback))
+			hybrid.WithCheckTimeout(time.Second), hybrid.WithFailurePolicy(outcome.LocalFallback))
 		require.NoError(t, err)
 		awaitBans(t, lim)
 		_, err = lim.Allow(ctx, "k", limit)
@@ -93,7 +94,7 @@ func TestFallbackShareCountsLiveNodes(t *testing.T) {
 	assert.InDelta(t, 50, got, 1, "a half share of burst 100 (an eighth would be 12)")
 }
 
-// TestWaitUnderLocalFallback (issue 26): with Redis down, WaitN waits for the LocalFallback
+// TestWaitUnderLocalFallback (issue 26): with Redis down, WaitN waits for the outcome.LocalFallback
 // limiter's next token within its deadline, as it waits for Redis's with Redis up, instead of
 // failing at once: the fallback's RetryAfter is the time until its bucket holds n tokens, not the
 // time to refill n from empty (500ms here, longer than the deadline).
@@ -103,7 +104,7 @@ func TestWaitUnderLocalFallback(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
 	lim := newLimiter(t, srv.Client(t), hybrid.WithFleetBeat(20*time.Millisecond),
-		hybrid.WithFailurePolicy(hybrid.LocalFallback), hybrid.WithoutColdStart())
+		hybrid.WithFailurePolicy(outcome.LocalFallback), hybrid.WithoutColdStart())
 	require.Eventually(t, func() bool { return lim.FleetSize() == 1 }, 10*time.Second, 5*time.Millisecond)
 	srv.Kill(t)
 	for i := 0; lim.Stats().CheckBreaker == "closed"; i++ { // decisions then go to the fallback with no I/O
@@ -117,7 +118,7 @@ func TestWaitUnderLocalFallback(t *testing.T) {
 		key := fmt.Sprintf("w-%d", attempt)
 		d, err := lim.Allow(ctx, key, limit)
 		require.NoError(t, err)
-		require.Equal(t, hybrid.SourceFallback, d.Source)
+		require.Equal(t, outcome.SourceFallback, d.Source)
 		require.True(t, d.Allowed)
 		took := time.Now()
 
@@ -136,7 +137,7 @@ func TestWaitUnderLocalFallback(t *testing.T) {
 		err = lim.Wait(wctx, key, limit)
 		cancel()
 		require.NoError(t, err, "the token comes within the deadline")
-		t.Logf("Wait under LocalFallback took %v", time.Since(start))
+		t.Logf("Wait under outcome.LocalFallback took %v", time.Since(start))
 
 		// A deadline shorter than the fallback's next token fails at once, as with Redis up.
 		wctx, cancel = context.WithTimeout(ctx, 100*time.Millisecond)

@@ -12,6 +12,7 @@ import (
 	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // TestFleetRegistryCountsLiveLimiters (issue 21): limiters sharing a prefix count each other through
@@ -44,17 +45,17 @@ func TestFleetRegistryCountsLiveLimiters(t *testing.T) {
 		d, err := l.Allow(ctx, key, limit)
 		require.NoError(t, err)
 		assert.True(t, d.Allowed)
-		assert.Equal(t, hybrid.SourceLocal, d.Source, "node %d: the first request is the cold-start credit's", i)
+		assert.Equal(t, outcome.SourceLocal, d.Source, "node %d: the first request is the cold-start credit's", i)
 		d, err = l.Allow(ctx, key, limit)
 		require.NoError(t, err)
-		assert.Equal(t, hybrid.SourceCentral, d.Source, "node %d: the second asks Redis: the credit was one token", i)
+		assert.Equal(t, outcome.SourceCentral, d.Source, "node %d: the second asks Redis: the credit was one token", i)
 	}
 
 	// Burst 2 over 3 nodes: under a token each: the first request of a new key asks Redis.
 	d, err := lims[0].Allow(ctx, "cold:small", hybrid.Limit{Rate: 1, Burst: 2})
 	require.NoError(t, err)
 	assert.True(t, d.Allowed)
-	assert.Equal(t, hybrid.SourceCentral, d.Source, "no cold-start credit when the fleet outnumbers the burst")
+	assert.Equal(t, outcome.SourceCentral, d.Source, "no cold-start credit when the fleet outnumbers the burst")
 	// That node sees the key for the first time: its decision was a one-off take, counted by Redis
 	// at once, with no lease and no node record.
 	fields, err := srv.Client(t).HKeys(ctx, central.BucketKey(hybrid.DefaultKeyPrefix, "cold:small")).Result()

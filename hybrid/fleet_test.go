@@ -12,6 +12,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // fleet is N limiters ("nodes"), each with its own Redis client, as N processes would have.
@@ -88,16 +89,16 @@ type tally struct {
 	mu         sync.Mutex
 	admitted   map[string]int64
 	demanded   map[string]int64
-	sources    map[hybrid.Source]int64
-	keySources map[string]map[hybrid.Source]int64 // sources by key
+	sources    map[outcome.Source]int64
+	keySources map[string]map[outcome.Source]int64 // sources by key
 	errors     int64
 	maxLatency time.Duration
 	start, end time.Time
 }
 
 func newTally() *tally {
-	return &tally{admitted: map[string]int64{}, demanded: map[string]int64{}, sources: map[hybrid.Source]int64{},
-		keySources: map[string]map[hybrid.Source]int64{}}
+	return &tally{admitted: map[string]int64{}, demanded: map[string]int64{}, sources: map[outcome.Source]int64{},
+		keySources: map[string]map[outcome.Source]int64{}}
 }
 
 // run drives the workloads on every node until stop is closed. Each node has one goroutine that, every
@@ -141,7 +142,7 @@ func (f *fleet) run(t *testing.T, stop <-chan struct{}, tl *tally, ws ...workloa
 					}
 					for k, m := range local.keySources {
 						if tl.keySources[k] == nil {
-							tl.keySources[k] = map[hybrid.Source]int64{}
+							tl.keySources[k] = map[outcome.Source]int64{}
 						}
 						for s, v := range m {
 							tl.keySources[k][s] += v
@@ -173,7 +174,7 @@ func (f *fleet) run(t *testing.T, stop <-chan struct{}, tl *tally, ws ...workloa
 							}
 							local.sources[d.Source]++
 							if local.keySources[key] == nil {
-								local.keySources[key] = map[hybrid.Source]int64{}
+								local.keySources[key] = map[outcome.Source]int64{}
 							}
 							local.keySources[key][d.Source]++
 							if d.Allowed {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // TestHungRedisBounded: on a redis-server stopped with SIGSTOP (a hung host: it accepts connections
@@ -24,7 +25,7 @@ func TestHungRedisBounded(t *testing.T) {
 	rdb := srv.Client(t) // go-redis defaults: the deadline of a call is not applied to the socket
 	const check, flush = 20 * time.Millisecond, 100 * time.Millisecond
 	lim := newLimiter(t, rdb, hybrid.WithCheckTimeout(check), hybrid.WithFlushTimeout(flush),
-		hybrid.WithFailurePolicy(hybrid.FailOpen), hybrid.WithoutColdStart()) // a new key's first decision asks Redis
+		hybrid.WithFailurePolicy(outcome.FailOpen), hybrid.WithoutColdStart()) // a new key's first decision asks Redis
 	ctx := context.Background()
 	limit := hybrid.PerSecond(1000)
 	_, err := lim.Peek(ctx, "warm", limit) // opens a pooled connection and reaches Redis
@@ -76,7 +77,7 @@ func TestHungClusterBounded(t *testing.T) {
 			rdb := cl.Client(t, tc.Opt)
 			const check, flush = 20 * time.Millisecond, 100 * time.Millisecond
 			lim, err := hybrid.New(rdb, hybrid.WithCheckTimeout(check), hybrid.WithFlushTimeout(flush),
-				hybrid.WithFailurePolicy(hybrid.FailOpen), hybrid.WithoutColdStart())
+				hybrid.WithFailurePolicy(outcome.FailOpen), hybrid.WithoutColdStart())
 			require.NoError(t, err)
 			ctx := context.Background()
 			limit := hybrid.PerSecond(1000)

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 func newMini(t *testing.T, opts ...hybrid.Option) (*hybrid.Limiter, *miniredis.Miniredis) {
@@ -99,7 +100,7 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		hybrid.WithDriftThreshold(-0.1),
 		hybrid.WithDriftThreshold(1.5),
 		hybrid.WithDriftThreshold(math.NaN()),
-		hybrid.WithFailurePolicy(hybrid.FailurePolicy(9)),
+		hybrid.WithFailurePolicy(outcome.FailurePolicy(9)),
 		hybrid.WithKeyPrefix(""),
 		hybrid.WithKeyPrefix("a{b"),
 		hybrid.WithMaxKeys(10),
@@ -133,9 +134,9 @@ func TestNewDoesNoIOAndRedisDownAtStart(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
 	for _, tc := range []struct {
-		policy  hybrid.FailurePolicy
+		policy  outcome.FailurePolicy
 		allowed bool
-	}{{hybrid.FailOpen, true}, {hybrid.FailClosed, false}, {hybrid.LocalFallback, true}} {
+	}{{outcome.FailOpen, true}, {outcome.FailClosed, false}, {outcome.LocalFallback, true}} {
 		// Without the cold-start credit the first decision needs Redis (with it, the first tokens
 		// of a new key are admitted locally whatever the policy: TestColdStartWithRedisDown).
 		lim, err := hybrid.New(rdb, hybrid.WithFailurePolicy(tc.policy), hybrid.WithoutColdStart())
@@ -143,8 +144,8 @@ func TestNewDoesNoIOAndRedisDownAtStart(t *testing.T) {
 		d, err := lim.Allow(context.Background(), "k", hybrid.PerSecond(10))
 		require.NoError(t, err, tc.policy.String())
 		assert.Equal(t, tc.allowed, d.Allowed, tc.policy.String())
-		assert.Equal(t, hybrid.SourceFallback, d.Source)
-		assert.Equal(t, tc.policy == hybrid.FailClosed, d.Unavailable, "%v: only a fail-closed denial is Unavailable", tc.policy)
+		assert.Equal(t, outcome.SourceFallback, d.Source)
+		assert.Equal(t, tc.policy == outcome.FailClosed, d.Unavailable, "%v: only a fail-closed denial is Unavailable", tc.policy)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		err = lim.Close(ctx)
 		cancel()
@@ -163,7 +164,7 @@ func TestNewDoesNoIOAndRedisDownAtStart(t *testing.T) {
 func TestColdStartWithRedisDown(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
-	lim, err := hybrid.New(rdb, hybrid.WithFailurePolicy(hybrid.FailClosed))
+	lim, err := hybrid.New(rdb, hybrid.WithFailurePolicy(outcome.FailClosed))
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
@@ -171,7 +172,7 @@ func TestColdStartWithRedisDown(t *testing.T) {
 		_ = lim.Close(ctx)
 	})
 	limit := hybrid.Limit{Rate: 10, Burst: 40} // credit: 0.1·40 = 4 tokens
-	var sources []hybrid.Source
+	var sources []outcome.Source
 	for range 6 {
 		d, err := lim.Allow(context.Background(), "cold", limit)
 		require.NoError(t, err)
@@ -207,32 +208,32 @@ func TestLocalFallbackEnforcesShare(t *testing.T) {
 }
 
 // TestLimitOnFailureOverridesTheDefault: with Redis down, each call's Limit.OnFailure decides, and
-// DefaultFailure falls back to the limiter's WithFailurePolicy; the policy does not split the bucket.
+// outcome.DefaultFailure falls back to the limiter's WithFailurePolicy; the policy does not split the bucket.
 func TestLimitOnFailureOverridesTheDefault(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
 	now := time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)
-	for _, def := range []hybrid.FailurePolicy{hybrid.FailClosed, hybrid.FailOpen} {
+	for _, def := range []outcome.FailurePolicy{outcome.FailClosed, outcome.FailOpen} {
 		lim, err := hybrid.New(rdb, hybrid.WithFailurePolicy(def), hybrid.WithoutColdStart(),
 			hybrid.WithClock(func() time.Time { return now }))
 		require.NoError(t, err)
 		assert.Equal(t, def, lim.FailurePolicy())
 		for _, tc := range []struct {
-			on   hybrid.FailurePolicy
+			on   outcome.FailurePolicy
 			want []bool // three calls with a burst of 2
 		}{
-			{hybrid.DefaultFailure, map[hybrid.FailurePolicy][]bool{
-				hybrid.FailClosed: {false, false, false}, hybrid.FailOpen: {true, true, true}}[def]},
-			{hybrid.FailOpen, []bool{true, true, true}},
-			{hybrid.FailClosed, []bool{false, false, false}},
-			{hybrid.LocalFallback, []bool{true, true, false}},
+			{outcome.DefaultFailure, map[outcome.FailurePolicy][]bool{
+				outcome.FailClosed: {false, false, false}, outcome.FailOpen: {true, true, true}}[def]},
+			{outcome.FailOpen, []bool{true, true, true}},
+			{outcome.FailClosed, []bool{false, false, false}},
+			{outcome.LocalFallback, []bool{true, true, false}},
 		} {
 			key := "k-" + tc.on.String()
 			var got []bool
 			for range 3 {
 				d, err := lim.Allow(context.Background(), key, hybrid.Limit{Rate: 0.001, Burst: 2, OnFailure: tc.on})
 				require.NoError(t, err)
-				assert.Equal(t, hybrid.SourceFallback, d.Source)
+				assert.Equal(t, outcome.SourceFallback, d.Source)
 				assert.Equal(t, tc.on, d.Limit.OnFailure, "the decision reports the limit it was made under")
 				got = append(got, d.Allowed)
 			}
@@ -252,7 +253,7 @@ func TestLimitOnFailureOverridesTheDefault(t *testing.T) {
 		defer cancel()
 		_ = lim.Close(ctx)
 	})
-	for _, on := range []hybrid.FailurePolicy{hybrid.FailOpen, hybrid.FailClosed, hybrid.LocalFallback} {
+	for _, on := range []outcome.FailurePolicy{outcome.FailOpen, outcome.FailClosed, outcome.LocalFallback} {
 		_, err := lim.Allow(context.Background(), "shared", hybrid.Limit{Rate: 1, Burst: 5, OnFailure: on})
 		require.NoError(t, err)
 	}
@@ -261,5 +262,5 @@ func TestLimitOnFailureOverridesTheDefault(t *testing.T) {
 	_, err = lim.Allow(context.Background(), "k", hybrid.Limit{Rate: 1, Burst: 1, OnFailure: 9})
 	assert.ErrorIs(t, err, hybrid.ErrInvalidLimit)
 	assert.ErrorIs(t, hybrid.Limit{Rate: 1, Burst: 1, OnFailure: -1}.Validate(), hybrid.ErrInvalidLimit)
-	assert.NoError(t, hybrid.Limit{Rate: 1, Burst: 1}.Validate(), "DefaultFailure is valid")
+	assert.NoError(t, hybrid.Limit{Rate: 1, Burst: 1}.Validate(), "outcome.DefaultFailure is valid")
 }

@@ -23,8 +23,8 @@ import (
 	"github.com/hybridrate/hybridrate/denycache"
 	"github.com/hybridrate/hybridrate/internal/limits"
 	"github.com/hybridrate/hybridrate/internal/option"
-	"github.com/hybridrate/hybridrate/internal/outcome"
 	"github.com/hybridrate/hybridrate/local"
+	"github.com/hybridrate/hybridrate/outcome"
 	ratesync "github.com/hybridrate/hybridrate/sync"
 )
 
@@ -37,38 +37,20 @@ var (
 	ErrInvalidCost  = errors.New("hybrid: invalid cost")
 )
 
-// Source says who made a decision: SourceLocal, SourceCentral, SourceDenyCache or SourceFallback.
-// It is the same type as policy.Source and the Source of a concurrency lease; its String returns
-// "local", "central", "deny-cache" or "fallback", and "none" for the zero Source (that of a zero
-// Decision, which no decision returns).
-type Source = outcome.Source
-
-// The decision sources of a Limiter.
-const (
-	// SourceLocal: this node's local allowance, no I/O.
-	SourceLocal = outcome.SourceLocal
-	// SourceCentral: a synchronous Redis check.
-	SourceCentral = outcome.SourceCentral
-	// SourceDenyCache: the key is banned, or Redis denied it recently and its retry-after has not passed.
-	SourceDenyCache = outcome.SourceDenyCache
-	// SourceFallback: Redis was unavailable and the failure policy decided.
-	SourceFallback = outcome.SourceFallback
-)
-
 // Decision is the outcome of AllowN. The zero Decision denies. It is a plain value, safe to copy
 // and share.
 type Decision struct {
 	// Allowed reports whether the n tokens were granted.
 	Allowed bool
 	// Unavailable reports a denial made only because Redis could not answer and the failure policy
-	// is FailClosed (Source is then SourceFallback): it says nothing about the key's tokens.
+	// is outcome.FailClosed (Source is then outcome.SourceFallback): it says nothing about the key's tokens.
 	Unavailable bool
 	// Source says who decided.
-	Source Source
+	Source outcome.Source
 	// Limit is the limit the decision was made under.
 	Limit Limit
 	// Remaining estimates the global tokens left after this decision: exact when Source is
-	// SourceCentral, otherwise the last global count this node saw less what it consumed since.
+	// outcome.SourceCentral, otherwise the last global count this node saw less what it consumed since.
 	Remaining int64
 	// RetryAfter is how long to wait before the same request could be allowed; zero when Allowed.
 	RetryAfter time.Duration
@@ -93,7 +75,7 @@ type Limiter struct {
 	closed   atomic.Bool
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
-	fallback *lru.Cache[string, *fallbackBucket] // LocalFallback buckets, per key
+	fallback *lru.Cache[string, *fallbackBucket] // outcome.LocalFallback buckets, per key
 	nodeID   string
 	counts   [numStripes]stripe // decisions, striped to keep the hot path uncontended
 	metrics  *metrics
@@ -309,7 +291,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) 
 	// the store (local.Store.Take); anything else goes the long way, allowN, which starts over (a
 	// failed Take has taken nothing). Kept small so that it spills little around its three calls.
 	if !l.closed.Load() && len(key) != 0 && len(key) <= MaxKeyLen && limits.RateOK(limit.Rate, limit.Burst) &&
-		uint(limit.OnFailure) <= uint(FailClosed) && n >= 1 && n <= limit.Burst && l.deny.Empty() && ctx.Err() == nil {
+		uint(limit.OnFailure) <= uint(outcome.FailClosed) && n >= 1 && n <= limit.Burst && l.deny.Empty() && ctx.Err() == nil {
 		h := l.store.Hash(key)
 		if e := l.store.Take(key, h, limit.Rate, limit.Burst, n); e != nil {
 			if l.closed.Load() {
@@ -317,7 +299,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) 
 			}
 			l.counts[h&(numStripes-1)].local.Add(1)
 			rem := e.Remaining()
-			return Decision{Allowed: true, Limit: limit, Remaining: rem, ResetAfter: resetAfter(limit, rem), Source: SourceLocal}, nil
+			return Decision{Allowed: true, Limit: limit, Remaining: rem, ResetAfter: resetAfter(limit, rem), Source: outcome.SourceLocal}, nil
 		}
 	}
 	return l.allowN(ctx, key, limit, n)
@@ -337,7 +319,7 @@ func (l *Limiter) allowN(ctx context.Context, key string, limit Limit, n int64) 
 	if len(key) == 0 || len(key) > MaxKeyLen {
 		return Decision{}, invalidKey(key)
 	}
-	if !limits.RateOK(limit.Rate, limit.Burst) || uint(limit.OnFailure) > uint(FailClosed) {
+	if !limits.RateOK(limit.Rate, limit.Burst) || uint(limit.OnFailure) > uint(outcome.FailClosed) {
 		return Decision{}, limit.Validate() // the same bounds, with the reason
 	}
 	if n < 1 || n > limit.Burst {
@@ -367,7 +349,7 @@ func (l *Limiter) allowN(ctx context.Context, key string, limit Limit, n int64) 
 			}
 			st.local.Add(1)
 			rem := e.Remaining()
-			return Decision{Allowed: true, Limit: limit, Remaining: rem, ResetAfter: resetAfter(limit, rem), Source: SourceLocal}, nil
+			return Decision{Allowed: true, Limit: limit, Remaining: rem, ResetAfter: resetAfter(limit, rem), Source: outcome.SourceLocal}, nil
 		}
 		if d, ok := l.starved(e, limit, n); ok {
 			st.localDenied.Add(1)
@@ -437,7 +419,7 @@ func (l *Limiter) starved(e *local.Entry, limit Limit, n int64) (Decision, bool)
 	until := max(e.RetryAt(), e.RefillAt(n))
 	wait := max(time.Duration(until-now)+2*l.opts.syncInterval, l.opts.syncInterval)
 	free := max(g/1_000_000, 0)
-	return Decision{Limit: limit, RetryAfter: wait, ResetAfter: resetAfter(limit, free), Remaining: free, Source: SourceLocal}, true
+	return Decision{Limit: limit, RetryAfter: wait, ResetAfter: resetAfter(limit, free), Remaining: free, Source: outcome.SourceLocal}, true
 }
 
 // starvedTrust is how long Redis's answer that a key's bucket is empty lets a node deny locally.
@@ -501,7 +483,7 @@ func (l *Limiter) denied(key string, limit Limit) (Decision, bool) {
 		return Decision{}, false
 	}
 	wait := until.Sub(now)
-	return Decision{Limit: limit, RetryAfter: wait, ResetAfter: max(wait, 0), Source: SourceDenyCache}, true
+	return Decision{Limit: limit, RetryAfter: wait, ResetAfter: max(wait, 0), Source: outcome.SourceDenyCache}, true
 }
 
 // directToLease is how many of a key's decisions within a LeaseLife a node sends to Redis as one-off
@@ -617,7 +599,7 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 				}
 				st.local.Add(1)
 				rem := e.Remaining()
-				return Decision{Allowed: true, Limit: limit, Remaining: rem, ResetAfter: resetAfter(limit, rem), Source: SourceLocal}, nil
+				return Decision{Allowed: true, Limit: limit, Remaining: rem, ResetAfter: resetAfter(limit, rem), Source: outcome.SourceLocal}, nil
 			}
 			if d, ok := l.starved(e, limit, n); ok {
 				st.localDenied.Add(1)
@@ -728,13 +710,13 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 				return Decision{}, ErrClosed // Close began meanwhile: see AllowN
 			}
 			st.central.Add(1)
-			return Decision{Allowed: true, Limit: limit, Remaining: rem, ResetAfter: res.ResetAfter, Source: SourceCentral}, nil
+			return Decision{Allowed: true, Limit: limit, Remaining: rem, ResetAfter: res.ResetAfter, Source: outcome.SourceCentral}, nil
 		}
 		st.centralDenied.Add(1)
 		if direct && e != nil && res.Status == central.StatusDenied {
 			e.DirectDenied()
 		}
-		return Decision{Limit: limit, Remaining: rem, RetryAfter: max(res.RetryAfter, time.Microsecond), ResetAfter: res.ResetAfter, Source: SourceCentral}, nil
+		return Decision{Limit: limit, Remaining: rem, RetryAfter: max(res.RetryAfter, time.Microsecond), ResetAfter: res.ResetAfter, Source: outcome.SourceCentral}, nil
 	}
 	if cerr := ctx.Err(); cerr != nil && !errors.Is(cerr, context.DeadlineExceeded) {
 		return Decision{}, cerr
@@ -751,16 +733,16 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 	return d, nil
 }
 
-// failure applies the limit's failure policy (or, for DefaultFailure, the limiter's) to a decision
+// failure applies the limit's failure policy (or, for outcome.DefaultFailure, the limiter's) to a decision
 // Redis could not make.
 func (l *Limiter) failure(key string, e *local.Entry, limit Limit, n int64) Decision {
 	st := &l.counts[0]
-	d := Decision{Limit: limit, Source: SourceFallback}
-	excused := int64(0) // of the n admitted, paid for by the bucket's refill (LocalFallback)
+	d := Decision{Limit: limit, Source: outcome.SourceFallback}
+	excused := int64(0) // of the n admitted, paid for by the bucket's refill (outcome.LocalFallback)
 	switch l.failurePolicy(limit) {
-	case FailOpen:
+	case outcome.FailOpen:
 		d.Allowed = true
-	case FailClosed:
+	case outcome.FailClosed:
 		d.RetryAfter, d.Unavailable = breakerCooldown, true
 	default:
 		active := l.fallbackShare(e)
@@ -920,8 +902,8 @@ func (l *Limiter) Close(ctx context.Context) error {
 
 // failurePolicy returns the policy that answers for limit while Redis cannot: its own, or the
 // limiter's default.
-func (l *Limiter) failurePolicy(limit Limit) FailurePolicy {
-	if limit.OnFailure == DefaultFailure {
+func (l *Limiter) failurePolicy(limit Limit) outcome.FailurePolicy {
+	if limit.OnFailure == outcome.DefaultFailure {
 		return l.opts.policy
 	}
 	return limit.OnFailure

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // collect reads every metric of reader, by name.
@@ -114,7 +115,7 @@ func TestMetricsRedisErrorsAndBreakerState(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	lim, err := hybrid.New(rdb, hybrid.WithMeterProvider(mp), hybrid.WithFailurePolicy(hybrid.FailOpen), hybrid.WithoutColdStart(),
+	lim, err := hybrid.New(rdb, hybrid.WithMeterProvider(mp), hybrid.WithFailurePolicy(outcome.FailOpen), hybrid.WithoutColdStart(),
 		hybrid.WithCheckTimeout(100*time.Millisecond), hybrid.WithSyncInterval(time.Minute), hybrid.WithFlushTimeout(100*time.Millisecond))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = lim.Close(context.Background()) })

@@ -15,8 +15,8 @@ import (
 	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/internal/limits"
 	"github.com/hybridrate/hybridrate/internal/option"
-	"github.com/hybridrate/hybridrate/internal/outcome"
 	"github.com/hybridrate/hybridrate/internal/redisx"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // The defaults, all in one place.
@@ -59,21 +59,10 @@ const (
 	maxBanChecks    = 1 << 16                       // keys checked per banCheckEvery at most
 	maxDenied       = 1 << 16                       // cached Redis denials
 	maxBans         = 1 << 16                       // bans held locally; more are checked in Redis
-	maxFallback     = 1 << 16                       // keys with a LocalFallback limiter
+	maxFallback     = 1 << 16                       // keys with an outcome.LocalFallback limiter
 	logSummaryEvery = 10 * time.Second              // at most one line per kind of background failure this often
 	evictionCheck   = time.Minute                   // how often Redis's maxmemory-policy is read
 )
-
-// FailurePolicy says what a limit does when Redis cannot answer a decision that needs it (the circuit
-// breaker is open, or the synchronous check failed or timed out). Keys with local allowance left keep
-// using it whatever the policy. It is the same type, with the same values, as
-// concurrency.FailurePolicy and the policy rules' OnFailure; its String returns "default",
-// "local-fallback", "fail-open" or "fail-closed", and Valid reports whether it is one of the four.
-//
-// A limiter has a default policy ([WithFailurePolicy]); a [Limit] may carry its own in
-// Limit.OnFailure, so that one limiter serves limits with different policies. The zero value,
-// [DefaultFailure], means "the limiter's default".
-type FailurePolicy = outcome.FailurePolicy
 
 // breakerConfig is the breakers' configuration: the defaults every package uses (redisx.DefaultBreaker)
 // and onChange.
@@ -82,26 +71,6 @@ func breakerConfig(onChange func(redisx.BreakerEvent)) redisx.BreakerConfig {
 	cfg.OnStateChange = onChange
 	return cfg
 }
-
-// The failure policies.
-const (
-	// DefaultFailure, the zero value, is not a policy of its own: in a [Limit] it stands for the
-	// limiter's default (WithFailurePolicy), and WithFailurePolicy(DefaultFailure) keeps the built-in
-	// default, LocalFallback.
-	DefaultFailure = outcome.DefaultFailure
-	// LocalFallback enforces, on this node, its share of the global limit (Rate/A, at least one token
-	// of burst, where A is the smaller of the live fleet, Limiter.FleetSize, and the nodes Redis last
-	// reported on the key) with golang.org/x/time/rate until Redis is back, from a bucket that starts
-	// at this node's share of what Redis last reported (never a fresh burst). Admitted tokens are
-	// counted and applied to Redis later; of them, only those the bucket's own refill over the
-	// outage does not pay for are charged as debt, so a key that stayed under its limit is not denied
-	// after the outage (docs/accuracy.md, "Outages"). This is the limiter's default.
-	LocalFallback = outcome.LocalFallback
-	// FailOpen admits every request; admitted tokens are counted and applied to Redis later.
-	FailOpen = outcome.FailOpen
-	// FailClosed denies every request that needs Redis; the [Decision] is marked Unavailable.
-	FailClosed = outcome.FailClosed
-)
 
 // Option configures a [Limiter]; see the With functions. Options are immutable values, safe to
 // share between goroutines and to pass to several New calls.
@@ -112,7 +81,7 @@ type optionFunc = option.Func[options]
 type options struct {
 	syncInterval   time.Duration
 	drift          float64
-	policy         FailurePolicy
+	policy         outcome.FailurePolicy
 	prefix         string
 	maxKeys        int
 	idleEviction   time.Duration
@@ -140,7 +109,7 @@ func defaultOptions() options {
 	return options{
 		syncInterval:   DefaultSyncInterval,
 		drift:          DefaultDriftThreshold,
-		policy:         LocalFallback,
+		policy:         outcome.LocalFallback,
 		prefix:         DefaultKeyPrefix,
 		maxKeys:        DefaultMaxKeys,
 		idleEviction:   DefaultIdleEviction,
@@ -194,18 +163,27 @@ func WithDriftThreshold(f float64) Option {
 	})
 }
 
-// WithFailurePolicy sets what happens while Redis is unavailable to limits whose OnFailure is
-// DefaultFailure. The default is LocalFallback (as is WithFailurePolicy(DefaultFailure)).
-func WithFailurePolicy(p FailurePolicy) Option {
-	return optionFunc(func(o *options) error {
-		if !p.Valid() {
-			return badOption("unknown failure policy %d", int(p))
-		}
-		if p == DefaultFailure {
-			p = LocalFallback
-		}
-		o.policy = p
-		return nil
+// WithFailurePolicy sets what happens while Redis cannot answer a decision that needs it (the
+// circuit breaker is open, or the synchronous check failed or timed out) to limits whose OnFailure
+// is outcome.DefaultFailure; a [Limit] may carry its own policy in Limit.OnFailure, so that one
+// limiter serves limits with different policies. Keys with local allowance left keep using it
+// whatever the policy. The default is outcome.LocalFallback (as is
+// WithFailurePolicy(outcome.DefaultFailure)). In a Limiter the policies mean:
+//
+//   - outcome.LocalFallback enforces, on this node, its share of the global limit (Rate/A, at least
+//     one token of burst, where A is the smaller of the live fleet, Limiter.FleetSize, and the nodes
+//     Redis last reported on the key) with golang.org/x/time/rate until Redis is back, from a bucket
+//     that starts at this node's share of what Redis last reported (never a fresh burst). Admitted
+//     tokens are counted and applied to Redis later; of them, only those the bucket's own refill
+//     over the outage does not pay for are charged as debt, so a key that stayed under its limit is
+//     not denied after the outage (docs/accuracy.md, "Outages").
+//   - outcome.FailOpen admits every request; admitted tokens are counted and applied to Redis later.
+//   - outcome.FailClosed denies every request that needs Redis; the [Decision] is marked
+//     Unavailable.
+func WithFailurePolicy(p outcome.FailurePolicy) Option {
+	return optionFunc(func(o *options) (err error) {
+		o.policy, err = option.FailurePolicy(ErrBadOption, p)
+		return err
 	})
 }
 
@@ -249,12 +227,9 @@ func WithLeaseAdvance(d time.Duration) Option {
 // WithKeyPrefix sets the prefix of every Redis key, so that several applications can share a Redis.
 // It must be non-empty, at most 64 bytes, with no braces or whitespace. The default is "hr".
 func WithKeyPrefix(p string) Option {
-	return optionFunc(func(o *options) error {
-		if !redisx.ValidPrefix(p) {
-			return badOption("key prefix %q: want 1 to %d bytes without braces or whitespace", p, limits.MaxKeyPrefixLen)
-		}
-		o.prefix = p
-		return nil
+	return optionFunc(func(o *options) (err error) {
+		o.prefix, err = option.KeyPrefix(ErrBadOption, p)
+		return err
 	})
 }
 
@@ -321,7 +296,7 @@ func WithFlushTimeout(d time.Duration) Option {
 	})
 }
 
-// WithClock sets the clock used for deny-cache deadlines and the LocalFallback limiter (nil means
+// WithClock sets the clock used for deny-cache deadlines and the outcome.LocalFallback limiter (nil means
 // time.Now). Global refill never uses it: Redis TIME is the only clock of the global state.
 func WithClock(now func() time.Time) Option {
 	return optionFunc(func(o *options) error {
@@ -362,12 +337,9 @@ func WithUpstream(u Upstream) Option {
 // WithLogger sets where background errors are logged. The default discards them (they are also
 // counted in metrics).
 func WithLogger(l *slog.Logger) Option {
-	return optionFunc(func(o *options) error {
-		if l == nil {
-			return badOption("nil logger")
-		}
-		o.logger = l
-		return nil
+	return optionFunc(func(o *options) (err error) {
+		o.logger, err = option.NonNil(ErrBadOption, "logger", l)
+		return err
 	})
 }
 
@@ -438,7 +410,7 @@ func WithInstance(name string) Option {
 // (docs/accuracy.md, "One key, two limits"). Two limits that must be enforced separately need two
 // keys (package policy puts the rule's name in its keys).
 //
-// OnFailure is what the limit does while Redis cannot answer; the zero value, DefaultFailure, is the
+// OnFailure is what the limit does while Redis cannot answer; the zero value, outcome.DefaultFailure, is the
 // limiter's default (WithFailurePolicy). Calls for one key with different OnFailure share the same
 // tokens, locally and in Redis, and each call's own OnFailure decides when Redis is away. So one
 // [Limiter] can serve limits of every policy. The zero Limit is invalid (Validate says why). A
@@ -446,7 +418,7 @@ func WithInstance(name string) Option {
 type Limit struct {
 	Rate      float64
 	Burst     int64
-	OnFailure FailurePolicy
+	OnFailure outcome.FailurePolicy
 }
 
 // PerSecond returns a limit of n per second with a burst of n.
@@ -470,8 +442,8 @@ func (l Limit) Validate() error {
 }
 
 // FailurePolicy returns the limiter's default failure policy (WithFailurePolicy): the one limits with
-// OnFailure DefaultFailure use. It is never DefaultFailure. It does no I/O.
-func (l *Limiter) FailurePolicy() FailurePolicy { return l.opts.policy }
+// OnFailure outcome.DefaultFailure use. It is never outcome.DefaultFailure. It does no I/O.
+func (l *Limiter) FailurePolicy() outcome.FailurePolicy { return l.opts.policy }
 
 // upstreamPort is the syncer's view of an Upstream: its calls carry the limiter's node id.
 // A call is bounded by the flush timeout, as central.Client bounds its own.

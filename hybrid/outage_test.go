@@ -12,6 +12,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // outageTrace records the decisions of one key across a fleet, by the time they were made.
@@ -19,7 +20,7 @@ type outageTrace struct {
 	mu    sync.Mutex
 	times []time.Time // decision times
 	ok    []bool      // admitted
-	src   []hybrid.Source
+	src   []outcome.Source
 	took  []time.Duration // how long each Allow took
 }
 
@@ -67,7 +68,7 @@ func (o *outageTrace) fallbackFirst(from, to time.Time) (all, first int) {
 	defer o.mu.Unlock()
 	var begin time.Time
 	for i, at := range o.times {
-		if at.Before(from) || !at.Before(to) || !o.ok[i] || o.src[i] != hybrid.SourceFallback {
+		if at.Before(from) || !at.Before(to) || !o.ok[i] || o.src[i] != outcome.SourceFallback {
 			continue
 		}
 		if begin.IsZero() {
@@ -202,7 +203,7 @@ func TestOutageWithoutAfterEffects(t *testing.T) {
 			logs := &logRecorder{} // both limiters' log lines: what the operator reads
 			for range 2 {
 				lims = append(lims, newLimiter(t, srv.Client(t), hybrid.WithFleetBeat(20*time.Millisecond),
-					hybrid.WithCheckTimeout(check), hybrid.WithFailurePolicy(hybrid.LocalFallback),
+					hybrid.WithCheckTimeout(check), hybrid.WithFailurePolicy(outcome.LocalFallback),
 					hybrid.WithLogger(slog.New(logs))))
 			}
 			require.Eventually(t, func() bool { return lims[0].FleetSize() == 2 && lims[1].FleetSize() == 2 },

@@ -15,6 +15,7 @@ import (
 	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // failoverCase describes one failover under load for runFailover.
@@ -76,7 +77,7 @@ func runFailover(t *testing.T, fc failoverCase) {
 			mu.Lock()
 			if err != nil {
 				probeErrs = append(probeErrs, err.Error())
-			} else if k := killedAt.Load(); k > 0 && recoveredAt.IsZero() && d.Source == hybrid.SourceCentral && now.UnixNano() > k {
+			} else if k := killedAt.Load(); k > 0 && recoveredAt.IsZero() && d.Source == outcome.SourceCentral && now.UnixNano() > k {
 				recoveredAt = now
 			}
 			mu.Unlock()
@@ -133,7 +134,7 @@ func runFailover(t *testing.T, fc failoverCase) {
 	assert.Zero(t, l.errs.Load(), "errors reached the caller: %v", l.errors())
 	assert.Empty(t, probeErrs, "errors reached the probe's caller")
 	assert.Less(t, recovered.Sub(healthy), 5*time.Second, "central decisions resume within seconds of the new master")
-	assert.Positive(t, l.sources[hybrid.SourceLocal].Load())
+	assert.Positive(t, l.sources[outcome.SourceLocal].Load())
 
 	got := consumed(t, fc.client(), fc.keys)
 	var liveAdm, liveGot, deadAdm, deadGot int64

@@ -18,6 +18,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // infoStat returns a numeric field of INFO section (e.g. "stats", "total_connections_received").
@@ -55,7 +56,7 @@ func TestRedisOOMGoesToFailurePolicy(t *testing.T) {
 	srv := redistest.Start(t, "--maxmemory-policy", "noeviction")
 	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
 	// Strict mode (drift 0): every decision needs Redis, so every one meets the OOM.
-	lim := newLimiter(t, rdb, hybrid.WithFailurePolicy(hybrid.FailOpen), hybrid.WithDriftThreshold(0),
+	lim := newLimiter(t, rdb, hybrid.WithFailurePolicy(outcome.FailOpen), hybrid.WithDriftThreshold(0),
 		hybrid.WithSyncInterval(5*time.Millisecond), hybrid.WithCheckTimeout(200*time.Millisecond))
 	ctx := context.Background()
 	limit := hybrid.Limit{Rate: 1, Burst: 1000}
@@ -64,7 +65,7 @@ func TestRedisOOMGoesToFailurePolicy(t *testing.T) {
 	for _, k := range keys {
 		d, err := lim.Allow(ctx, k, limit)
 		require.NoError(t, err)
-		require.Equal(t, hybrid.SourceCentral, d.Source)
+		require.Equal(t, outcome.SourceCentral, d.Source)
 		warmed++
 	}
 	flushed(t, lim, 5*time.Second)
@@ -86,7 +87,7 @@ func TestRedisOOMGoesToFailurePolicy(t *testing.T) {
 	st := lim.Stats()
 	t.Logf("while OOM: %v; stats %+v", l, st)
 	assert.Zero(t, l.errs.Load(), "AllowN returned errors: %v", l.errors())
-	assert.Positive(t, l.sources[hybrid.SourceFallback].Load(), "the failure policy decided")
+	assert.Positive(t, l.sources[outcome.SourceFallback].Load(), "the failure policy decided")
 	assert.True(t, opened, "the breaker opened")
 	assert.Positive(t, st.Pending, "consumption stays pending")
 
@@ -104,7 +105,7 @@ func TestRedisOOMGoesToFailurePolicy(t *testing.T) {
 func TestWrongPasswordDoesNotChurnConnections(t *testing.T) {
 	srv := redistest.Start(t, "--requirepass", "secret")
 	rdb := srv.Client(t, func(o *redis.Options) { o.Password, o.MaxRetries = "wrong", -1 })
-	lim := newLimiter(t, rdb, hybrid.WithFailurePolicy(hybrid.FailOpen), hybrid.WithDriftThreshold(0),
+	lim := newLimiter(t, rdb, hybrid.WithFailurePolicy(outcome.FailOpen), hybrid.WithDriftThreshold(0),
 		hybrid.WithSyncInterval(5*time.Millisecond))
 
 	l := &loader{lim: lim, keys: keyNames("pw:", 64), limit: hybrid.Limit{Rate: 1, Burst: 10}, pace: 100 * time.Microsecond}
@@ -127,7 +128,7 @@ func TestWrongPasswordDoesNotChurnConnections(t *testing.T) {
 	t.Logf("wrong password: breaker open after %v and %d connections; then %d connections in %v (%.0f/s); %v; stats %+v",
 		opening.Round(time.Millisecond), before-start-1, conns, window, float64(conns)/window.Seconds(), l, lim.Stats())
 	assert.Zero(t, l.errs.Load(), "AllowN returned errors: %v", l.errors())
-	assert.Positive(t, l.sources[hybrid.SourceFallback].Load(), "the failure policy decided")
+	assert.Positive(t, l.sources[outcome.SourceFallback].Load(), "the failure policy decided")
 	assert.True(t, stayedOpen, "the breaker opened and stayed open")
 	assert.Less(t, conns, int64(50), "connections received in %v", window)
 	assert.Less(t, after-start-2, int64(50), "connections received from the first failure on")
@@ -146,13 +147,13 @@ func TestNoPermGoesToFailurePolicy(t *testing.T) {
 	srv.Do(t, append([]any{"ACL", "SETUSER", "lim"}, acl...)...)
 	rdb := srv.Client(t, func(o *redis.Options) { o.Username, o.Password, o.MaxRetries = "lim", "pw", -1 })
 	require.ErrorContains(t, rdb.EvalSha(context.Background(), "0000000000000000000000000000000000000000", nil).Err(), "NOPERM")
-	lim := newLimiter(t, rdb, hybrid.WithFailurePolicy(hybrid.FailClosed), hybrid.WithDriftThreshold(0),
+	lim := newLimiter(t, rdb, hybrid.WithFailurePolicy(outcome.FailClosed), hybrid.WithDriftThreshold(0),
 		hybrid.WithSyncInterval(5*time.Millisecond))
 
 	l, opened := runRefused(t, lim, keyNames("noperm:", 16), hybrid.Limit{Rate: 1, Burst: 10}, time.Second)
 	t.Logf("NOPERM: %v; stats %+v", l, lim.Stats())
 	assert.Zero(t, l.errs.Load(), "AllowN returned errors: %v", l.errors())
-	assert.Positive(t, l.sources[hybrid.SourceFallback].Load(), "the failure policy decided")
-	assert.Zero(t, l.total(), "FailClosed admitted nothing")
+	assert.Positive(t, l.sources[outcome.SourceFallback].Load(), "the failure policy decided")
+	assert.Zero(t, l.total(), "outcome.FailClosed admitted nothing")
 	assert.True(t, opened, "the breaker opened")
 }

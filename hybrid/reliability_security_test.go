@@ -13,6 +13,7 @@ import (
 	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // limiterACL is the least privilege a limiter needs, for the key prefix "hr" (issue #4 item 16).
@@ -41,12 +42,12 @@ func exerciseLimiter(t *testing.T, rdb, rdb2 redis.UniversalClient) {
 	awaitBans(t, lim)
 	d, err := lim.Allow(ctx, "acl:k", limit)
 	require.NoError(t, err)
-	require.Equal(t, hybrid.SourceLocal, d.Source, "the first decision is local (cold-start credit)")
+	require.Equal(t, outcome.SourceLocal, d.Source, "the first decision is local (cold-start credit)")
 	require.True(t, d.Allowed)
 	for range 5 {
 		d, err = lim.Allow(ctx, "acl:k", limit)
 		require.NoError(t, err)
-		require.Equal(t, hybrid.SourceLocal, d.Source)
+		require.Equal(t, outcome.SourceLocal, d.Source)
 	}
 	require.NoError(t, lim.Flush(ctx))
 	assert.Zero(t, lim.Stats().Pending)
@@ -60,7 +61,7 @@ func exerciseLimiter(t *testing.T, rdb, rdb2 redis.UniversalClient) {
 	require.NoError(t, lim.Ban(ctx, "acl:bad", time.Minute))
 	require.Eventually(t, func() bool {
 		d, err := other.Allow(ctx, "acl:bad", limit)
-		return err == nil && !d.Allowed && d.Source == hybrid.SourceDenyCache
+		return err == nil && !d.Allowed && d.Source == outcome.SourceDenyCache
 	}, 5*time.Second, 5*time.Millisecond, "the ban reaches the other limiter")
 	require.NoError(t, lim.Unban(ctx, "acl:bad"))
 	require.Eventually(t, func() bool {
@@ -138,7 +139,7 @@ func TestUserKeysNamedLikeInternalsOnRealRedis(t *testing.T) {
 	other := newLimiter(t, rdb, hybrid.WithCheckTimeout(time.Second))
 	require.Eventually(t, func() bool {
 		d, err := other.Allow(ctx, "victim", limit)
-		return err == nil && !d.Allowed && d.Source == hybrid.SourceDenyCache
+		return err == nil && !d.Allowed && d.Source == outcome.SourceDenyCache
 	}, 5*time.Second, 10*time.Millisecond, "the ban still holds on a new node")
 	for _, k := range names {
 		d, err := other.Allow(ctx, k, limit)

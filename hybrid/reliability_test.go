@@ -27,6 +27,7 @@ import (
 	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // newLimiter returns a limiter over rdb that is closed (with a final flush) in t.Cleanup. Register
@@ -162,7 +163,7 @@ type loader struct {
 	admitted []atomic.Int64 // per key
 	calls    atomic.Int64
 	errs     atomic.Int64
-	sources  [5]atomic.Int64 // by hybrid.Source
+	sources  [5]atomic.Int64 // by outcome.Source
 	errMu    sync.Mutex
 	errSeen  []string // distinct error messages (at most 10)
 	stop     chan struct{}
@@ -228,8 +229,8 @@ func (l *loader) total() int64 {
 
 func (l *loader) String() string {
 	return fmt.Sprintf("calls=%d errors=%d local=%d central=%d deny-cache=%d fallback=%d admitted=%d",
-		l.calls.Load(), l.errs.Load(), l.sources[hybrid.SourceLocal].Load(), l.sources[hybrid.SourceCentral].Load(),
-		l.sources[hybrid.SourceDenyCache].Load(), l.sources[hybrid.SourceFallback].Load(), l.total())
+		l.calls.Load(), l.errs.Load(), l.sources[outcome.SourceLocal].Load(), l.sources[outcome.SourceCentral].Load(),
+		l.sources[outcome.SourceDenyCache].Load(), l.sources[outcome.SourceFallback].Load(), l.total())
 }
 
 func (l *loader) errors() []string {
@@ -272,7 +273,7 @@ func warm(t *testing.T, lim *hybrid.Limiter, keys []string, limit hybrid.Limit) 
 		require.Eventually(t, func() bool {
 			d, err := lim.Allow(ctx, k, limit)
 			require.NoError(t, err)
-			return d.Allowed && d.Source == hybrid.SourceLocal
+			return d.Allowed && d.Source == outcome.SourceLocal
 		}, 5*time.Second, time.Millisecond, "key %s gets a local allowance", k)
 	}
 }
@@ -321,7 +322,7 @@ func TestRedisHung(t *testing.T) {
 		}}
 	cl := &loader{lim: lim, keys: coldKeys, limit: cold, pace: time.Millisecond,
 		observe: func(_ int, d hybrid.Decision, err error, lat time.Duration) {
-			if err == nil && d.Source != hybrid.SourceLocal && during(lat) {
+			if err == nil && d.Source != outcome.SourceLocal && during(lat) {
 				mu.Lock()
 				coldLat = append(coldLat, lat)
 				mu.Unlock()
@@ -372,8 +373,8 @@ func TestRedisHung(t *testing.T) {
 	assert.Positive(t, nCold, "cold keys were decided while Redis was hung")
 	assert.Less(t, cmax, 20*time.Millisecond+100*time.Millisecond, "a decision needing Redis waits about the check timeout, not go-redis's read timeout")
 	assert.Zero(t, hl.errs.Load()+cl.errs.Load(), "no decision failed: %v %v", hl.errors(), cl.errors())
-	assert.Zero(t, hl.sources[hybrid.SourceFallback].Load(), "hot keys never needed Redis")
-	assert.Positive(t, cl.sources[hybrid.SourceFallback].Load(), "cold keys were decided by the failure policy")
+	assert.Zero(t, hl.sources[outcome.SourceFallback].Load(), "hot keys never needed Redis")
+	assert.Positive(t, cl.sources[outcome.SourceFallback].Load(), "cold keys were decided by the failure policy")
 	assert.LessOrEqual(t, pendingMax, int64(len(hotKeys)+len(coldKeys)), "one pending record per key at most")
 	assert.LessOrEqual(t, gMax, g0+20, "goroutines stay bounded while Redis is hung")
 	assert.Less(t, hMax, h0+(32<<20), "heap stays bounded while Redis is hung")
@@ -438,7 +439,7 @@ func TestRestartLosesScriptCacheWhileReconcileIsDue(t *testing.T) {
 		for range perKey {
 			d, err := lim.Allow(ctx, k, limit)
 			require.NoError(t, err)
-			require.Equal(t, hybrid.SourceLocal, d.Source)
+			require.Equal(t, outcome.SourceLocal, d.Source)
 		}
 	}
 	require.EqualValues(t, len(keys), lim.Stats().Pending, "every key's reconcile is due")
@@ -463,7 +464,7 @@ func TestRestartLosesScriptCacheWhileReconcileIsDue(t *testing.T) {
 	// cold-start credit of 2).
 	d, err := lim.AllowN(ctx, "restart:new", hybrid.Limit{Rate: 1, Burst: 3}, 3)
 	require.NoError(t, err)
-	assert.Equal(t, hybrid.SourceCentral, d.Source)
+	assert.Equal(t, outcome.SourceCentral, d.Source)
 	assert.True(t, d.Allowed)
 }
 
@@ -507,7 +508,7 @@ func TestSlowRedisCoalescesFlushes(t *testing.T) {
 	p.SetLatency(latency)
 	time.Sleep(2 * latency) // let the flush in flight finish at the old pace
 	s0, start := lim.Stats(), time.Now()
-	central0, admitted0 := cl.sources[hybrid.SourceCentral].Load(), cl.total()
+	central0, admitted0 := cl.sources[outcome.SourceCentral].Load(), cl.total()
 	var gMax int
 	var pendingMax int64
 	for time.Since(start) < 1500*time.Millisecond {
@@ -516,7 +517,7 @@ func TestSlowRedisCoalescesFlushes(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	s1, elapsed := lim.Stats(), time.Since(start)
-	central1, admitted1 := cl.sources[hybrid.SourceCentral].Load(), cl.total()
+	central1, admitted1 := cl.sources[outcome.SourceCentral].Load(), cl.total()
 	p.SetLatency(0)
 	hl.halt()
 	cl.halt()
@@ -593,7 +594,7 @@ func TestSlowRedisKeepsHotKeysLocal(t *testing.T) {
 			switch {
 			case err != nil:
 				newErr.Store(err)
-			case d.Source == hybrid.SourceFallback:
+			case d.Source == outcome.SourceFallback:
 				newFallback.Add(1)
 			}
 			if err == nil && d.Allowed {
@@ -602,10 +603,10 @@ func TestSlowRedisKeepsHotKeysLocal(t *testing.T) {
 		}
 	}()
 	time.Sleep(time.Second) // warm-up: the checks time out, the breakers settle
-	calls0, local0, fb0 := hl.calls.Load(), hl.sources[hybrid.SourceLocal].Load(), hl.sources[hybrid.SourceFallback].Load()
+	calls0, local0, fb0 := hl.calls.Load(), hl.sources[outcome.SourceLocal].Load(), hl.sources[outcome.SourceFallback].Load()
 	s0, start := lim.Stats(), time.Now()
 	time.Sleep(2500 * time.Millisecond)
-	calls1, local1, fb1 := hl.calls.Load(), hl.sources[hybrid.SourceLocal].Load(), hl.sources[hybrid.SourceFallback].Load()
+	calls1, local1, fb1 := hl.calls.Load(), hl.sources[outcome.SourceLocal].Load(), hl.sources[outcome.SourceFallback].Load()
 	s1, elapsed := lim.Stats(), time.Since(start)
 	close(stop)
 	wg.Wait()
@@ -810,7 +811,7 @@ func TestReplayedBatchIsAppliedOnce(t *testing.T) {
 		for range perKey {
 			d, err := lim.Allow(ctx, k, limit)
 			require.NoError(t, err)
-			require.Equal(t, hybrid.SourceLocal, d.Source)
+			require.Equal(t, outcome.SourceLocal, d.Source)
 		}
 	}
 	want := consumed(t, direct, keys)
@@ -854,7 +855,7 @@ func TestCloseWaitsOutAnOpenBreaker(t *testing.T) {
 	keys := keyNames("breaker:", 8)
 	admitted := make([]int64, len(keys))
 	for i, k := range keys { // decisions until one is local, so that every key has consumption pending
-		for d := (hybrid.Decision{}); d.Source != hybrid.SourceLocal; {
+		for d := (hybrid.Decision{}); d.Source != outcome.SourceLocal; {
 			d, err = lim.Allow(ctx, k, hot)
 			require.NoError(t, err)
 			require.True(t, d.Allowed)

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // fakeClock is a clock that moves only when told to; safe for concurrent use.
@@ -69,7 +70,7 @@ type step struct {
 	flush      bool
 	n          int64
 	allowed    bool
-	source     hybrid.Source
+	source     outcome.Source
 	retryAfter time.Duration
 	remaining  int64
 }
@@ -101,31 +102,31 @@ func TestDecisionScenario(t *testing.T) {
 	const minute = time.Minute
 	p.run(t, "user:1", hybrid.Limit{Rate: 10, Burst: 10}, []step{
 		// A new key: its cold-start credit (2 tokens) answers at once, Redis not asked yet.
-		{n: 1, allowed: true, source: hybrid.SourceLocal, remaining: 9},
-		{n: 1, allowed: true, source: hybrid.SourceLocal, remaining: 8},
+		{n: 1, allowed: true, source: outcome.SourceLocal, remaining: 9},
+		{n: 1, allowed: true, source: outcome.SourceLocal, remaining: 8},
 		// Credit spent: a synchronous call charges the 2 and leases this node tokens for the third:
 		// a lease of 3 more, sized to the node's demand so far (one request a second: the two
 		// after the first in the key's first second, local.youngDemand), 4 left in the bucket.
-		{n: 1, allowed: true, source: hybrid.SourceCentral, remaining: 7},
+		{n: 1, allowed: true, source: outcome.SourceCentral, remaining: 7},
 		// Redis's answer (just now) said the bucket cannot cover 5 beyond the lease: denied
 		// locally, no Redis call; come back once the bucket could hold 5 (0.1 s) and the syncer
 		// has asked (two intervals).
-		{n: 5, allowed: false, source: hybrid.SourceLocal, retryAfter: 2*minute + 100*time.Millisecond, remaining: 4},
-		{n: 5, allowed: false, source: hybrid.SourceLocal, retryAfter: 2*minute + 100*time.Millisecond, remaining: 4},
+		{n: 5, allowed: false, source: outcome.SourceLocal, retryAfter: 2*minute + 100*time.Millisecond, remaining: 4},
+		{n: 5, allowed: false, source: outcome.SourceLocal, retryAfter: 2*minute + 100*time.Millisecond, remaining: 4},
 		// The lease still answers small requests.
-		{n: 1, allowed: true, source: hybrid.SourceLocal, remaining: 6},
-		{dt: 100 * time.Millisecond, n: 1, allowed: true, source: hybrid.SourceLocal, remaining: 5},
-		{dt: 500 * time.Millisecond, n: 1, allowed: true, source: hybrid.SourceLocal, remaining: 4},
+		{n: 1, allowed: true, source: outcome.SourceLocal, remaining: 6},
+		{dt: 100 * time.Millisecond, n: 1, allowed: true, source: outcome.SourceLocal, remaining: 5},
+		{dt: 500 * time.Millisecond, n: 1, allowed: true, source: outcome.SourceLocal, remaining: 4},
 		// Lease spent; the answer's overdraft credit (1 token) answers one more.
-		{dt: 1100 * time.Millisecond, n: 1, allowed: true, source: hybrid.SourceLocal, remaining: 3},
+		{dt: 1100 * time.Millisecond, n: 1, allowed: true, source: outcome.SourceLocal, remaining: 3},
 		// Redis's answer is now over a second old: ask Redis, whose bucket has refilled to 9 of 10.
-		{n: 10, allowed: false, source: hybrid.SourceCentral, retryAfter: 100 * time.Millisecond, remaining: 9},
+		{n: 10, allowed: false, source: outcome.SourceCentral, retryAfter: 100 * time.Millisecond, remaining: 9},
 		// Redis's denial left this node no lease for the syncer to renew: two seconds on, the
 		// request asks Redis again, and is covered.
-		{dt: 2 * time.Second, flush: true, n: 3, allowed: true, source: hybrid.SourceCentral, remaining: 7},
+		{dt: 2 * time.Second, flush: true, n: 3, allowed: true, source: outcome.SourceCentral, remaining: 7},
 		// LeaseLife (8 s) has passed: what is left of the lease is written off; the credit answers
 		// one request, and the next goes to Redis.
-		{dt: 9 * time.Second, flush: true, n: 1, allowed: true, source: hybrid.SourceLocal, remaining: 4},
-		{n: 1, allowed: true, source: hybrid.SourceCentral, remaining: 8},
+		{dt: 9 * time.Second, flush: true, n: 1, allowed: true, source: outcome.SourceLocal, remaining: 4},
+		{n: 1, allowed: true, source: outcome.SourceCentral, remaining: 8},
 	})
 }

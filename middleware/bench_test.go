@@ -10,6 +10,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/middleware"
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/policy"
 )
 
@@ -46,12 +47,12 @@ func BenchmarkMiddleware(b *testing.B) {
 	generous := policy.Rule{ID: "per-key", Dimensions: []string{"api_key"}, Rate: 1e9, Burst: 1e9}
 	cases := []struct {
 		name  string
-		cfg   policy.Config
+		cfg   []policy.Option
 		rules []policy.Rule
 		opts  []middleware.Option
 	}{
 		{name: "hybrid-1-rule", rules: []policy.Rule{generous}},
-		{name: "hybrid-1-rule-hashed", cfg: policy.Config{HashKey: []byte("0123456789abcdef0123456789abcdef")}, rules: []policy.Rule{generous}},
+		{name: "hybrid-1-rule-hashed", cfg: []policy.Option{policy.WithHashKey([]byte("0123456789abcdef0123456789abcdef"))}, rules: []policy.Rule{generous}},
 		{name: "hybrid-3-rules", rules: []policy.Rule{
 			{ID: "global", Rate: 1e9, Burst: 1e9},
 			generous,
@@ -91,8 +92,8 @@ func BenchmarkMiddleware(b *testing.B) {
 	b.Run("floor", func(b *testing.B) { run(b, floor) })
 	for _, tc := range cases {
 		b.Run(tc.name, func(b *testing.B) {
-			tc.cfg.HybridOptions = []hybrid.Option{hybrid.WithCheckTimeout(time.Second)}
-			s := newStack(b, tc.cfg, &policy.Policy{Rules: tc.rules}, tc.opts...)
+			cfg := append([]policy.Option{policy.WithHybridOptions(hybrid.WithCheckTimeout(time.Second))}, tc.cfg...)
+			s := newStack(b, cfg, &policy.Policy{Rules: tc.rules}, tc.opts...)
 			m, err := middleware.New(s.enf, tc.opts...)
 			if err != nil {
 				b.Fatal(err)
@@ -112,7 +113,7 @@ func warmUp(b *testing.B, m *middleware.Middleware, reqs []*http.Request) {
 		res, _ := middleware.FromContext(r.Context())
 		local = len(res.Decisions) > 0
 		for _, d := range res.Decisions {
-			local = local && d.Source == hybrid.SourceLocal
+			local = local && d.Source == outcome.SourceLocal
 		}
 	}))
 	deadline := time.Now().Add(10 * time.Second)

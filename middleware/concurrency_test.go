@@ -16,6 +16,7 @@ import (
 	"github.com/hybridrate/hybridrate/concurrency"
 	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/middleware"
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/policy"
 )
 
@@ -120,12 +121,12 @@ func TestConcurrencyReleasedOnPanic(t *testing.T) {
 func TestConcurrencyRedisDown(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		policy concurrency.FailurePolicy
+		policy outcome.FailurePolicy
 		code   int
 		body   string
 	}{
-		{concurrency.FailClosed, http.StatusServiceUnavailable, `{"error":"rate_limiter_unavailable","dimension":"tenant","retry_after_seconds":1}`},
-		{concurrency.LocalFallback, http.StatusOK, ""},
+		{outcome.FailClosed, http.StatusServiceUnavailable, `{"error":"rate_limiter_unavailable","dimension":"tenant","retry_after_seconds":1}`},
+		{outcome.LocalFallback, http.StatusOK, ""},
 	} {
 		t.Run(tc.policy.String(), func(t *testing.T) {
 			t.Parallel()

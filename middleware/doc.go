@@ -2,8 +2,8 @@
 // func(http.Handler) http.Handler that works with the standard ServeMux, chi, gorilla/mux and
 // anything else built on net/http.
 //
-//	enf, _ := policy.NewEnforcer(policy.Config{Redis: rdb, HashKey: secret})
-//	rl, _ := policy.NewReloader(policy.ReloaderConfig{Path: "policy.yaml", Target: enf})
+//	enf, _ := policy.NewEnforcer(rdb, policy.WithHashKey(secret))
+//	rl, _ := policy.NewReloader("policy.yaml", enf)
 //	go rl.Run(ctx)
 //	mw, _ := middleware.New(enf,
 //		middleware.WithAPIKeyHeader("X-API-Key"),
@@ -19,7 +19,7 @@
 // X-Forwarded-For, Forwarded or X-Real-IP are honoured only when the direct peer is a trusted proxy,
 // and walked from the right), route (the pattern the request is routed by, never the raw path),
 // method, and dimensions of your own ([WithDimension]). The policy composes them in a fixed order and
-// can hash them (policy.Config.HashKey), so no raw key, user id or address reaches Redis.
+// can hash them (policy.WithHashKey), so no raw key, user id or address reaches Redis.
 //
 // # Answers
 //

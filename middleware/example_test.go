@@ -28,7 +28,7 @@ func ExampleMiddleware_Handler() {
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
 	defer rdb.Close()
 
-	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, StrictTimeout: time.Second, Now: func() time.Time { return now }})
+	enf, err := policy.NewEnforcer(rdb, policy.WithStrictTimeout(time.Second), policy.WithClock(func() time.Time { return now }))
 	if err != nil {
 		log.Fatal(err)
 	}

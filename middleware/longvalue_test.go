@@ -17,7 +17,7 @@ func TestLongHeaderValuesAreLimited(t *testing.T) {
 	t.Parallel()
 	p := &policy.Policy{MissingKey: policy.MissingSkip, Rules: []policy.Rule{
 		{ID: "per-key", Dimensions: []string{"api_key"}, Rate: 0.001, Burst: 4}}}
-	s := newStack(t, policy.Config{}, p, middleware.WithAPIKeyHeader("X-API-Key"))
+	s := newStack(t, nil, p, middleware.WithAPIKeyHeader("X-API-Key"))
 	for _, n := range []int{250, 257, 300, 8 << 10} {
 		key := strings.Repeat("k", n-1) + string(rune('a'+n%26))
 		var ws []*httptest.ResponseRecorder

@@ -168,7 +168,7 @@ func WithMux(mux *http.ServeMux) Option {
 	})
 }
 
-// WithDimension adds a dimension of the given name (declare it in policy.Config.Dimensions too),
+// WithDimension adds a dimension of the given name (declare it in policy.WithDimensions too),
 // computed by f; an empty answer means missing.
 func WithDimension(name string, f func(*http.Request) string) Option {
 	return optionFunc(func(o *options) error {

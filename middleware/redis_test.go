@@ -19,6 +19,7 @@ import (
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/middleware"
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/policy"
 )
 
@@ -30,18 +31,18 @@ type stack struct {
 	h    http.Handler
 }
 
-func newStack(tb testing.TB, cfg policy.Config, p *policy.Policy, opts ...middleware.Option) *stack {
+// newStack serves p through the middleware (opts) and an Enforcer on a fresh redis-server, made
+// with enfOpts after the tests' defaults: drift 0 (every hybrid decision is made in Redis, so the
+// tests can count exactly) and a strict timeout of 1s.
+func newStack(tb testing.TB, enfOpts []policy.Option, p *policy.Policy, opts ...middleware.Option) *stack {
 	tb.Helper()
 	srv := redistest.Start(tb)
-	cfg.Redis = srv.Client(tb, func(o *redis.Options) { o.MaxRetries = -1 })
-	if cfg.HybridOptions == nil {
-		// Drift 0: every hybrid decision is made in Redis, so the tests can count exactly.
-		cfg.HybridOptions = []hybrid.Option{hybrid.WithDriftThreshold(0), hybrid.WithCheckTimeout(time.Second)}
-	}
-	if cfg.StrictTimeout == 0 {
-		cfg.StrictTimeout = time.Second
-	}
-	enf, err := policy.NewEnforcer(cfg)
+	rdb := srv.Client(tb, func(o *redis.Options) { o.MaxRetries = -1 })
+	enfOpts = append([]policy.Option{
+		policy.WithHybridOptions(hybrid.WithDriftThreshold(0), hybrid.WithCheckTimeout(time.Second)),
+		policy.WithStrictTimeout(time.Second),
+	}, enfOpts...)
+	enf, err := policy.NewEnforcer(rdb, enfOpts...)
 	require.NoError(tb, err)
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -76,7 +77,7 @@ func codes(ws ...*httptest.ResponseRecorder) []int {
 func TestSpoofedXForwardedForFromAnUntrustedPeerSharesThePeersBucket(t *testing.T) {
 	t.Parallel()
 	p := &policy.Policy{Rules: []policy.Rule{{ID: "per-ip", Dimensions: []string{"ip"}, Rate: 0.001, Burst: 2}}}
-	s := newStack(t, policy.Config{}, p,
+	s := newStack(t, nil, p,
 		middleware.WithTrustedProxies(middleware.HeaderXForwardedFor, netip.MustParsePrefix("10.0.0.0/8")))
 	// An attacker rotating X-Forwarded-For from one untrusted address gets one bucket.
 	var ws []*httptest.ResponseRecorder
@@ -102,7 +103,7 @@ func TestHeadersAndRetryAfterWithRedis(t *testing.T) {
 		{ID: "per-key", Algorithm: policy.GCRA, Dimensions: []string{"api_key"}, Limit: 3, Period: 3 * time.Second},
 		{ID: "global", Rate: 1000, Burst: 5000},
 	}}
-	s := newStack(t, policy.Config{}, p)
+	s := newStack(t, nil, p)
 	var rem []string
 	for i := 0; i < 3; i++ {
 		w := s.get(t, "192.0.2.1:1", "X-API-Key", "k")
@@ -143,7 +144,7 @@ func TestHierarchyOverHTTPConsumesNothingOnDenial(t *testing.T) {
 			Match: policy.Match{Routes: []string{"POST /export"}}},
 	}}
 	mux := http.NewServeMux()
-	s := newStack(t, policy.Config{}, p, middleware.WithTenant(func(r *http.Request) string { return r.Header.Get("X-Tenant") }),
+	s := newStack(t, nil, p, middleware.WithTenant(func(r *http.Request) string { return r.Header.Get("X-Tenant") }),
 		middleware.WithMux(mux))
 	mux.Handle("POST /export", http.NotFoundHandler())
 	post := func() int {
@@ -176,7 +177,7 @@ func TestTiersOverHTTP(t *testing.T) {
 	p := &policy.Policy{DefaultTier: "free",
 		Tiers: map[string]policy.Tier{"free": {PerMinute: 2}, "pro": {PerMinute: 4}},
 		Rules: []policy.Rule{{ID: "plan", Dimensions: []string{"api_key"}, Tiered: true}}}
-	s := newStack(t, policy.Config{}, p, middleware.WithTier(func(r *http.Request) string { return r.Header.Get("X-Plan") }))
+	s := newStack(t, nil, p, middleware.WithTier(func(r *http.Request) string { return r.Header.Get("X-Plan") }))
 	count := func(key, plan string) int {
 		n := 0
 		for i := 0; i < 6; i++ {
@@ -197,7 +198,7 @@ func TestShadowModeOverHTTP(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
 	var events []policy.ShadowEvent
-	cfg := policy.Config{OnShadowDeny: func(ev policy.ShadowEvent) { mu.Lock(); events = append(events, ev); mu.Unlock() }}
+	cfg := []policy.Option{policy.WithOnShadowDeny(func(ev policy.ShadowEvent) { mu.Lock(); events = append(events, ev); mu.Unlock() })}
 	p := &policy.Policy{Rules: []policy.Rule{
 		{ID: "enforced", Dimensions: []string{"api_key"}, Rate: 1000, Burst: 1000},
 		{ID: "candidate", Algorithm: policy.SlidingWindow, Dimensions: []string{"api_key"}, Limit: 1, Period: time.Hour, Shadow: true},
@@ -221,7 +222,7 @@ func TestMissingKeyOverHTTP(t *testing.T) {
 		{ID: "keyed", Dimensions: []string{"api_key"}, Rate: 1000, Burst: 1000, Match: policy.Match{Methods: []string{"POST"}}},
 		{ID: "anon", Dimensions: []string{"api_key"}, Rate: 0.001, Burst: 2, MissingKey: policy.MissingShared, Match: policy.Match{Methods: []string{"GET"}}},
 	}}
-	s := newStack(t, policy.Config{}, p)
+	s := newStack(t, nil, p)
 	r := httptest.NewRequest("POST", "/", nil)
 	w := do(t, s.h, r)
 	assert.Equal(t, 401, w.Code)
@@ -234,11 +235,11 @@ func TestMissingKeyOverHTTP(t *testing.T) {
 func TestFailurePolicyPerRuleOverHTTPWhenRedisIsDown(t *testing.T) {
 	t.Parallel()
 	p := &policy.Policy{Rules: []policy.Rule{
-		{ID: "open", Dimensions: []string{"api_key"}, Rate: 1000, Burst: 1000, OnFailure: hybrid.FailOpen, Match: policy.Match{Methods: []string{"GET"}}},
-		{ID: "closed", Algorithm: policy.GCRA, Dimensions: []string{"api_key"}, Limit: 1000, Period: time.Hour, OnFailure: hybrid.FailClosed,
+		{ID: "open", Dimensions: []string{"api_key"}, Rate: 1000, Burst: 1000, OnFailure: outcome.FailOpen, Match: policy.Match{Methods: []string{"GET"}}},
+		{ID: "closed", Algorithm: policy.GCRA, Dimensions: []string{"api_key"}, Limit: 1000, Period: time.Hour, OnFailure: outcome.FailClosed,
 			Match: policy.Match{Methods: []string{"POST"}}},
 	}}
-	s := newStack(t, policy.Config{}, p)
+	s := newStack(t, nil, p)
 	post := func() *httptest.ResponseRecorder {
 		r := httptest.NewRequest("POST", "/", nil)
 		r.Header.Set("X-API-Key", "k")
@@ -260,15 +261,15 @@ func TestFailurePolicyPerRuleOverHTTPWhenRedisIsDown(t *testing.T) {
 func TestFailClosedIsServiceUnavailable(t *testing.T) {
 	t.Parallel()
 	p := &policy.Policy{Rules: []policy.Rule{
-		{ID: "hybrid-closed", Dimensions: []string{"api_key"}, Rate: 1000, Burst: 1000, OnFailure: hybrid.FailClosed,
+		{ID: "hybrid-closed", Dimensions: []string{"api_key"}, Rate: 1000, Burst: 1000, OnFailure: outcome.FailClosed,
 			Match: policy.Match{Methods: []string{"GET"}}},
 		{ID: "strict-closed", Algorithm: policy.GCRA, Dimensions: []string{"api_key"}, Limit: 1000, Period: time.Hour,
-			OnFailure: hybrid.FailClosed, Match: policy.Match{Methods: []string{"POST"}}},
-		{ID: "fallback", Dimensions: []string{"api_key"}, Rate: 0.001, Burst: 1, OnFailure: hybrid.LocalFallback,
+			OnFailure: outcome.FailClosed, Match: policy.Match{Methods: []string{"POST"}}},
+		{ID: "fallback", Dimensions: []string{"api_key"}, Rate: 0.001, Burst: 1, OnFailure: outcome.LocalFallback,
 			Match: policy.Match{Methods: []string{"PUT"}}},
 	}}
-	s := newStack(t, policy.Config{}, p)
-	custom := newStack(t, policy.Config{}, p, middleware.WithFailClosedStatus(500), middleware.WithFailClosedRetryAfter(30*time.Second))
+	s := newStack(t, nil, p)
+	custom := newStack(t, nil, p, middleware.WithFailClosedStatus(500), middleware.WithFailClosedRetryAfter(30*time.Second))
 	req := func(h http.Handler, method string) *httptest.ResponseRecorder {
 		r := httptest.NewRequest(method, "/", nil)
 		r.Header.Set("X-API-Key", "k")

@@ -24,10 +24,10 @@ func BenchmarkCheck(b *testing.B) {
 	b.Cleanup(func() { _ = rdb.Close() })
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 	b.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, HybridOptions: []hybrid.Option{hybrid.WithCheckTimeout(time.Second)}})
+	enf, err := policy.NewEnforcer(rdb, policy.WithHybridOptions(hybrid.WithCheckTimeout(time.Second)))
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = enf.Close(context.Background()) })
-	obs, err := observe.New(enf, observe.Config{MeterProvider: mp})
+	obs, err := observe.New(enf, observe.WithMeterProvider(mp))
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = obs.Close() })
 	require.NoError(b, obs.SetPolicy(&policy.Policy{Rules: []policy.Rule{

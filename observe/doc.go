@@ -3,18 +3,17 @@
 // and records every decision in OpenTelemetry metrics, in an in-memory window of the last minutes
 // (what package dashboard draws), and in hooks of your own.
 //
-//	enf, _ := policy.NewEnforcer(policy.Config{Redis: rdb,
-//		HybridOptions: []hybrid.Option{hybrid.WithMeterProvider(mp)}})
-//	obs, _ := observe.New(enf, observe.Config{MeterProvider: mp,
-//		OnDeny: func(ev *observe.Event) { slog.Info("denied", "rule", ev.Result.Rule, "key", ev.Key) }})
-//	rl, _ := policy.NewReloader(policy.ReloaderConfig{Path: "policy.yaml", Target: obs})
+//	enf, _ := policy.NewEnforcer(rdb, policy.WithHybridOptions(hybrid.WithMeterProvider(mp)))
+//	obs, _ := observe.New(enf, observe.WithMeterProvider(mp),
+//		observe.WithOnDeny(func(ev *observe.Event) { slog.Info("denied", "rule", ev.Result.Rule, "key", ev.Key) }))
+//	rl, _ := policy.NewReloader("policy.yaml", obs)
 //	mw, _ := middleware.New(obs, middleware.WithMux(mux)) // an Observer is a policy.Checker
 //
 // # Metrics
 //
-// Every instrument carries hybridrate.instance (Config.Instance: the host name by default, never a
+// Every instrument carries hybridrate.instance (WithInstance: the host name by default, never a
 // random id), and only bounded attributes: rule ids, route patterns and tiers (each capped at
-// Config.MaxLabels distinct values, the rest counted as "other"), sources and outcomes — never a
+// WithMaxLabels distinct values, the rest counted as "other"), sources and outcomes — never a
 // raw key.
 //
 //   - hybridrate.requests: checks by outcome (allowed; shadow_denied: admitted, but a rule in shadow
@@ -22,7 +21,7 @@
 //     route and tier.
 //   - hybridrate.rule.decisions: counter decisions by rule, source (local, central, deny-cache,
 //     fallback, strict, memo), outcome (allowed, denied), shadow, route and tier.
-//   - hybridrate.rule.near_limit: admitted enforced decisions that left at most Config.NearLimit of
+//   - hybridrate.rule.near_limit: admitted enforced decisions that left at most WithNearLimit's share of
 //     the counter's quota, by rule, route and tier.
 //   - hybridrate.rule.shadow_denials: would-be denials of rules in shadow mode (or of any rule while
 //     the policy is in shadow mode), by rule, route and tier.
@@ -43,7 +42,7 @@
 // every few seconds, in the limiter's own namespace) and reads every live instance's, for the
 // dashboard's fleet view: per-rule deny trends in steps aligned on the clock, added up across
 // instances, and the most denied subjects, one id per subject across the fleet when every instance
-// has the same Config.HashKey. Reports carry hashed ids only; Config.RevealSubjects keeps readable
+// has the same WithHashKey. Reports carry hashed ids only; WithRevealSubjects keeps readable
 // values in the memory of the process that saw them. docs/operations.md ("The fleet view: what
 // Redis holds") lists the keys and their cost.
 //

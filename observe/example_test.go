@@ -23,18 +23,20 @@ func Example() {
 	defer mr.Close()
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	defer rdb.Close()
-	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb,
-		HybridOptions: []hybrid.Option{hybrid.WithCheckTimeout(time.Second)}}) // miniredis's Lua is slow
+	enf, err := policy.NewEnforcer(
+		rdb,
+		policy.WithHybridOptions(hybrid.WithCheckTimeout(time.Second)),
+	) // miniredis's Lua is slow
 	if err != nil {
 		panic(err)
 	}
 	defer enf.Close(context.Background())
 
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC) // a fixed clock for the window
-	obs, err := observe.New(enf, observe.Config{
-		Now:    func() time.Time { return now },
-		OnDeny: func(ev *observe.Event) { fmt.Printf("denied by %s on %s\n", ev.Result.Rule, ev.Route) },
-	})
+	obs, err := observe.New(enf,
+		observe.WithClock(func() time.Time { return now }),
+		observe.WithOnDeny(func(ev *observe.Event) { fmt.Printf("denied by %s on %s\n", ev.Result.Rule, ev.Route) }),
+	)
 	if err != nil {
 		panic(err)
 	}

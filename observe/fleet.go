@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sort"
@@ -16,15 +15,16 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/internal/option"
 )
 
-// Defaults of [FleetConfig].
+// Defaults of the Fleet's options.
 const (
 	DefaultFleetInterval = 5 * time.Second
 	DefaultFleetStep     = 10 * time.Second
 	DefaultFleetPoints   = 30
 	DefaultFleetSubjects = 20
-	// MaxFleetPoints and MaxFleetSubjects bound FleetConfig.Points and FleetConfig.Subjects.
+	// MaxFleetPoints and MaxFleetSubjects bound WithTrend's points and WithTopSubjects.
 	MaxFleetPoints   = 360
 	MaxFleetSubjects = 100
 	// MaxFleetInstances bounds the reports a Fleet reads: the most recent ones.
@@ -34,33 +34,18 @@ const (
 // fleetName is the internal name of the fleet's index; each report is fleetName + ":" + its id.
 const fleetName = "{dashboard}"
 
-// FleetConfig configures a [Fleet]. Redis is required; the rest is optional. The zero FleetConfig
-// is invalid (NewFleet needs Redis). It is a plain value; NewFleet copies it.
-type FleetConfig struct {
-	// Redis is where reports are written and read: the limiter's Redis.
-	Redis redis.UniversalClient
-	// KeyPrefix starts the keys, as the limiter's WithKeyPrefix does; the default is hybrid.DefaultKeyPrefix. The keys
-	// are "<prefix>:v3:x:{dashboard}" (a sorted set: report id → time of its last write) and
-	// "<prefix>:v3:x:{dashboard}:<id>" (a string: the report as JSON, with a TTL), in the limiter's
-	// own namespace, which no user key can reach; one hash tag, so one Cluster slot.
-	KeyPrefix string
-	// Interval is how often Run writes this instance's report; the default is 5s.
-	Interval time.Duration
-	// TTL is how long a report outlives its last write (an instance that stopped leaves the fleet
-	// view after it); the default is three Intervals, at least 10s.
-	TTL time.Duration
-	// Step and Points shape the trend a report carries: Points steps of Step (whole seconds), the
-	// defaults 10s and 30 (5 minutes); at most 360 points, and not beyond the Observer's window.
-	Step   time.Duration
-	Points int
-	// Subjects is how many of the most denied hashed keys a report carries; the default is 20, at
-	// most 100.
-	Subjects int
-	// ID names this instance's report; the default is the Observer's instance, a '-' and 8 random
-	// hex digits, so that two processes given one instance name never overwrite each other.
-	ID string
-	// Logger receives the failed writes and reads (one line per failure streak); nil discards them.
-	Logger *slog.Logger
+// fleetConfig is a Fleet's settings: Redis from NewFleet, the rest from its options (options.go);
+// the zero values stand for the defaults NewFleet fills in.
+type fleetConfig struct {
+	Redis     redis.UniversalClient
+	KeyPrefix string        // WithKeyPrefix
+	Interval  time.Duration // WithReportInterval
+	TTL       time.Duration // WithReportTTL
+	Step      time.Duration // WithTrend
+	Points    int           // WithTrend
+	Subjects  int           // WithTopSubjects
+	ID        string        // WithReportID
+	Logger    *slog.Logger  // WithLogger
 }
 
 // Fleet publishes an [Observer]'s counters to Redis and reads every live instance's, so that any
@@ -71,7 +56,7 @@ type FleetConfig struct {
 // safe for concurrent use.
 type Fleet struct {
 	o     *Observer
-	cfg   FleetConfig
+	cfg   fleetConfig
 	index string
 
 	mu       sync.Mutex // guards the fields below
@@ -80,11 +65,17 @@ type Fleet struct {
 	failing  bool // the last write failed (logged once per streak)
 }
 
-// NewFleet returns a Fleet publishing o's counters under cfg. It does no I/O. Errors: a nil
-// Observer or Redis, or a field out of its range (Interval, TTL, Step, Points).
-func NewFleet(o *Observer, cfg FleetConfig) (*Fleet, error) {
-	if o == nil || cfg.Redis == nil {
-		return nil, errors.New("observe: NewFleet needs an Observer and FleetConfig.Redis")
+// NewFleet returns a Fleet publishing o's counters to rdb, the limiter's Redis, configured by opts.
+// It does no I/O. Errors: a nil Observer or rdb, or an invalid option (wrapping [ErrBadOption]),
+// among them a report TTL under the interval plus 1s and a trend reaching beyond the Observer's
+// window (WithWindow).
+func NewFleet(o *Observer, rdb redis.UniversalClient, opts ...FleetOption) (*Fleet, error) {
+	if o == nil || rdb == nil {
+		return nil, badOption("NewFleet needs an Observer and a Redis client")
+	}
+	cfg := fleetConfig{Redis: rdb}
+	if err := option.Apply(&cfg, ErrBadOption, opts); err != nil {
+		return nil, err
 	}
 	if cfg.KeyPrefix == "" {
 		cfg.KeyPrefix = hybrid.DefaultKeyPrefix
@@ -105,19 +96,11 @@ func NewFleet(o *Observer, cfg FleetConfig) (*Fleet, error) {
 		cfg.Subjects = DefaultFleetSubjects
 	}
 	switch {
-	case cfg.Interval < 100*time.Millisecond:
-		return nil, fmt.Errorf("observe: FleetConfig.Interval %v: want at least 100ms", cfg.Interval)
 	case cfg.TTL < cfg.Interval+time.Second:
-		return nil, fmt.Errorf("observe: FleetConfig.TTL %v: want at least Interval + 1s", cfg.TTL)
-	case cfg.Step < time.Second || cfg.Step%time.Second != 0:
-		return nil, fmt.Errorf("observe: FleetConfig.Step %v: want whole seconds", cfg.Step)
-	case cfg.Points < 1 || cfg.Points > MaxFleetPoints:
-		return nil, fmt.Errorf("observe: FleetConfig.Points %d: want 1 to %d", cfg.Points, MaxFleetPoints)
+		return nil, badOption("report TTL %v: want at least the report interval (%v) + 1s", cfg.TTL, cfg.Interval)
 	case time.Duration(cfg.Points)*cfg.Step > o.cfg.Window:
-		return nil, fmt.Errorf("observe: FleetConfig.Points × Step (%v) reaches beyond the Observer's window (%v)",
-			time.Duration(cfg.Points)*cfg.Step, o.cfg.Window)
-	case cfg.Subjects < 1 || cfg.Subjects > MaxFleetSubjects:
-		return nil, fmt.Errorf("observe: FleetConfig.Subjects %d: want 1 to %d", cfg.Subjects, MaxFleetSubjects)
+		return nil, badOption("trend of %d × %v (%v) reaches beyond the Observer's window (%v)",
+			cfg.Points, cfg.Step, time.Duration(cfg.Points)*cfg.Step, o.cfg.Window)
 	}
 	if cfg.ID == "" {
 		var b [4]byte

@@ -24,7 +24,7 @@ func TestTrendPerRuleInAlignedSteps(t *testing.T) {
 	now := time.Unix(1_000_005, 0)
 	var mu sync.Mutex
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	f := newFixture(t, observe.Config{Now: clock})
+	f := newFixture(t, []observe.Option{observe.WithClock(clock)})
 	for i := 0; i < 7; i++ { // per-key: burst 5, then 2 denied
 		f.check(t, "a", "", "")
 	}
@@ -59,7 +59,7 @@ func TestTrendPerRuleInAlignedSteps(t *testing.T) {
 // TestRevealSubjectsIsBoundedAndOptional: with RevealSubjects the newest denied subjects are shown
 // readably (long values cut), the oldest forgotten past the bound; without it, none.
 func TestRevealSubjectsIsBoundedAndOptional(t *testing.T) {
-	f := newFixture(t, observe.Config{RevealSubjects: 2})
+	f := newFixture(t, []observe.Option{observe.WithRevealSubjects(2)})
 	long := strings.Repeat("x", 300)
 	for _, key := range []string{"k1", "k2", long} {
 		for i := 0; i < 6; i++ { // burst 5: one denial each
@@ -79,7 +79,7 @@ func TestRevealSubjectsIsBoundedAndOptional(t *testing.T) {
 	assert.Equal(t, map[string]bool{"api_key=k2": true, "api_key=" + long[:64] + "…": true}, subjects,
 		"the newest two, values cut at 64 bytes; k1 forgotten")
 
-	plain := newFixture(t, observe.Config{})
+	plain := newFixture(t, nil)
 	for i := 0; i < 6; i++ {
 		plain.check(t, "k1", "", "")
 	}
@@ -89,7 +89,7 @@ func TestRevealSubjectsIsBoundedAndOptional(t *testing.T) {
 	_, ok := plain.obs.Subject(s.TopKeys[0].Key)
 	assert.False(t, ok)
 
-	_, err := observe.New(f.enf, observe.Config{RevealSubjects: -1})
+	_, err := observe.New(f.enf, observe.WithRevealSubjects(-1))
 	assert.Error(t, err)
 }
 
@@ -106,11 +106,11 @@ func TestFleetReportsOnRealRedis(t *testing.T) {
 	now := time.Now()
 	var mu sync.Mutex
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	a := newFixture(t, observe.Config{Instance: "pod-a", HashKey: shared, RevealSubjects: 10, Now: clock})
-	b := newFixture(t, observe.Config{Instance: "pod-b", HashKey: shared})
-	fa, err := observe.NewFleet(a.obs, observe.FleetConfig{Redis: rdb, Interval: time.Second})
+	a := newFixture(t, []observe.Option{observe.WithInstance("pod-a"), observe.WithHashKey(shared), observe.WithRevealSubjects(10), observe.WithClock(clock)})
+	b := newFixture(t, []observe.Option{observe.WithInstance("pod-b"), observe.WithHashKey(shared)})
+	fa, err := observe.NewFleet(a.obs, rdb, observe.WithReportInterval(time.Second))
 	require.NoError(t, err)
-	fb, err := observe.NewFleet(b.obs, observe.FleetConfig{Redis: rdb, Interval: time.Second, ID: "pod-b-1"})
+	fb, err := observe.NewFleet(b.obs, rdb, observe.WithReportInterval(time.Second), observe.WithReportID("pod-b-1"))
 	require.NoError(t, err)
 	assert.True(t, strings.HasPrefix(fa.ID(), "pod-a-"), fa.ID())
 	for i := 0; i < 8; i++ { // 3 denials of alice on pod-a
@@ -186,22 +186,24 @@ func TestFleetReportsOnRealRedis(t *testing.T) {
 }
 
 func TestFleetConfigErrors(t *testing.T) {
-	f := newFixture(t, observe.Config{Window: time.Minute})
+	f := newFixture(t, []observe.Option{observe.WithWindow(time.Minute)})
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	t.Cleanup(func() { _ = rdb.Close() })
-	for name, cfg := range map[string]observe.FleetConfig{
-		"no redis":           {},
-		"interval":           {Redis: rdb, Interval: time.Millisecond},
-		"ttl under interval": {Redis: rdb, Interval: 5 * time.Second, TTL: 5 * time.Second},
-		"fractional step":    {Redis: rdb, Step: 1500 * time.Millisecond},
-		"beyond the window":  {Redis: rdb}, // 30 × 10s > 1 minute
-		"too many subjects":  {Redis: rdb, Step: time.Second, Subjects: 1000},
-		"too many points":    {Redis: rdb, Step: time.Second, Points: 1000},
+	_, err := observe.NewFleet(f.obs, nil)
+	assert.ErrorIs(t, err, observe.ErrBadOption, "no redis")
+	for name, opts := range map[string][]observe.FleetOption{
+		"interval":           {observe.WithReportInterval(time.Millisecond)},
+		"ttl under interval": {observe.WithReportInterval(5 * time.Second), observe.WithReportTTL(5 * time.Second)},
+		"fractional step":    {observe.WithTrend(1500*time.Millisecond, 30)},
+		"beyond the window":  {}, // 30 × 10s > 1 minute
+		"too many subjects":  {observe.WithTopSubjects(1000)},
+		"too many points":    {observe.WithTrend(time.Second, 1000)},
+		"bad prefix":         {observe.WithKeyPrefix("a b")},
 	} {
-		_, err := observe.NewFleet(f.obs, cfg)
-		assert.Error(t, err, name)
+		_, err := observe.NewFleet(f.obs, rdb, opts...)
+		assert.ErrorIs(t, err, observe.ErrBadOption, name)
 	}
-	_, err := observe.NewFleet(f.obs, observe.FleetConfig{Redis: rdb, Step: time.Second, Points: 60})
+	_, err = observe.NewFleet(f.obs, rdb, observe.WithTrend(time.Second, 60))
 	assert.NoError(t, err)
 }
 
@@ -217,8 +219,8 @@ func TestFleetUnderLeastPrivilegeACL(t *testing.T) {
 	srv.Do(t, append([]any{"ACL", "SETUSER", "lim"}, fleetACL...)...)
 	rdb := srv.Client(t, func(o *redis.Options) { o.Username, o.Password, o.MaxRetries = "lim", "pw", -1 })
 	ctx := context.Background()
-	f := newFixture(t, observe.Config{Instance: "pod-a"})
-	fl, err := observe.NewFleet(f.obs, observe.FleetConfig{Redis: rdb, Interval: time.Second})
+	f := newFixture(t, []observe.Option{observe.WithInstance("pod-a")})
+	fl, err := observe.NewFleet(f.obs, rdb, observe.WithReportInterval(time.Second))
 	require.NoError(t, err)
 	require.NoError(t, fl.Publish(ctx))
 	v, err := fl.View(ctx)
@@ -242,7 +244,7 @@ func TestFleetReportIsBounded(t *testing.T) {
 	for i := 0; i < 40; i++ {
 		fmt.Fprintf(&pol, "  - {id: rule-%02d, dimensions: [api_key], match: {routes: [\"GET /r%02d\"]}, rate: 0.001, burst: 1}\n", i, i)
 	}
-	f := newFixture(t, observe.Config{})
+	f := newFixture(t, nil)
 	p, err := policy.Parse([]byte(pol.String()), "many.yaml")
 	require.NoError(t, err)
 	require.NoError(t, f.obs.SetPolicy(p))
@@ -256,7 +258,7 @@ func TestFleetReportIsBounded(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	t.Cleanup(func() { _ = rdb.Close() })
-	fl, err := observe.NewFleet(f.obs, observe.FleetConfig{Redis: rdb, ID: "big"})
+	fl, err := observe.NewFleet(f.obs, rdb, observe.WithReportID("big"))
 	require.NoError(t, err)
 	require.NoError(t, fl.Publish(context.Background()))
 	body, err := rdb.Get(context.Background(), "hr:v3:x:{dashboard}:big").Result()

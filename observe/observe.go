@@ -19,17 +19,19 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/internal/option"
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/policy"
 )
 
 const instrumentationName = "github.com/hybridrate/hybridrate/observe"
 
-// Defaults of [Config].
+// Defaults of the Observer's options.
 const (
 	DefaultNearLimit = 0.1
 	DefaultMaxLabels = 256
 	DefaultWindow    = 5 * time.Minute
-	// Other is the attribute value of a route or tier beyond Config.MaxLabels distinct values.
+	// Other is the attribute value of a route or tier beyond WithMaxLabels's bound of distinct values.
 	Other = "other"
 	// None is the attribute value of a missing route or tier.
 	None = "none"
@@ -50,44 +52,22 @@ type HealthReporter interface {
 
 var _ HealthReporter = (*policy.Enforcer)(nil)
 
-// Config configures an [Observer]. Every field is optional. The zero Config takes every default. It
-// is a plain value; New copies it (HashKey too).
-type Config struct {
-	// MeterProvider receives the metrics; the default is otel.GetMeterProvider().
-	MeterProvider metric.MeterProvider
-	// Instance is the value of the hybridrate.instance attribute: a stable name of the process. The
-	// default is hybrid.DefaultInstance() (the host name).
-	Instance string
-	// NearLimit is the share of a counter's quota at or under which an admitted decision counts as
-	// near the limit, from 0 to 1; the default is 0.1.
-	NearLimit float64
-	// MaxLabels bounds the distinct route and tier values (each) used as attributes; later ones are
-	// recorded as "other". The default is 256.
-	MaxLabels int
-	// Window is how far back the in-memory window (Snapshot, the dashboard) reaches, in whole
-	// seconds, from 10s to 1h; the default is 5 minutes.
-	Window time.Duration
-	// HashKey keys the HMAC that turns a denied request's dimension values into Event.Key; the
-	// default is a random key per Observer (keys are comparable within one process only). Give
-	// every instance of a fleet the same HashKey to give one subject the same key on each of them
-	// (the fleet view then adds up a subject's denials across instances).
-	HashKey []byte
-	// RevealSubjects, when positive, keeps in memory the readable dimension values of up to that
-	// many denied subjects (the newest), so that the dashboard shows "api_key=abc…" next to a hashed
-	// key that this process saw denied. The values never leave the process: fleet reports in Redis
-	// carry only the hashed keys. Values are cut at 64 bytes. The default, 0, keeps none.
-	RevealSubjects int
-	// OnDecision, when set, is called after every check, on the request's goroutine: keep it fast.
-	// The Event and its Result.Decisions are valid only during the call.
-	OnDecision func(ev *Event)
-	// OnDeny, when set, is called after every check that denied (or, in shadow mode, would have
-	// denied) the request, after OnDecision, on the request's goroutine.
-	OnDeny func(ev *Event)
-	// Now is the clock of the window and of latencies; nil means time.Now.
-	Now func() time.Time
+// config is an Observer's settings, from its options (options.go); the zero values stand for the
+// defaults New fills in.
+type config struct {
+	MeterProvider  metric.MeterProvider // WithMeterProvider
+	Instance       string               // WithInstance
+	NearLimit      float64              // WithNearLimit
+	MaxLabels      int                  // WithMaxLabels
+	Window         time.Duration        // WithWindow
+	HashKey        []byte               // WithHashKey
+	RevealSubjects int                  // WithRevealSubjects
+	OnDecision     func(ev *Event)      // WithOnDecision
+	OnDeny         func(ev *Event)      // WithOnDeny
+	Now            func() time.Time     // WithClock
 }
 
-// Event describes one check, for [Config.OnDecision] and [Config.OnDeny]. The zero Event is empty.
+// Event describes one check, for the functions of [WithOnDecision] and [WithOnDeny]. The zero Event is empty.
 // The hooks get a pointer valid only during the call: copy what you keep. Do not share it with
 // other goroutines during the call.
 type Event struct {
@@ -100,7 +80,7 @@ type Event struct {
 	// Method is the request's method.
 	Method string
 	// Path is "local" (no Redis round trip), "central" (a synchronous or strict Redis call, as
-	// hybrid.SourceCentral names it) or "fallback" (a failure policy answered).
+	// outcome.SourceCentral names it) or "fallback" (a failure policy answered).
 	Path string
 	// Result is the policy's answer; Err is non-nil when no decision could be made.
 	Result policy.Result
@@ -135,7 +115,7 @@ func shadowDenied(res *policy.Result) bool {
 // concurrent use.
 type Observer struct {
 	c   policy.Checker
-	cfg Config
+	cfg config
 	key []byte
 
 	counters [numKinds]metric.Int64ObservableCounter // by attrKey.kind (kindLat: none)
@@ -147,18 +127,22 @@ type Observer struct {
 	tiers    labels
 	win      *window
 	reg      metric.Registration
-	reveal   *subjects // nil unless Config.RevealSubjects > 0
+	reveal   *subjects // nil unless WithRevealSubjects was positive
 	rulesMu  sync.Mutex
 	rulesFor *policy.Policy      // guarded by rulesMu: the policy whose dims rulesDim holds
 	rulesDim map[string][]string // guarded by rulesMu: rule id → dimensions
 }
 
-// New returns an Observer of c. It does no I/O and registers one metric callback (see
-// [Observer.Close]). Errors: a nil Checker, a field out of its range (NearLimit, MaxLabels,
-// RevealSubjects, Window), or the meter provider's error creating an instrument.
-func New(c policy.Checker, cfg Config) (*Observer, error) {
+// New returns an Observer of c, configured by opts. It does no I/O and registers one metric
+// callback (see [Observer.Close]). Errors: a nil Checker or an invalid option (wrapping
+// [ErrBadOption]), or the meter provider's error creating an instrument.
+func New(c policy.Checker, opts ...Option) (*Observer, error) {
 	if c == nil {
-		return nil, errors.New("observe: nil Checker")
+		return nil, badOption("nil Checker")
+	}
+	var cfg config
+	if err := option.Apply(&cfg, ErrBadOption, opts); err != nil {
+		return nil, err
 	}
 	if cfg.MeterProvider == nil {
 		cfg.MeterProvider = otel.GetMeterProvider()
@@ -166,26 +150,14 @@ func New(c policy.Checker, cfg Config) (*Observer, error) {
 	if cfg.Instance == "" {
 		cfg.Instance = hybrid.DefaultInstance()
 	}
-	switch {
-	case cfg.NearLimit == 0:
+	if cfg.NearLimit == 0 {
 		cfg.NearLimit = DefaultNearLimit
-	case !(cfg.NearLimit > 0 && cfg.NearLimit <= 1):
-		return nil, fmt.Errorf("observe: NearLimit %v: want (0, 1]", cfg.NearLimit)
 	}
-	switch {
-	case cfg.MaxLabels == 0:
+	if cfg.MaxLabels == 0 {
 		cfg.MaxLabels = DefaultMaxLabels
-	case cfg.MaxLabels < 0:
-		return nil, fmt.Errorf("observe: MaxLabels %d: want at least 1", cfg.MaxLabels)
 	}
-	if cfg.RevealSubjects < 0 || cfg.RevealSubjects > MaxRevealSubjects {
-		return nil, fmt.Errorf("observe: RevealSubjects %d: want 0 to %d", cfg.RevealSubjects, MaxRevealSubjects)
-	}
-	switch {
-	case cfg.Window == 0:
+	if cfg.Window == 0 {
 		cfg.Window = DefaultWindow
-	case cfg.Window < 10*time.Second || cfg.Window > time.Hour:
-		return nil, fmt.Errorf("observe: Window %v out of range [10s, 1h]", cfg.Window)
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -382,8 +354,8 @@ func (o *Observer) cell(k attrKey) *cell {
 // maxAttrSets bounds the attribute sets (rules × sources × outcomes × routes × tiers can be many).
 const maxAttrSets = 1 << 16
 
-// outcome names a check's outcome.
-func outcome(res *policy.Result, err error) string {
+// checkOutcome names a check's outcome.
+func checkOutcome(res *policy.Result, err error) string {
 	switch {
 	case err != nil:
 		return "error"
@@ -402,9 +374,9 @@ func path(res *policy.Result) string {
 	p := "local"
 	for _, d := range res.Decisions {
 		switch d.Source {
-		case hybrid.SourceFallback:
+		case outcome.SourceFallback:
 			return "fallback"
-		case hybrid.SourceCentral, policy.SourceStrict:
+		case outcome.SourceCentral, outcome.SourceStrict:
 			p = "central"
 		}
 	}
@@ -413,7 +385,7 @@ func path(res *policy.Result) string {
 
 func (o *Observer) record(ctx context.Context, req *policy.Request, start time.Time, lat time.Duration, res policy.Result, err error) {
 	route, tier := o.labels(req)
-	outc := outcome(&res, err)
+	outc := checkOutcome(&res, err)
 	p := path(&res)
 	o.cell(attrKey{kind: kindReq, route: route, tier: tier, outc: outc}).n.Add(1)
 	o.latency.Record(ctx, lat.Seconds(), o.cell(attrKey{kind: kindLat, src: p, outc: outc}).rec...)
@@ -526,7 +498,7 @@ func (o *Observer) subjectKey(req *policy.Request, rule string) string {
 	return hex.EncodeToString(mac.Sum(nil)[:8])
 }
 
-// maxRevealLen bounds each dimension value kept by Config.RevealSubjects, in bytes.
+// maxRevealLen bounds each dimension value kept by WithRevealSubjects, in bytes.
 const maxRevealLen = 64
 
 // readable returns rule's dimension values in req as "dim=value, dim=value", each value cut at
@@ -555,7 +527,7 @@ func (o *Observer) readable(req *policy.Request, rule string) string {
 }
 
 // Subject returns the readable dimension values of the denied subject whose hashed key is key, when
-// Config.RevealSubjects is on and this process saw it denied recently. It does no I/O.
+// WithRevealSubjects is on and this process saw it denied recently. It does no I/O.
 func (o *Observer) Subject(key string) (string, bool) {
 	if o.reveal == nil {
 		return "", false

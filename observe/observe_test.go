@@ -21,6 +21,7 @@ import (
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/middleware"
 	"github.com/hybridrate/hybridrate/observe"
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/policy"
 )
 
@@ -55,7 +56,9 @@ type fixture struct {
 	reader *sdkmetric.ManualReader
 }
 
-func newFixture(t *testing.T, cfg observe.Config) *fixture {
+// newFixture makes an Observer with opts of an Enforcer on miniredis; its instance is "node-1"
+// unless opts name another, and its meter provider the fixture's reader's.
+func newFixture(t *testing.T, opts []observe.Option) *fixture {
 	t.Helper()
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
@@ -63,17 +66,18 @@ func newFixture(t *testing.T, cfg observe.Config) *fixture {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, StrictTimeout: time.Second, HybridOptions: []hybrid.Option{
-		hybrid.WithCheckTimeout(time.Second), hybrid.WithMeterProvider(mp), hybrid.WithInstance("node-1")}})
+	enf, err := policy.NewEnforcer(
+		rdb,
+		policy.WithStrictTimeout(time.Second),
+		policy.WithHybridOptions(
+			hybrid.WithCheckTimeout(time.Second), hybrid.WithMeterProvider(mp), hybrid.WithInstance("node-1")),
+	)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = enf.Close(context.Background()) })
 	p, err := policy.Parse([]byte(testPolicy), "test.yaml")
 	require.NoError(t, err)
-	cfg.MeterProvider = mp
-	if cfg.Instance == "" {
-		cfg.Instance = "node-1"
-	}
-	obs, err := observe.New(enf, cfg)
+	opts = append(append([]observe.Option{observe.WithInstance("node-1")}, opts...), observe.WithMeterProvider(mp))
+	obs, err := observe.New(enf, opts...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = obs.Close() })
 	require.NoError(t, obs.SetPolicy(p))
@@ -150,7 +154,7 @@ func histCount(t *testing.T, reader *sdkmetric.ManualReader, name string, want .
 }
 
 func TestMetricsByOutcomeRuleRouteAndTier(t *testing.T) {
-	f := newFixture(t, observe.Config{})
+	f := newFixture(t, nil)
 	for i := 0; i < 8; i++ { // burst 5: 5 admitted, 3 denied
 		f.check(t, "secret-key-1", "GET /v1/items/{id}", "pro")
 	}
@@ -208,7 +212,7 @@ func metricdataString(m metricdata.Metrics) string {
 }
 
 func TestShadowWouldDenyAndRedisPathLatency(t *testing.T) {
-	f := newFixture(t, observe.Config{})
+	f := newFixture(t, nil)
 	for i := 0; i < 4; i++ { // the trial rule (burst 2, shadow) would deny twice; nothing is denied
 		res := f.check(t, "k", "GET /v1/search", "")
 		assert.True(t, res.Allowed)
@@ -230,7 +234,7 @@ func TestShadowWouldDenyAndRedisPathLatency(t *testing.T) {
 }
 
 func TestRouteAndTierLabelsAreBounded(t *testing.T) {
-	f := newFixture(t, observe.Config{MaxLabels: 2})
+	f := newFixture(t, []observe.Option{observe.WithMaxLabels(2)})
 	for _, r := range []string{"GET /a", "GET /b", "GET /c", "GET /d", "GET /a"} {
 		f.check(t, "k-"+r, r, "")
 	}
@@ -245,15 +249,15 @@ func TestHooksSeeEveryDecisionAndHashedDeniedKeys(t *testing.T) {
 	var mu sync.Mutex
 	var decisions, denials int
 	var keys []string
-	f := newFixture(t, observe.Config{
-		OnDecision: func(ev *observe.Event) { mu.Lock(); decisions++; mu.Unlock() },
-		OnDeny: func(ev *observe.Event) {
+	f := newFixture(t, []observe.Option{
+		observe.WithOnDecision(func(ev *observe.Event) { mu.Lock(); decisions++; mu.Unlock() }),
+		observe.WithOnDeny(func(ev *observe.Event) {
 			mu.Lock()
 			defer mu.Unlock()
 			denials++
 			keys = append(keys, ev.Key)
 			assert.Equal(t, "per-key", ev.Result.Rule)
-		},
+		}),
 	})
 	for i := 0; i < 7; i++ {
 		f.check(t, "alice-raw-key", "", "")
@@ -270,7 +274,7 @@ func TestHooksSeeEveryDecisionAndHashedDeniedKeys(t *testing.T) {
 }
 
 func TestSnapshotMatchesMetrics(t *testing.T) {
-	f := newFixture(t, observe.Config{})
+	f := newFixture(t, nil)
 	for i := 0; i < 10; i++ {
 		f.check(t, "hot", "GET /v1/items/{id}", "pro")
 	}
@@ -301,7 +305,7 @@ func TestWindowForgetsOldSeconds(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
 	var mu sync.Mutex
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	f := newFixture(t, observe.Config{Now: clock, Window: 10 * time.Second})
+	f := newFixture(t, []observe.Option{observe.WithClock(clock), observe.WithWindow(10 * time.Second)})
 	for i := 0; i < 7; i++ {
 		f.check(t, "k", "", "")
 	}
@@ -315,13 +319,17 @@ func TestWindowForgetsOldSeconds(t *testing.T) {
 }
 
 func TestConfigErrors(t *testing.T) {
-	_, err := observe.New(nil, observe.Config{})
+	_, err := observe.New(nil)
 	assert.Error(t, err)
-	for _, cfg := range []observe.Config{{NearLimit: 2}, {MaxLabels: -1}, {Window: time.Second}} {
-		_, err := observe.New(fakeChecker{}, cfg)
-		assert.Error(t, err, "%+v", cfg)
+	for name, opt := range map[string]observe.Option{
+		"near limit 2": observe.WithNearLimit(2), "near limit 0": observe.WithNearLimit(0),
+		"max labels -1": observe.WithMaxLabels(-1), "window 1s": observe.WithWindow(time.Second),
+		"reveal -1": observe.WithRevealSubjects(-1), "nil option": nil,
+	} {
+		_, err := observe.New(fakeChecker{}, opt)
+		assert.ErrorIs(t, err, observe.ErrBadOption, name)
 	}
-	obs, err := observe.New(fakeChecker{}, observe.Config{})
+	obs, err := observe.New(fakeChecker{})
 	require.NoError(t, err)
 	defer obs.Close()
 	assert.Error(t, obs.SetPolicy(&policy.Policy{}), "a Checker that takes no policy")
@@ -341,16 +349,19 @@ func TestStrictAndBreakerHealthWhenRedisIsDown(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, StrictTimeout: 100 * time.Millisecond,
-		HybridOptions: []hybrid.Option{hybrid.WithCheckTimeout(100 * time.Millisecond), hybrid.WithMeterProvider(mp)}})
+	enf, err := policy.NewEnforcer(
+		rdb,
+		policy.WithStrictTimeout(100*time.Millisecond),
+		policy.WithHybridOptions(hybrid.WithCheckTimeout(100*time.Millisecond), hybrid.WithMeterProvider(mp)),
+	)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = enf.Close(context.Background()) })
-	obs, err := observe.New(enf, observe.Config{MeterProvider: mp, Instance: "n"})
+	obs, err := observe.New(enf, observe.WithMeterProvider(mp), observe.WithInstance("n"))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = obs.Close() })
 	require.NoError(t, obs.SetPolicy(&policy.Policy{Rules: []policy.Rule{
-		{ID: "strict", Algorithm: policy.GCRA, Dimensions: []string{"api_key"}, Rate: 1, Burst: 1, OnFailure: hybrid.FailOpen},
-		{ID: "hyb", Dimensions: []string{"api_key"}, Rate: 1, Burst: 1, OnFailure: hybrid.FailOpen},
+		{ID: "strict", Algorithm: policy.GCRA, Dimensions: []string{"api_key"}, Rate: 1, Burst: 1, OnFailure: outcome.FailOpen},
+		{ID: "hyb", Dimensions: []string{"api_key"}, Rate: 1, Burst: 1, OnFailure: outcome.FailOpen},
 	}}))
 	mr.Close()
 	deadline := time.Now().Add(10 * time.Second)
@@ -376,7 +387,7 @@ func TestStrictAndBreakerHealthWhenRedisIsDown(t *testing.T) {
 // TestBehindMiddlewareRouteIsThePattern: wrapped by package middleware, the route attribute is the
 // mux pattern, never the raw path.
 func TestBehindMiddlewareRouteIsThePattern(t *testing.T) {
-	f := newFixture(t, observe.Config{})
+	f := newFixture(t, nil)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/items/{id}", func(http.ResponseWriter, *http.Request) {})
 	mw, err := middleware.New(f.obs, middleware.WithMux(mux))
@@ -398,7 +409,7 @@ func TestBehindMiddlewareRouteIsThePattern(t *testing.T) {
 
 func TestDeniedKeysPastTheCapAreCountedNotTracked(t *testing.T) {
 	now := time.Unix(2_000_000, 0)
-	f := newFixture(t, observe.Config{Now: func() time.Time { return now }})
+	f := newFixture(t, []observe.Option{observe.WithClock(func() time.Time { return now })})
 	const keys = 130
 	for i := 0; i < keys; i++ {
 		for j := 0; j < 6; j++ { // burst 5: one denial per key

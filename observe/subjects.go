@@ -2,7 +2,7 @@ package observe
 
 import "sync"
 
-// MaxRevealSubjects bounds Config.RevealSubjects.
+// MaxRevealSubjects bounds WithRevealSubjects.
 const MaxRevealSubjects = 1 << 20
 
 // subjects maps hashed keys to readable subjects, keeping the newest max entries (first in, first

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/policy"
 )
 
@@ -15,7 +16,7 @@ const maxSlotKeys = 128
 
 // srcOutcome is one decision's source and outcome.
 type srcOutcome struct {
-	src    policy.Source
+	src    outcome.Source
 	denied bool
 }
 
@@ -185,7 +186,7 @@ type KeyCount struct {
 	Rule   string `json:"rule"`
 	Shadow bool   `json:"shadow"` // would-be denials: the requests were admitted
 	N      int64  `json:"n"`
-	// Subject is the key's readable dimension values ("api_key=abc"), when Config.RevealSubjects is
+	// Subject is the key's readable dimension values ("api_key=abc"), when WithRevealSubjects is
 	// on and this process saw the key denied; empty otherwise.
 	Subject string `json:"subject,omitempty"`
 }
@@ -245,7 +246,7 @@ type LimiterHealth struct {
 	Keys          int    `json:"keys"`          // keys in local memory
 }
 
-// Snapshot returns the window's content over the last span (whole seconds, at most Config.Window;
+// Snapshot returns the window's content over the last span (whole seconds, at most the window of WithWindow;
 // 0 means all of it). It does no I/O.
 func (o *Observer) Snapshot(span time.Duration) Snapshot {
 	now := o.cfg.Now()

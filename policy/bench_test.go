@@ -10,6 +10,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/policy"
 )
 
@@ -21,19 +22,19 @@ func BenchmarkCheck(b *testing.B) {
 	generous := policy.Rule{ID: "per-key", Dimensions: []string{"api_key"}, Rate: 1e9, Burst: 1e9}
 	for _, tc := range []struct {
 		name  string
-		cfg   policy.Config
+		opts  []policy.Option
 		rules []policy.Rule
 	}{
-		{"1-rule", policy.Config{}, []policy.Rule{generous}},
-		{"1-rule-hashed", policy.Config{HashKey: []byte("0123456789abcdef0123456789abcdef")}, []policy.Rule{generous}},
-		{"3-rules", policy.Config{}, []policy.Rule{{ID: "global", Rate: 1e9, Burst: 1e9}, generous,
+		{"1-rule", nil, []policy.Rule{generous}},
+		{"1-rule-hashed", []policy.Option{policy.WithHashKey([]byte("0123456789abcdef0123456789abcdef"))}, []policy.Rule{generous}},
+		{"3-rules", nil, []policy.Rule{{ID: "global", Rate: 1e9, Burst: 1e9}, generous,
 			{ID: "per-ip-route", Dimensions: []string{"ip", "route"}, Rate: 1e9, Burst: 1e9}}},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			srv := redistest.Start(b)
-			tc.cfg.Redis = srv.Client(b, func(o *redis.Options) { o.MaxRetries = -1 })
-			tc.cfg.HybridOptions = []hybrid.Option{hybrid.WithCheckTimeout(time.Second)}
-			enf, err := policy.NewEnforcer(tc.cfg)
+			rdb := srv.Client(b, func(o *redis.Options) { o.MaxRetries = -1 })
+			opts := append([]policy.Option{policy.WithHybridOptions(hybrid.WithCheckTimeout(time.Second))}, tc.opts...)
+			enf, err := policy.NewEnforcer(rdb, opts...)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -55,7 +56,7 @@ func BenchmarkCheck(b *testing.B) {
 						b.Fatal(err)
 					}
 					for _, d := range res.Decisions {
-						local = local && d.Source == hybrid.SourceLocal
+						local = local && d.Source == outcome.SourceLocal
 					}
 				}
 				if time.Now().After(deadline) {

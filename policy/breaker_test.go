@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/policy"
 )
 
@@ -32,11 +32,11 @@ func TestStrictBreakerMinSpan(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	var now atomic.Int64 // the Enforcer's clock, ns
 	now.Store(time.Unix(1_000_000, 0).UnixNano())
-	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, Now: func() time.Time { return time.Unix(0, now.Load()) }})
+	enf, err := policy.NewEnforcer(rdb, policy.WithClock(func() time.Time { return time.Unix(0, now.Load()) }))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = enf.Close(context.Background()) })
 	require.NoError(t, enf.SetPolicy(&policy.Policy{Rules: []policy.Rule{
-		{ID: "s", Algorithm: policy.GCRA, Rate: 10, Burst: 10, OnFailure: hybrid.FailOpen},
+		{ID: "s", Algorithm: policy.GCRA, Rate: 10, Burst: 10, OnFailure: outcome.FailOpen},
 	}}))
 	check := func() {
 		t.Helper()

@@ -10,7 +10,7 @@ import (
 
 // Checker decides on requests: the one request contract of the module. *Enforcer implements it,
 // and so does *observe.Observer, which wraps another Checker; middleware.New, observe.New and
-// sidecar.Config take any Checker.
+// sidecar.New take any Checker.
 //
 // Check returns the request's Result, or an error when no decision could be made (see
 // [Enforcer.Check]); implementations must be safe for concurrent use.
@@ -71,7 +71,7 @@ func CeilSeconds(d time.Duration) int64 {
 func RetryAfterSeconds(d time.Duration) int64 { return max(CeilSeconds(d), 1) }
 
 // BuiltinDimensions returns the names of the dimensions every Enforcer knows without
-// Config.Dimensions (DimAPIKey, DimUser, DimIP, DimTenant, DimRoute, DimMethod, DimDescriptor),
+// WithDimensions (DimAPIKey, DimUser, DimIP, DimTenant, DimRoute, DimMethod, DimDescriptor),
 // sorted, in a new slice. DimGlobal, which names no value, is not among them.
 func BuiltinDimensions() []string {
 	dims := make([]string, 0, len(builtinDims))

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // compiled is a policy ready for Check.
@@ -41,7 +42,7 @@ type crule struct {
 	ownCost   bool // the rule sets a cost: Request.Cost does not apply
 	perMethod map[string]int64
 	costFunc  CostFunc
-	failure   hybrid.FailurePolicy
+	failure   outcome.FailurePolicy
 	lim       *hybrid.Limiter // hybrid rules
 }
 
@@ -63,8 +64,8 @@ func (e *Enforcer) compileLocked(p *Policy, norm *normalized) (*compiled, error)
 			costFunc: nr.cost, failure: r.OnFailure,
 			ownCost: r.Cost.Fixed > 0 || len(r.Cost.PerMethod) > 0 || nr.cost != nil,
 		}
-		if cr.failure == hybrid.DefaultFailure {
-			cr.failure = hybrid.LocalFallback // a rule's default, whatever HybridOptions say
+		if cr.failure == outcome.DefaultFailure {
+			cr.failure = outcome.LocalFallback // a rule's default, whatever HybridOptions say
 		}
 		if len(r.Cost.PerMethod) > 0 {
 			cr.perMethod = make(map[string]int64, len(r.Cost.PerMethod))

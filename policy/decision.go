@@ -3,25 +3,7 @@ package policy
 import (
 	"time"
 
-	"github.com/hybridrate/hybridrate/hybrid"
-	"github.com/hybridrate/hybridrate/internal/outcome"
-)
-
-// Source says who made a rule's decision. It is hybrid.Source, the same type with the same names: a
-// hybrid rule's decision keeps the source its limiter gave (hybrid.SourceLocal,
-// hybrid.SourceCentral, hybrid.SourceDenyCache, hybrid.SourceFallback, the last also for a strict
-// rule its failure policy answered), and two values only an Enforcer gives complete it, SourceStrict
-// and SourceMemo. Its String returns "local", "central", "deny-cache", "fallback", "strict" or
-// "memo".
-type Source = hybrid.Source
-
-// The decision sources only an Enforcer gives.
-const (
-	// SourceStrict: a strict rule, in one atomic Redis call with the request's other strict rules.
-	SourceStrict = outcome.SourceStrict
-	// SourceMemo: this Enforcer remembered the rule's denial of the subject until its retry-after;
-	// nothing was asked and nothing consumed.
-	SourceMemo = outcome.SourceMemo
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // Decision is one counter's answer for a request. The zero Decision denies. It is a plain value,
@@ -53,7 +35,7 @@ type Decision struct {
 	// ResetAfter estimates how long until the quota is full again.
 	ResetAfter time.Duration
 	// Source says who decided.
-	Source Source
+	Source outcome.Source
 	// Unavailable reports a denial made only because Redis could not answer and the rule fails
 	// closed (on_failure: fail_closed): it says nothing about the subject's quota.
 	Unavailable bool
@@ -86,7 +68,7 @@ type Result struct {
 }
 
 // decision returns the counter's Decision with the fields every source fills in.
-func (p *planned) decision(allowed bool, src Source) Decision {
+func (p *planned) decision(allowed bool, src outcome.Source) Decision {
 	return Decision{Rule: p.r.id, Unit: p.u.name, Algorithm: p.r.algo, Allowed: allowed, Limit: p.u.limit,
 		Window: p.u.window, Source: src}
 }

@@ -3,7 +3,7 @@
 // happens when Redis is away, and which rules only watch (shadow mode).
 //
 //	p, err := policy.LoadFile("policy.yaml") // or build a *policy.Policy in Go
-//	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, HashKey: secret})
+//	enf, err := policy.NewEnforcer(rdb, policy.WithHashKey(secret))
 //	err = enf.SetPolicy(p)
 //	res, err := enf.Check(ctx, &policy.Request{Method: "GET", Tier: "pro",
 //		Dims: policy.Values{"api_key": key, "tenant": "acme"}})
@@ -41,7 +41,7 @@
 // # Shadow mode
 //
 // A rule in shadow mode is consulted on its own after the enforced rules admitted the request, and
-// counts as if enforced; its denials are reported (Config.OnShadowDeny, Stats.ShadowDenied) and never
+// counts as if enforced; its denials are reported (WithOnShadowDeny, Stats.ShadowDenied) and never
 // deny. A policy in shadow mode evaluates its enforced rules as usual, reports their denials and
 // admits every request.
 package policy

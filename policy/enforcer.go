@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/internal/option"
 	"github.com/hybridrate/hybridrate/strict"
 )
 
@@ -25,70 +26,31 @@ var (
 	ErrNoPolicy = errors.New("policy: no policy set")
 )
 
-// Defaults of [Config].
+// Defaults of the Enforcer's options.
 const (
-	// DefaultStrictTimeout is Config.StrictTimeout's default.
+	// DefaultStrictTimeout is the default of [WithStrictTimeout].
 	DefaultStrictTimeout = 50 * time.Millisecond
-	// DefaultMaxMemo is Config.MaxMemo's default.
+	// DefaultMaxMemo is the default of [WithMaxMemo].
 	DefaultMaxMemo = 1 << 16
 )
 
-// Config configures an [Enforcer]. Redis is required; every other field has a default. The zero
-// Config is invalid (NewEnforcer needs Redis). It is a plain value; NewEnforcer copies it (HashKey
-// too), so it may be changed or reused afterwards.
-type Config struct {
-	// Redis holds the counters: a *redis.Client, a Sentinel failover client or a *redis.ClusterClient.
-	// Strict rules are not idempotent under go-redis's retries (a re-sent script may count twice,
-	// never admit twice); MaxRetries: -1 keeps each charge single (see strict.Limiter).
-	Redis redis.UniversalClient
-	// KeyPrefix starts every Redis key (hybrid and strict rules): what hybrid.WithKeyPrefix and
-	// strict.WithKeyPrefix accept. The default is hybrid.DefaultKeyPrefix.
-	KeyPrefix string
-	// HybridOptions are passed to hybrid.New for the hybrid rules' limiter (one per Enforcer, created
-	// when a policy first needs it), before the Enforcer's own WithLogger and WithKeyPrefix. Each rule
-	// carries its failure policy in its limits (hybrid.Limit.OnFailure), so hybrid.WithFailurePolicy
-	// here has no effect on rules. On miniredis, pass hybrid.WithCheckTimeout(time.Second): its Lua is
-	// slow.
-	HybridOptions []hybrid.Option
-	// StrictTimeout bounds one strict Redis call; the default is 50ms. A call that times out is
-	// answered by each rule's failure policy.
-	StrictTimeout time.Duration
-	// WindowLeases counts UpstreamWindow rules as envoyproxy/ratelimit counts them, in a string key per
-	// window charged with INCRBY, instead of strict.lua, and with WindowLeaseLife > 0 serves them
-	// local-first from leases of the window's quota (strict.WithWindowLeases, docs/sidecar.md,
-	// "Local-first windows"). Windows are then decided by Now, as upstream decides them. A request
-	// that checks UpstreamWindow rules together with rules of other strict algorithms is then an
-	// error: a policy whose requests each select one rule (Policy.Select, as NewUpstreamConfig
-	// compiles) never makes one. Off by default.
-	WindowLeases bool
-	// WindowLeaseLife is how long a lease should last at the key's demand (the lease is the demand
-	// times this, at most 1/strict.WindowLeaseShare of the window's remaining quota); 0 with
-	// WindowLeases: no lease, one INCRBY per check. Not negative.
-	WindowLeaseLife time.Duration
-	// HashKey, when not empty, keys an HMAC-SHA-256 of every subject (the dimension values of a
-	// request), so no raw API key, user id, e-mail or IP address reaches Redis: keys hold the first 16
-	// bytes of the MAC, in hex. Changing the key starts every counter afresh. Optional.
-	HashKey []byte
-	// Dimensions declares dimensions beyond the built-in ones (names of 1 to 32 bytes of [a-z0-9_]
-	// starting with a letter), for package middleware's WithDimension or a Go caller's Request.
-	Dimensions []string
-	// CostFuncs are the cost functions a policy file may name (`cost: {func: name}`).
-	CostFuncs map[string]CostFunc
-	// OnShadowDeny, when set, is called for each would-be denial of a rule in shadow mode (or of any
-	// rule while the policy is in shadow mode), on the request's goroutine: keep it fast.
-	OnShadowDeny func(ShadowEvent)
-	// FallbackNodes is the number of processes that share a strict rule's limit while Redis is away:
-	// under LocalFallback each process enforces Limit/FallbackNodes locally. The default is 1. (Hybrid
-	// rules use the node count the limiter last saw.)
-	FallbackNodes int
-	// MaxMemo bounds the denials remembered until their retry-after (see docs/policies.md,
-	// "Hierarchy"); the default is 65536. Negative disables the memo.
-	MaxMemo int
-	// Now is the clock of the memo, of local fallbacks and of the windows of WindowLeases; nil means
-	// time.Now. The other limits run on Redis TIME.
-	Now func() time.Time
-	// Logger receives background errors of the hybrid limiters; nil discards them.
-	Logger *slog.Logger
+// config is an Enforcer's settings: Redis from NewEnforcer, the rest from its options
+// (options.go); the zero values stand for the defaults NewEnforcer fills in.
+type config struct {
+	Redis           redis.UniversalClient
+	KeyPrefix       string              // WithKeyPrefix
+	HybridOptions   []hybrid.Option     // WithHybridOptions
+	StrictTimeout   time.Duration       // WithStrictTimeout
+	WindowLeases    bool                // WithWindowLeases
+	WindowLeaseLife time.Duration       // WithWindowLeases
+	HashKey         []byte              // WithHashKey
+	Dimensions      []string            // WithDimensions
+	CostFuncs       map[string]CostFunc // WithCostFunc
+	OnShadowDeny    func(ShadowEvent)   // WithOnShadowDeny
+	FallbackNodes   int                 // WithFallbackNodes
+	MaxMemo         int                 // WithMaxMemo
+	Now             func() time.Time    // WithClock
+	Logger          *slog.Logger        // WithLogger
 }
 
 // Stats is a snapshot of an Enforcer's counts, from [Enforcer.Stats]. Every count only grows over the
@@ -117,14 +79,14 @@ type counters struct {
 // [Enforcer.Close] when done. It is safe for concurrent use; SetPolicy may be called at any time and
 // takes effect for the next Check.
 type Enforcer struct {
-	cfg        Config
+	cfg        config
 	now        func() time.Time
 	strict     *strict.Limiter
 	cur        atomic.Pointer[compiled]
 	closed     atomic.Bool
 	stats      counters
 	longLogged atomic.Bool // a long value has been logged (once per Enforcer)
-	memo       *memo       // denials until their retry-after; nil when Config.MaxMemo < 0
+	memo       *memo       // denials until their retry-after; nil when WithMaxMemo was negative
 	fb         *fallbacks  // strict rules' local fallbacks (hybrid rules use the hybrid limiter's)
 	macs       sync.Pool   // of hash.Hash (HMAC-SHA-256 with cfg.HashKey)
 	dims       map[string]bool
@@ -134,13 +96,20 @@ type Enforcer struct {
 	gen uint64          // generation of the last policy set
 }
 
-// NewEnforcer validates cfg and returns an Enforcer without a policy. It does no I/O and starts no
-// goroutine; the hybrid limiter (and its background loop) starts when a policy with hybrid rules is
-// first set. Errors: a nil Redis, a negative StrictTimeout or FallbackNodes below 1, an invalid
-// dimension name, a nil cost function, or strict.New's error.
-func NewEnforcer(cfg Config) (*Enforcer, error) {
-	if cfg.Redis == nil {
-		return nil, errors.New("policy: Config.Redis is nil")
+// NewEnforcer returns an Enforcer without a policy, holding its counters in rdb: a *redis.Client,
+// a Sentinel failover client or a *redis.ClusterClient. Strict rules are not idempotent under
+// go-redis's retries (a re-sent script may count twice, never admit twice); MaxRetries: -1 keeps
+// each charge single (see strict.Limiter). Every other setting is an [Option]. NewEnforcer does no
+// I/O and starts no goroutine; the hybrid limiter (and its background loop) starts when a policy
+// with hybrid rules is first set. Errors: a nil rdb or an invalid option (wrapping [ErrBadOption]),
+// or strict.New's error.
+func NewEnforcer(rdb redis.UniversalClient, opts ...Option) (*Enforcer, error) {
+	if rdb == nil {
+		return nil, badOption("nil Redis client")
+	}
+	cfg := config{Redis: rdb}
+	if err := option.Apply(&cfg, ErrBadOption, opts); err != nil {
+		return nil, err
 	}
 	if cfg.KeyPrefix == "" {
 		cfg.KeyPrefix = hybrid.DefaultKeyPrefix
@@ -148,14 +117,8 @@ func NewEnforcer(cfg Config) (*Enforcer, error) {
 	if cfg.StrictTimeout == 0 {
 		cfg.StrictTimeout = DefaultStrictTimeout
 	}
-	if cfg.StrictTimeout < 0 {
-		return nil, fmt.Errorf("policy: StrictTimeout %v: want a positive duration", cfg.StrictTimeout)
-	}
 	if cfg.FallbackNodes == 0 {
 		cfg.FallbackNodes = 1
-	}
-	if cfg.FallbackNodes < 0 {
-		return nil, fmt.Errorf("policy: FallbackNodes %d: want at least 1", cfg.FallbackNodes)
 	}
 	if cfg.MaxMemo == 0 {
 		cfg.MaxMemo = DefaultMaxMemo
@@ -172,15 +135,7 @@ func NewEnforcer(cfg Config) (*Enforcer, error) {
 		dims[d] = true
 	}
 	for _, d := range cfg.Dimensions {
-		if !validDimName(d) {
-			return nil, fmt.Errorf("policy: dimension %q: want 1 to 32 bytes of [a-z0-9_], starting with a letter", d)
-		}
 		dims[d] = true
-	}
-	for name, f := range cfg.CostFuncs {
-		if f == nil {
-			return nil, fmt.Errorf("policy: cost function %q is nil", name)
-		}
 	}
 	strict, err := newStrictClient(&cfg)
 	if err != nil {
@@ -242,7 +197,7 @@ func (e *Enforcer) SetPolicy(p *Policy) error {
 
 // Close stops the hybrid limiter, flushing its pending consumption to Redis within ctx, and closes
 // the strict rules' limiter (which releases the cluster client it may have built for itself: see
-// strict.WithTimeout; Config.Redis is never closed). Check returns ErrClosed afterwards. Close is
+// strict.WithTimeout; the Redis client is never closed). Check returns ErrClosed afterwards. Close is
 // safe to call more than once.
 func (e *Enforcer) Close(ctx context.Context) error {
 	e.mu.Lock()

@@ -18,6 +18,7 @@ import (
 	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/policy"
 )
 
@@ -31,18 +32,14 @@ type env struct {
 // exact makes hybrid rules decide every request in Redis (drift 0), so counts are exact.
 var exact = []hybrid.Option{hybrid.WithDriftThreshold(0), hybrid.WithCheckTimeout(time.Second)}
 
-func newEnv(t *testing.T, cfg policy.Config, p *policy.Policy) *env {
+// newEnv makes an Enforcer on a fresh redis-server with opts after the tests' defaults: exact hybrid
+// rules and a strict timeout of 1s (a loaded test machine must not time out into fallbacks).
+func newEnv(t *testing.T, opts []policy.Option, p *policy.Policy) *env {
 	t.Helper()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
-	cfg.Redis = rdb
-	if cfg.HybridOptions == nil {
-		cfg.HybridOptions = exact
-	}
-	if cfg.StrictTimeout == 0 {
-		cfg.StrictTimeout = time.Second // a loaded test machine must not time out into fallbacks
-	}
-	enf, err := policy.NewEnforcer(cfg)
+	opts = append([]policy.Option{policy.WithHybridOptions(exact...), policy.WithStrictTimeout(time.Second)}, opts...)
+	enf, err := policy.NewEnforcer(rdb, opts...)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -127,7 +124,7 @@ func TestHierarchyStrictDenialConsumesNothing(t *testing.T) {
 		{ID: "endpoint", Algorithm: policy.SlidingLog, Dimensions: []string{"tenant", "route"}, Limit: 2, Period: time.Hour,
 			Match: policy.Match{Routes: []string{"POST /export"}}},
 	}}
-	e := newEnv(t, policy.Config{}, p)
+	e := newEnv(t, nil, p)
 	export := req("POST", "POST /export", "tenant", "acme")
 	for i := 0; i < 2; i++ {
 		res := e.check(t, export)
@@ -166,7 +163,7 @@ func TestHierarchyHybridDenialConsumesNothingAfterIt(t *testing.T) {
 		{ID: "per-key", Dimensions: []string{"api_key"}, Rate: 0.001, Burst: 2},
 		{ID: "tenant", Algorithm: policy.GCRA, Dimensions: []string{"tenant"}, Limit: 100, Period: time.Hour},
 	}}
-	e := newEnv(t, policy.Config{}, p)
+	e := newEnv(t, nil, p)
 	r := req("GET", "GET /", "api_key", "k1", "tenant", "acme")
 	for i := 0; i < 2; i++ {
 		res := e.check(t, r)
@@ -189,7 +186,7 @@ func TestHierarchyStrictDenialLeavesAtMostOneHybridCharge(t *testing.T) {
 		{ID: "per-key", Dimensions: []string{"api_key"}, Rate: 1000, Burst: 1000},
 		{ID: "tenant", Algorithm: policy.GCRA, Dimensions: []string{"tenant"}, Limit: 1, Period: time.Hour},
 	}}
-	e := newEnv(t, policy.Config{}, p)
+	e := newEnv(t, nil, p)
 	r := req("GET", "GET /", "api_key", "k1", "tenant", "acme")
 	require.True(t, e.check(t, r).Allowed)
 	assert.Equal(t, int64(1), e.consumed(t, "per-key:api_key=k1"))
@@ -226,7 +223,7 @@ func TestTiers(t *testing.T) {
 				Match: policy.Match{Tiers: []string{"pro"}}},
 		},
 	}
-	e := newEnv(t, policy.Config{}, p)
+	e := newEnv(t, nil, p)
 	count := func(tier, key string, n int) (allowed int, last policy.Result) {
 		for i := 0; i < n; i++ {
 			r := req("GET", "GET /", "api_key", key)
@@ -265,11 +262,11 @@ func TestShadowRule(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
 	var events []policy.ShadowEvent
-	cfg := policy.Config{OnShadowDeny: func(ev policy.ShadowEvent) {
+	cfg := []policy.Option{policy.WithOnShadowDeny(func(ev policy.ShadowEvent) {
 		mu.Lock()
 		defer mu.Unlock()
 		events = append(events, ev)
-	}}
+	})}
 	p := &policy.Policy{Rules: []policy.Rule{
 		{ID: "enforced", Dimensions: []string{"api_key"}, Rate: 1000, Burst: 1000},
 		{ID: "try-strict", Algorithm: policy.SlidingLog, Dimensions: []string{"api_key"}, Limit: 1, Period: time.Hour, Shadow: true},
@@ -302,11 +299,11 @@ func TestShadowPolicy(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
 	var events []policy.ShadowEvent
-	cfg := policy.Config{OnShadowDeny: func(ev policy.ShadowEvent) {
+	cfg := []policy.Option{policy.WithOnShadowDeny(func(ev policy.ShadowEvent) {
 		mu.Lock()
 		defer mu.Unlock()
 		events = append(events, ev)
-	}}
+	})}
 	p := &policy.Policy{Shadow: true, Rules: []policy.Rule{
 		{ID: "per-key", Dimensions: []string{"api_key"}, Rate: 0.001, Burst: 1},
 		{ID: "tenant", Algorithm: policy.GCRA, Dimensions: []string{"tenant"}, Limit: 2, Period: time.Hour},
@@ -348,7 +345,7 @@ func TestMissingKey(t *testing.T) {
 		{ID: "skip", Dimensions: []string{"api_key"}, Rate: 0.001, Burst: 1, MissingKey: policy.MissingSkip,
 			Match: policy.Match{Routes: []string{"/skip"}}},
 	}}
-	e := newEnv(t, policy.Config{}, p)
+	e := newEnv(t, nil, p)
 
 	res := e.check(t, req("GET", "/reject", "tenant", "acme"))
 	assert.False(t, res.Allowed)
@@ -385,7 +382,7 @@ func TestHashedSubjectsKeepRawValuesOutOfRedis(t *testing.T) {
 		{ID: "per-user", Algorithm: policy.SlidingWindow, Dimensions: []string{"user", "tenant"}, Limit: 10, Period: time.Minute},
 		{ID: "per-ip", Algorithm: policy.GCRA, Dimensions: []string{"ip", "tenant"}, Limit: 10, Period: time.Minute},
 	}}
-	e := newEnv(t, policy.Config{HashKey: []byte("0123456789abcdef0123456789abcdef")}, p)
+	e := newEnv(t, []policy.Option{policy.WithHashKey([]byte("0123456789abcdef0123456789abcdef"))}, p)
 	raw := []string{"sk_live_SECRET", "alice@example.com", "203.0.113.7", "acme-corp"}
 	res := e.check(t, req("GET", "/", "api_key", raw[0], "user", raw[1], "ip", raw[2], "tenant", raw[3]))
 	require.True(t, res.Allowed, units(res))
@@ -406,12 +403,15 @@ func TestHashedSubjectsKeepRawValuesOutOfRedis(t *testing.T) {
 
 func TestCosts(t *testing.T) {
 	t.Parallel()
-	cfg := policy.Config{CostFuncs: map[string]policy.CostFunc{
-		"size": func(r *policy.Request) int64 {
-			v, _ := r.Dims.Dimension("size")
-			return int64(len(v))
-		},
-	}, Dimensions: []string{"size"}}
+	cfg := []policy.Option{
+		policy.WithCostFuncs(map[string]policy.CostFunc{
+			"size": func(r *policy.Request) int64 {
+				v, _ := r.Dims.Dimension("size")
+				return int64(len(v))
+			},
+		}),
+		policy.WithDimensions("size"),
+	}
 	p := &policy.Policy{Rules: []policy.Rule{
 		{ID: "methods", Algorithm: policy.FixedWindow, Limit: 10, Period: time.Hour,
 			Cost: policy.Cost{Fixed: 2, PerMethod: map[string]int64{"POST": 5}}, Match: policy.Match{Routes: []string{"/m"}}},
@@ -438,16 +438,16 @@ func TestFailurePolicyPerRuleWhenRedisIsDown(t *testing.T) {
 	t.Parallel()
 	route := func(r string) policy.Match { return policy.Match{Routes: []string{r}} }
 	p := &policy.Policy{Rules: []policy.Rule{
-		{ID: "h-open", Rate: 0.001, Burst: 1, OnFailure: hybrid.FailOpen, Match: route("/h-open")},
-		{ID: "h-closed", Rate: 1000, Burst: 1000, OnFailure: hybrid.FailClosed, Match: route("/h-closed")},
-		{ID: "h-local", Rate: 0.001, Burst: 2, OnFailure: hybrid.LocalFallback, Match: route("/h-local")},
-		{ID: "s-open", Algorithm: policy.GCRA, Limit: 1, Period: time.Hour, OnFailure: hybrid.FailOpen, Match: route("/s-open")},
-		{ID: "s-closed", Algorithm: policy.GCRA, Limit: 1000, Period: time.Hour, OnFailure: hybrid.FailClosed, Match: route("/s-closed")},
+		{ID: "h-open", Rate: 0.001, Burst: 1, OnFailure: outcome.FailOpen, Match: route("/h-open")},
+		{ID: "h-closed", Rate: 1000, Burst: 1000, OnFailure: outcome.FailClosed, Match: route("/h-closed")},
+		{ID: "h-local", Rate: 0.001, Burst: 2, OnFailure: outcome.LocalFallback, Match: route("/h-local")},
+		{ID: "s-open", Algorithm: policy.GCRA, Limit: 1, Period: time.Hour, OnFailure: outcome.FailOpen, Match: route("/s-open")},
+		{ID: "s-closed", Algorithm: policy.GCRA, Limit: 1000, Period: time.Hour, OnFailure: outcome.FailClosed, Match: route("/s-closed")},
 		{ID: "s-local", Algorithm: policy.SlidingLog, Limit: 2, Period: time.Hour, Match: route("/s-local")},
-		{ID: "s-pair-open", Algorithm: policy.GCRA, Limit: 1000, Period: time.Hour, OnFailure: hybrid.FailOpen, Match: route("/pair")},
+		{ID: "s-pair-open", Algorithm: policy.GCRA, Limit: 1000, Period: time.Hour, OnFailure: outcome.FailOpen, Match: route("/pair")},
 		{ID: "s-pair-local", Algorithm: policy.FixedWindow, Limit: 1, Period: time.Hour, Match: route("/pair")},
 	}}
-	e := newEnv(t, policy.Config{}, p)
+	e := newEnv(t, nil, p)
 	// Redis up: everything works, and the one-token rules are spent.
 	for _, r := range []string{"/h-open", "/h-closed", "/h-local", "/s-open", "/s-closed", "/s-local", "/pair"} {
 		require.True(t, e.check(t, req("GET", r)).Allowed, r)
@@ -469,14 +469,14 @@ func TestFailurePolicyPerRuleWhenRedisIsDown(t *testing.T) {
 			}
 			require.NotEmpty(t, res.Decisions)
 			last := res.Decisions[len(res.Decisions)-1]
-			assert.Contains(t, []policy.Source{hybrid.SourceFallback, policy.SourceMemo, hybrid.SourceDenyCache}, last.Source,
+			assert.Contains(t, []outcome.Source{outcome.SourceFallback, outcome.SourceMemo, outcome.SourceDenyCache}, last.Source,
 				"%s: %v", route, units(res))
 		}
 		return out
 	}
 	// (Fail-open, which admits past a spent limit, is TestFailOpenWhenRedisIsDown.)
 	assert.Equal(t, []bool{false, false, false}, allowed("/h-closed", 3), "fail_closed denies")
-	// LocalFallback starts from what Redis last reported of the bucket (issue 26), not a fresh
+	// outcome.LocalFallback starts from what Redis last reported of the bucket (issue 26), not a fresh
 	// burst: one of the burst of 2 was taken while Redis was up (every decision goes to Redis
 	// here: drift 0), so one is left.
 	assert.Equal(t, []bool{true, false, false}, allowed("/h-local", 3), "local_fallback enforces what is left of its burst of 2 locally")
@@ -485,7 +485,7 @@ func TestFailurePolicyPerRuleWhenRedisIsDown(t *testing.T) {
 	// s-open's denial is in the memo until its retry-after; the memo is per process and still right.
 	res := e.check(t, req("GET", "/s-open"))
 	assert.False(t, res.Allowed)
-	assert.Equal(t, policy.SourceMemo, res.Decisions[0].Source)
+	assert.Equal(t, outcome.SourceMemo, res.Decisions[0].Source)
 	// A pair of strict rules, one fail-open and one local (1 per hour): all or nothing locally too.
 	assert.Equal(t, []bool{true, false}, allowed("/pair", 2))
 	assert.Positive(t, e.enf.Stats().Fallback)
@@ -494,10 +494,10 @@ func TestFailurePolicyPerRuleWhenRedisIsDown(t *testing.T) {
 func TestFailOpenWhenRedisIsDown(t *testing.T) {
 	t.Parallel()
 	p := &policy.Policy{Rules: []policy.Rule{
-		{ID: "h-open", Dimensions: []string{"api_key"}, Rate: 0.001, Burst: 1, OnFailure: hybrid.FailOpen},
-		{ID: "s-open", Algorithm: policy.GCRA, Dimensions: []string{"api_key"}, Limit: 1, Period: time.Hour, OnFailure: hybrid.FailOpen},
+		{ID: "h-open", Dimensions: []string{"api_key"}, Rate: 0.001, Burst: 1, OnFailure: outcome.FailOpen},
+		{ID: "s-open", Algorithm: policy.GCRA, Dimensions: []string{"api_key"}, Limit: 1, Period: time.Hour, OnFailure: outcome.FailOpen},
 	}}
-	e := newEnv(t, policy.Config{}, p)
+	e := newEnv(t, nil, p)
 	e.srv.Kill(t)
 	for i := 0; i < 3; i++ {
 		res := e.check(t, req("GET", "/", "api_key", "k"))
@@ -514,7 +514,7 @@ func TestMatch(t *testing.T) {
 			{ID: "route", Rate: 1, Burst: 1, Match: policy.Match{Routes: []string{"GET /a"}}},
 			{ID: "pro", Rate: 1, Burst: 1, Match: policy.Match{Tiers: []string{"pro"}}},
 		}}
-	e := newEnv(t, policy.Config{}, p)
+	e := newEnv(t, nil, p)
 	ids := func(r *policy.Request) []string {
 		var out []string
 		for _, d := range e.check(t, r).Decisions {
@@ -532,7 +532,7 @@ func TestMatch(t *testing.T) {
 
 func TestEnforcerErrorsAndReplacement(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, policy.Config{Dimensions: []string{"region"}}, nil)
+	e := newEnv(t, []policy.Option{policy.WithDimensions("region")}, nil)
 	_, err := e.enf.Check(context.Background(), req("GET", "/"))
 	assert.ErrorIs(t, err, policy.ErrNoPolicy)
 
@@ -544,18 +544,18 @@ func TestEnforcerErrorsAndReplacement(t *testing.T) {
 	require.ErrorIs(t, err, policy.ErrInvalid)
 	assert.True(t, strings.HasPrefix(err.Error(), `p.yaml:3:5: rule "a": dimension "planet": unknown dimension`), err.Error())
 	err = e.enf.SetPolicy(&policy.Policy{Rules: []policy.Rule{{ID: "a", Rate: 1, Burst: 1, Cost: policy.Cost{FuncName: "nope"}}}})
-	assert.ErrorContains(t, err, `cost function "nope" is not in Config.CostFuncs`)
+	assert.ErrorContains(t, err, `cost function "nope" is not in WithCostFuncs`)
 	assert.Equal(t, "a", e.enf.Policy().Rules[0].ID)
 	assert.Equal(t, []string{"region"}, e.enf.Policy().Rules[0].Dimensions)
 
 	assert.True(t, e.check(t, req("GET", "/", "region", "eu")).Allowed)
 	assert.False(t, e.check(t, req("GET", "/", "region", "eu")).Allowed)
 
-	_, err = policy.NewEnforcer(policy.Config{})
-	assert.Error(t, err, "nil Redis")
-	_, err = policy.NewEnforcer(policy.Config{Redis: e.rdb, Dimensions: []string{"Bad-Name"}})
+	_, err = policy.NewEnforcer(nil)
+	assert.ErrorIs(t, err, policy.ErrBadOption, "nil Redis")
+	_, err = policy.NewEnforcer(e.rdb, policy.WithDimensions("Bad-Name"))
 	assert.Error(t, err)
-	_, err = policy.NewEnforcer(policy.Config{Redis: e.rdb, CostFuncs: map[string]policy.CostFunc{"x": nil}})
+	_, err = policy.NewEnforcer(e.rdb, policy.WithCostFuncs(map[string]policy.CostFunc{"x": nil}))
 	assert.Error(t, err)
 
 	require.NoError(t, e.enf.Close(context.Background()))
@@ -567,7 +567,7 @@ func TestEnforcerErrorsAndReplacement(t *testing.T) {
 
 func TestCheckCancelledContext(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, policy.Config{}, &policy.Policy{Rules: []policy.Rule{{ID: "a", Rate: 1, Burst: 1}}})
+	e := newEnv(t, nil, &policy.Policy{Rules: []policy.Rule{{ID: "a", Rate: 1, Burst: 1}}})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	_, err := e.enf.Check(ctx, req("GET", "/"))
@@ -582,10 +582,10 @@ func TestConcurrentChecksAndPolicyChanges(t *testing.T) {
 		{ID: "s", Algorithm: policy.GCRA, Dimensions: []string{"api_key"}, Limit: 1000, Period: time.Second},
 	}}
 	b := &policy.Policy{Shadow: true, Rules: []policy.Rule{
-		{ID: "h", Dimensions: []string{"api_key"}, Rate: 10, Burst: 10, OnFailure: hybrid.FailOpen},
+		{ID: "h", Dimensions: []string{"api_key"}, Rate: 10, Burst: 10, OnFailure: outcome.FailOpen},
 		{ID: "s2", Algorithm: policy.SlidingWindow, Limit: 5, Period: time.Second, Shadow: true},
 	}}
-	e := newEnv(t, policy.Config{HybridOptions: []hybrid.Option{hybrid.WithCheckTimeout(time.Second)}}, a)
+	e := newEnv(t, []policy.Option{policy.WithHybridOptions(hybrid.WithCheckTimeout(time.Second))}, a)
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -616,7 +616,7 @@ func TestConcurrentChecksAndPolicyChanges(t *testing.T) {
 func TestCompositeKeysAreStableAndUnambiguous(t *testing.T) {
 	t.Parallel()
 	p := &policy.Policy{Rules: []policy.Rule{{ID: "r", Dimensions: []string{"tenant", "api_key"}, Rate: 0.001, Burst: 10}}}
-	e := newEnv(t, policy.Config{}, p)
+	e := newEnv(t, nil, p)
 	require.True(t, e.check(t, req("GET", "/", "api_key", "k", "tenant", "acme")).Allowed)
 	assert.Equal(t, int64(1), e.consumed(t, "r:api_key=k,tenant=acme"), "dimensions in sorted order, whatever the rule's order")
 
@@ -639,14 +639,17 @@ func TestLimitersAndStrictHealth(t *testing.T) {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
-	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, StrictTimeout: time.Second, // miniredis's Lua is slow under -race
-		HybridOptions: []hybrid.Option{hybrid.WithCheckTimeout(time.Second)}})
+	enf, err := policy.NewEnforcer(
+		rdb,
+		policy.WithStrictTimeout(time.Second),
+		policy.WithHybridOptions(hybrid.WithCheckTimeout(time.Second)),
+	)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = enf.Close(context.Background()) })
 	assert.Nil(t, enf.Limiter(), "no limiter before a policy needs one")
 	require.NoError(t, enf.SetPolicy(&policy.Policy{Rules: []policy.Rule{
 		{ID: "h", Rate: 10, Burst: 10},
-		{ID: "s", Algorithm: policy.GCRA, Rate: 10, Burst: 10, OnFailure: hybrid.FailOpen},
+		{ID: "s", Algorithm: policy.GCRA, Rate: 10, Burst: 10, OnFailure: outcome.FailOpen},
 	}}))
 	assert.NotNil(t, enf.Limiter())
 	_, err = enf.Check(context.Background(), &policy.Request{})
@@ -664,21 +667,21 @@ func TestOneHybridLimiterServesEveryFailurePolicy(t *testing.T) {
 	created := policy.CountHybridLimiters(t)
 	route := func(r string) policy.Match { return policy.Match{Routes: []string{r}} }
 	p := &policy.Policy{Rules: []policy.Rule{
-		{ID: "open", Rate: 0.001, Burst: 1, OnFailure: hybrid.FailOpen, Match: route("/open")},
-		{ID: "closed", Rate: 1000, Burst: 1000, OnFailure: hybrid.FailClosed, Match: route("/closed")},
-		{ID: "local", Rate: 0.001, Burst: 2, OnFailure: hybrid.LocalFallback, Match: route("/local")},
-		{ID: "default", Rate: 0.001, Burst: 1, Match: route("/default")}, // LocalFallback
-		{ID: "strict", Algorithm: policy.GCRA, Limit: 1000, Period: time.Hour, OnFailure: hybrid.FailClosed, Match: route("/strict")},
+		{ID: "open", Rate: 0.001, Burst: 1, OnFailure: outcome.FailOpen, Match: route("/open")},
+		{ID: "closed", Rate: 1000, Burst: 1000, OnFailure: outcome.FailClosed, Match: route("/closed")},
+		{ID: "local", Rate: 0.001, Burst: 2, OnFailure: outcome.LocalFallback, Match: route("/local")},
+		{ID: "default", Rate: 0.001, Burst: 1, Match: route("/default")}, // outcome.LocalFallback
+		{ID: "strict", Algorithm: policy.GCRA, Limit: 1000, Period: time.Hour, OnFailure: outcome.FailClosed, Match: route("/strict")},
 	}}
 	// The limiter's own default does not reach the rules: a rule without on_failure falls back locally.
-	opts := append(append([]hybrid.Option(nil), exact...), hybrid.WithFailurePolicy(hybrid.FailOpen))
-	e := newEnv(t, policy.Config{HybridOptions: opts}, p)
+	opts := append(append([]hybrid.Option(nil), exact...), hybrid.WithFailurePolicy(outcome.FailOpen))
+	e := newEnv(t, []policy.Option{policy.WithHybridOptions(opts...)}, p)
 	require.NoError(t, e.enf.SetPolicy(p), "a second policy reuses the limiter")
 	assert.Equal(t, int64(1), created.Load(), "one hybrid limiter for every failure policy")
 	assert.NotNil(t, e.enf.Limiter())
 
 	e.srv.Kill(t)
-	answers := func(route string, n int) (allowed []bool, sources []policy.Source, unavailable []bool) {
+	answers := func(route string, n int) (allowed []bool, sources []outcome.Source, unavailable []bool) {
 		for range n {
 			res := e.check(t, req("GET", route))
 			require.NotEmpty(t, res.Decisions, route)
@@ -687,19 +690,19 @@ func TestOneHybridLimiterServesEveryFailurePolicy(t *testing.T) {
 		}
 		return allowed, sources, unavailable
 	}
-	fb, memo := hybrid.SourceFallback, policy.SourceMemo
+	fb, memo := outcome.SourceFallback, outcome.SourceMemo
 	for _, tc := range []struct {
 		route       string
 		allowed     []bool
-		sources     []policy.Source
+		sources     []outcome.Source
 		unavailable []bool
 	}{
-		{"/open", []bool{true, true, true}, []policy.Source{fb, fb, fb}, []bool{false, false, false}},
-		{"/closed", []bool{false, false}, []policy.Source{fb, fb}, []bool{true, true}},
+		{"/open", []bool{true, true, true}, []outcome.Source{fb, fb, fb}, []bool{false, false, false}},
+		{"/closed", []bool{false, false}, []outcome.Source{fb, fb}, []bool{true, true}},
 		// The local bucket holds the burst; its denial is then remembered until its retry-after.
-		{"/local", []bool{true, true, false, false}, []policy.Source{fb, fb, fb, memo}, []bool{false, false, false, false}},
-		{"/default", []bool{true, false}, []policy.Source{fb, fb}, []bool{false, false}},
-		{"/strict", []bool{false}, []policy.Source{fb}, []bool{true}},
+		{"/local", []bool{true, true, false, false}, []outcome.Source{fb, fb, fb, memo}, []bool{false, false, false, false}},
+		{"/default", []bool{true, false}, []outcome.Source{fb, fb}, []bool{false, false}},
+		{"/strict", []bool{false}, []outcome.Source{fb}, []bool{true}},
 	} {
 		allowed, sources, unavailable := answers(tc.route, len(tc.allowed))
 		assert.Equal(t, tc.allowed, allowed, "%s: allowed", tc.route)
@@ -708,5 +711,5 @@ func TestOneHybridLimiterServesEveryFailurePolicy(t *testing.T) {
 	}
 	assert.Equal(t, int64(1), created.Load())
 	require.NotNil(t, e.enf.Limiter())
-	assert.Equal(t, hybrid.FailOpen, e.enf.Limiter().FailurePolicy(), "the limiter keeps the default it was given")
+	assert.Equal(t, outcome.FailOpen, e.enf.Limiter().FailurePolicy(), "the limiter keeps the default it was given")
 }

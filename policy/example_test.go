@@ -45,12 +45,12 @@ rules:
 	if err != nil {
 		log.Fatal(err)
 	}
-	enf, err := policy.NewEnforcer(policy.Config{
-		Redis:         rdb,
-		StrictTimeout: time.Second,                                           // miniredis's Lua is slow
-		HybridOptions: []hybrid.Option{hybrid.WithCheckTimeout(time.Second)}, // likewise
-		Now:           func() time.Time { return now },                       // the memo's clock
-	})
+	enf, err := policy.NewEnforcer(
+		rdb,
+		policy.WithStrictTimeout(time.Second),
+		policy.WithHybridOptions(hybrid.WithCheckTimeout(time.Second)),
+		policy.WithClock(func() time.Time { return now }),
+	)
 	if err != nil {
 		log.Fatal(err)
 	}

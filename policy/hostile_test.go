@@ -35,7 +35,7 @@ func TestNoValueTakesARequestOutOfItsRule(t *testing.T) {
 			t.Parallel()
 			rule := policy.Rule{ID: "per-key", Algorithm: algo, Dimensions: []string{"api_key"}, Limit: 4, Period: time.Hour}
 			p := &policy.Policy{MissingKey: policy.MissingSkip, StrictTag: "", Rules: []policy.Rule{rule}}
-			e := newEnv(t, policy.Config{}, p)
+			e := newEnv(t, nil, p)
 			for name, v := range values {
 				var got []bool
 				for i := 0; i < 6; i++ {
@@ -50,7 +50,7 @@ func TestNoValueTakesARequestOutOfItsRule(t *testing.T) {
 		t.Parallel()
 		p := &policy.Policy{MissingKey: policy.MissingSkip, StrictTag: "tenant", Rules: []policy.Rule{
 			{ID: "per-tenant", Algorithm: policy.GCRA, Dimensions: []string{"tenant"}, Limit: 2, Period: time.Hour}}}
-		e := newEnv(t, policy.Config{HashKey: []byte("k")}, p)
+		e := newEnv(t, []policy.Option{policy.WithHashKey([]byte("k"))}, p)
 		for _, v := range []string{long, long[:299] + "x"} {
 			var got []bool
 			for i := 0; i < 3; i++ {
@@ -76,7 +76,7 @@ func TestDomainsNamespaceCounters(t *testing.T) {
 	}
 	t.Run("a policy for every domain", func(t *testing.T) {
 		t.Parallel()
-		e := newEnv(t, policy.Config{}, &policy.Policy{Rules: rules})
+		e := newEnv(t, nil, &policy.Policy{Rules: rules})
 		assert.Equal(t, []bool{true, true, false}, []bool{check(e, "api"), check(e, "api"), check(e, "api")})
 		assert.Equal(t, []bool{true, true, false}, []bool{check(e, "totally-other-service"),
 			check(e, "totally-other-service"), check(e, "totally-other-service")}, "its own counters")
@@ -86,7 +86,7 @@ func TestDomainsNamespaceCounters(t *testing.T) {
 	})
 	t.Run("a policy that names its domain", func(t *testing.T) {
 		t.Parallel()
-		e := newEnv(t, policy.Config{}, &policy.Policy{Domain: "api", Rules: rules})
+		e := newEnv(t, nil, &policy.Policy{Domain: "api", Rules: rules})
 		assert.Equal(t, []bool{true, true, false}, []bool{check(e, "api"), check(e, ""), check(e, "api")},
 			"an empty domain counts under the policy's")
 		_, err := e.enf.Check(context.Background(), &policy.Request{Domain: "totally-other-service",
@@ -123,7 +123,7 @@ func TestDeniedRequestKeepsNoHybridCharge(t *testing.T) {
 			{ID: "per-tenant", Dimensions: []string{"tenant"}, Rate: 0.001, Burst: 1},
 			{ID: "per-key", Dimensions: []string{"api_key", "tenant"}, Rate: 0.001, Burst: 2}, // narrower: first
 		}}
-		e := newEnv(t, policy.Config{MaxMemo: -1}, p)
+		e := newEnv(t, []policy.Option{policy.WithMaxMemo(-1)}, p)
 		r := func(tenant string) bool {
 			return e.check(t, req("GET", "/", "api_key", "k1", "tenant", tenant)).Allowed
 		}
@@ -145,7 +145,7 @@ func TestDeniedRequestKeepsNoHybridCharge(t *testing.T) {
 			{ID: "per-key", Dimensions: []string{"api_key"}, Rate: 0.001, Burst: 3},
 			{ID: "tenant", Algorithm: policy.GCRA, Dimensions: []string{"tenant"}, Limit: 1, Period: time.Hour},
 		}}
-		e := newEnv(t, policy.Config{MaxMemo: -1}, p)
+		e := newEnv(t, []policy.Option{policy.WithMaxMemo(-1)}, p)
 		assert.True(t, e.check(t, req("GET", "/", "api_key", "k1", "tenant", "a")).Allowed)
 		for i := 0; i < 5; i++ {
 			res := e.check(t, req("GET", "/", "api_key", "k1", "tenant", "a"))
@@ -179,7 +179,7 @@ func TestReloadKeepsEachSubjectsConsumption(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			e := newEnv(t, policy.Config{MaxMemo: -1, HybridOptions: opts}, hybridRule(1, 3))
+			e := newEnv(t, []policy.Option{policy.WithMaxMemo(-1), policy.WithHybridOptions(opts...)}, hybridRule(1, 3))
 			allowed := func(n int) (got int) {
 				for i := 0; i < n; i++ {
 					if e.check(t, req("GET", "/", "api_key", "k1")).Allowed {
@@ -205,7 +205,7 @@ func TestReloadKeepsEachSubjectsConsumption(t *testing.T) {
 		gcra := func(limit int64) *policy.Policy {
 			return &policy.Policy{Rules: []policy.Rule{{ID: "per-key", Algorithm: policy.GCRA, Dimensions: []string{"api_key"}, Limit: limit, Period: time.Hour}}}
 		}
-		e := newEnv(t, policy.Config{MaxMemo: -1}, gcra(3))
+		e := newEnv(t, []policy.Option{policy.WithMaxMemo(-1)}, gcra(3))
 		for i := 0; i < 3; i++ {
 			require.True(t, e.check(t, req("GET", "/", "api_key", "k1")).Allowed)
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/policy"
 )
 
@@ -23,7 +24,7 @@ func TestHungRedisBounded(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t) // go-redis defaults: the deadline of a call is not applied to the socket
 	const timeout = 50 * time.Millisecond
-	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, StrictTimeout: timeout})
+	enf, err := policy.NewEnforcer(rdb, policy.WithStrictTimeout(timeout))
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -31,8 +32,8 @@ func TestHungRedisBounded(t *testing.T) {
 		_ = enf.Close(ctx)
 	})
 	require.NoError(t, enf.SetPolicy(&policy.Policy{Rules: []policy.Rule{
-		{ID: "h", Rate: 1000, Burst: 1000, OnFailure: hybrid.FailOpen},
-		{ID: "s", Algorithm: policy.GCRA, Rate: 1000, Burst: 1000, OnFailure: hybrid.FailOpen},
+		{ID: "h", Rate: 1000, Burst: 1000, OnFailure: outcome.FailOpen},
+		{ID: "s", Algorithm: policy.GCRA, Rate: 1000, Burst: 1000, OnFailure: outcome.FailOpen},
 	}}))
 	ctx := context.Background()
 	res, err := enf.Check(ctx, &policy.Request{})
@@ -73,12 +74,15 @@ func TestHungClusterBounded(t *testing.T) {
 		t.Run(tc.Name, func(t *testing.T) { // one at a time: they share the cluster
 			rdb := cl.Client(t, tc.Opt)
 			const timeout = 50 * time.Millisecond
-			enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, StrictTimeout: timeout,
-				KeyPrefix: "hung" + string(rune('a'+len(tc.Name)))})
+			enf, err := policy.NewEnforcer(
+				rdb,
+				policy.WithStrictTimeout(timeout),
+				policy.WithKeyPrefix("hung"+string(rune('a'+len(tc.Name)))),
+			)
 			require.NoError(t, err)
 			require.NoError(t, enf.SetPolicy(&policy.Policy{Rules: []policy.Rule{
-				{ID: "h", Rate: 1000, Burst: 1000, OnFailure: hybrid.FailOpen},
-				{ID: "s", Algorithm: policy.GCRA, Rate: 1000, Burst: 1000, OnFailure: hybrid.FailOpen},
+				{ID: "h", Rate: 1000, Burst: 1000, OnFailure: outcome.FailOpen},
+				{ID: "s", Algorithm: policy.GCRA, Rate: 1000, Burst: 1000, OnFailure: outcome.FailOpen},
 			}}))
 			ctx := context.Background()
 			res, err := enf.Check(ctx, &policy.Request{})

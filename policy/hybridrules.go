@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // newHybrid creates the Enforcer's hybrid limiter; tests count its calls.
@@ -36,7 +37,7 @@ func (e *Enforcer) Limiter() *hybrid.Limiter {
 }
 
 // withFailure sets the failure policy of hybrid units.
-func withFailure(units []unit, fp hybrid.FailurePolicy) {
+func withFailure(units []unit, fp outcome.FailurePolicy) {
 	for i := range units {
 		units[i].hybrid.OnFailure = fp
 	}

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // memo remembers denials until their retry-after, so that a request a counter is known to deny is
@@ -76,7 +77,7 @@ func (e *Enforcer) checkMemo(c *compiled, enforced []planned, res *Result) {
 		p := &enforced[i]
 		if wait, ok := e.memo.denied(p.key, c.gen, p.n, now); ok {
 			e.stats.Memo.Add(1)
-			d := p.decision(false, SourceMemo)
+			d := p.decision(false, outcome.SourceMemo)
 			d.RetryAfter = wait
 			d.ResetAfter = wait
 			res.Decisions = append(res.Decisions, d)

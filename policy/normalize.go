@@ -9,6 +9,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/limits"
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/strict"
 )
 
@@ -153,7 +154,7 @@ func dimHint(d string, env *checkEnv) string {
 	if !validDimName(d) {
 		return "want a dimension name of 1 to 32 bytes of [a-z0-9_], starting with a letter"
 	}
-	return "unknown dimension (the built-in ones are api_key, user, ip, tenant, route, method and global; declare others in Config.Dimensions)"
+	return "unknown dimension (the built-in ones are api_key, user, ip, tenant, route, method and global; declare others with WithDimensions)"
 }
 
 func (p *Policy) normalizeRule(i int, r *Rule, env *checkEnv) (normRule, error) {
@@ -173,7 +174,7 @@ func (p *Policy) normalizeRule(i int, r *Rule, env *checkEnv) (normRule, error) 
 	if nr.missing == "" {
 		nr.missing = MissingReject
 	}
-	if r.OnFailure < hybrid.DefaultFailure || r.OnFailure > hybrid.FailClosed {
+	if r.OnFailure < outcome.DefaultFailure || r.OnFailure > outcome.FailClosed {
 		return nr, r.errorf(p, i, "on_failure", "on_failure %v: want local_fallback, fail_open or fail_closed", r.OnFailure)
 	}
 	if len(r.Dimensions) > MaxDimensions {
@@ -221,7 +222,7 @@ func (p *Policy) normalizeRule(i int, r *Rule, env *checkEnv) (normRule, error) 
 		if env != nil {
 			f, ok := env.costFuncs[c.FuncName]
 			if !ok || f == nil {
-				return nr, r.errorf(p, i, "cost", "cost function %q is not in Config.CostFuncs", c.FuncName)
+				return nr, r.errorf(p, i, "cost", "cost function %q is not in WithCostFuncs", c.FuncName)
 			}
 			nr.cost = f
 		}

@@ -14,9 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hybridrate/hybridrate/outcome"
 	"go.yaml.in/yaml/v3"
-
-	"github.com/hybridrate/hybridrate/hybrid"
 )
 
 // MaxFileSize is the largest policy file Parse and LoadFile accept, in bytes.
@@ -576,11 +575,11 @@ func (d *decoder) rule(n *yaml.Node, i int, r *Rule) error {
 			}
 			switch s {
 			case "local_fallback":
-				r.OnFailure = hybrid.LocalFallback
+				r.OnFailure = outcome.LocalFallback
 			case "fail_open":
-				r.OnFailure = hybrid.FailOpen
+				r.OnFailure = outcome.FailOpen
 			case "fail_closed":
-				r.OnFailure = hybrid.FailClosed
+				r.OnFailure = outcome.FailClosed
 			default:
 				return d.errAt(v, "%s: on_failure %q: want local_fallback, fail_open or fail_closed", what(), s)
 			}

@@ -8,10 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/hybridrate/hybridrate/hybrid"
 )
 
 // strip clears the unexported position bookkeeping so that policies can be compared.
@@ -41,16 +40,16 @@ func fullPolicy() *Policy {
 			"enterprise": {PerSecond: 100, PerMinute: 6000, PerHour: 300000, PerDay: 5000000},
 		},
 		Rules: []Rule{
-			{ID: "global", Algorithm: Hybrid, Rate: 5000, Burst: 10000, OnFailure: hybrid.FailOpen},
+			{ID: "global", Algorithm: Hybrid, Rate: 5000, Burst: 10000, OnFailure: outcome.FailOpen},
 			{ID: "tenant", Algorithm: GCRA, Dimensions: []string{"tenant"}, Limit: 1000, Period: time.Minute},
 			{ID: "per-key", Dimensions: []string{"api_key"}, Tiered: true},
 			{ID: "per-ip", Dimensions: []string{"ip"}, Rate: 10, Burst: 20, MissingKey: MissingSkip},
 			{ID: "exports", Algorithm: SlidingLog, Dimensions: []string{"tenant", "route"},
 				Match: Match{Routes: []string{"POST /v1/exports"}, Methods: []string{"POST"}},
-				Limit: 5, Period: time.Hour, OnFailure: hybrid.FailClosed},
+				Limit: 5, Period: time.Hour, OnFailure: outcome.FailClosed},
 			{ID: "writes", Algorithm: FixedWindow, Dimensions: []string{"api_key"}, Limit: 300, Period: time.Minute,
 				Cost:  Cost{Fixed: 2, PerMethod: map[string]int64{"GET": 1, "POST": 5}},
-				Match: Match{Tiers: []string{"free"}}, OnFailure: hybrid.LocalFallback},
+				Match: Match{Tiers: []string{"free"}}, OnFailure: outcome.LocalFallback},
 			{ID: "search", Dimensions: []string{"api_key", "route"}, Match: Match{Routes: []string{"GET /v1/search"}},
 				Rate: 0.5, Burst: 5, Cost: Cost{FuncName: "search_cost"}, Shadow: true},
 			{ID: "legacy", Algorithm: TokenBucket, Limit: 100, Period: 10 * time.Second, Cost: Cost{Fixed: 2}, Disabled: true},

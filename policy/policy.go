@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/strict"
 )
 
@@ -86,7 +87,7 @@ const (
 	// UpstreamWindow is envoyproxy/ratelimit's fixed window (strict.UpstreamWindow): every request
 	// counts, admitted or refused, and one is refused when the count after it is above the limit;
 	// a check-only request (Request.CheckOnly) reads the count. It is what upstream's configuration
-	// files compile to by default ([UpstreamOptions]).
+	// files compile to by default ([WithUpstreamAlgorithm]).
 	UpstreamWindow Algorithm = "upstream_window"
 )
 
@@ -161,7 +162,7 @@ func (m MissingKey) valid() bool {
 
 // The built-in dimensions. A rule's Dimensions name the request attributes its counter is kept per;
 // no dimensions (or only DimGlobal) means one counter for every request. Package middleware fills
-// the built-in ones from the HTTP request; [Config.Dimensions] declares more.
+// the built-in ones from the HTTP request; [WithDimensions] declares more.
 const (
 	DimGlobal = "global"  // no attribute: one counter for every request the rule matches
 	DimAPIKey = "api_key" // the API key
@@ -209,7 +210,7 @@ type Policy struct {
 	// set: DomainReject (the default) fails with ErrUnknownDomain, DomainAllow admits with no limit.
 	UnknownDomain UnknownDomain
 	// Shadow puts every rule in shadow mode: rules are evaluated and count as if enforced, denials
-	// are reported (Config.OnShadowDeny, Stats.ShadowDenied) but every request is admitted.
+	// are reported (WithOnShadowDeny, Stats.ShadowDenied) but every request is admitted.
 	Shadow bool
 	// MissingKey is the default answer of rules to a request that lacks one of their dimensions;
 	// empty means MissingReject.
@@ -288,10 +289,10 @@ type Rule struct {
 	Tiered bool
 	// Cost is what one request costs under this rule; the zero Cost is 1.
 	Cost Cost
-	// OnFailure says what the rule answers when Redis cannot: LocalFallback enforces the rule in this
-	// process at its share of the limit, FailOpen admits, FailClosed denies. The zero value,
-	// hybrid.DefaultFailure, means LocalFallback.
-	OnFailure hybrid.FailurePolicy
+	// OnFailure says what the rule answers when Redis cannot: outcome.LocalFallback enforces the rule in this
+	// process at its share of the limit, outcome.FailOpen admits, outcome.FailClosed denies. The zero value,
+	// outcome.DefaultFailure, means outcome.LocalFallback.
+	OnFailure outcome.FailurePolicy
 	// Disabled turns the rule off without deleting it ("enabled: false" in a file).
 	Disabled bool
 	// Shadow evaluates the rule without ever denying: would-be denials are reported.
@@ -327,7 +328,7 @@ type Cost struct {
 	PerMethod map[string]int64
 	// Func computes the cost of each request (Go only).
 	Func CostFunc
-	// FuncName names a function of Config.CostFuncs (the file form: `cost: {func: name}`).
+	// FuncName names a function of WithCostFuncs (the file form: `cost: {func: name}`).
 	FuncName string
 }
 

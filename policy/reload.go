@@ -3,10 +3,10 @@ package policy
 import (
 	"context"
 	"crypto/sha256"
-	"errors"
-	"fmt"
 	"sync"
 	"time"
+
+	"github.com/hybridrate/hybridrate/internal/option"
 )
 
 // DefaultReloadInterval is how often a [Reloader] looks at its file by default.
@@ -21,21 +21,14 @@ type Target interface {
 
 var _ Target = (*Enforcer)(nil)
 
-// ReloaderConfig configures a [Reloader]. Path and Target are required. The zero ReloaderConfig is
-// invalid. It is a plain value; NewReloader copies it.
-type ReloaderConfig struct {
-	// Path is the policy file: JSON if its name ends in ".json", YAML otherwise.
-	Path string
-	// Target receives every valid version of the file.
-	Target Target
-	// Interval is how often Run reads the file, at least 1ms; the default is DefaultReloadInterval (1s).
-	Interval time.Duration
-	// OnReload, when set, is called after a changed file has been put in force.
-	OnReload func(p *Policy)
-	// OnError, when set, is called when a changed file cannot be read, parsed or put in force (the
-	// error names the file and line); the previous policy stays in force. It is called once per
-	// distinct content of the file, not at every look.
-	OnError func(err error)
+// reloaderConfig is a Reloader's settings: Path and Target from NewReloader, the rest from its
+// options (options.go).
+type reloaderConfig struct {
+	Path     string
+	Target   Target
+	Interval time.Duration   // WithReloadInterval
+	OnReload func(p *Policy) // WithOnReload
+	OnError  func(err error) // WithOnReloadError
 }
 
 // Reloader keeps a Target's policy in step with a file: when the file's content changes, the new
@@ -47,24 +40,27 @@ type ReloaderConfig struct {
 // Create it with [NewReloader], which loads the file once; then run [Reloader.Run] in a goroutine, or
 // call [Reloader.Reload] yourself (say, on SIGHUP). A Reloader is safe for concurrent use.
 type Reloader struct {
-	cfg ReloaderConfig
+	cfg reloaderConfig
 
 	mu   sync.Mutex // serialises Reload; guards last
 	last [sha256.Size]byte
 }
 
-// NewReloader reads, parses and applies the file once, and returns an error if it cannot: a service
-// should not start with a policy it cannot read. It starts nothing; see [Reloader.Run].
-func NewReloader(cfg ReloaderConfig) (*Reloader, error) {
+// NewReloader returns a Reloader of the policy file at path (JSON if its name ends in ".json", YAML
+// otherwise) that gives every valid version of the file to target. It reads, parses and applies the
+// file once, and returns an error if it cannot: a service should not start with a policy it cannot
+// read. It starts nothing; see [Reloader.Run]. Errors: an empty path, a nil target or an invalid
+// option (wrapping [ErrBadOption]), or the first load's error.
+func NewReloader(path string, target Target, opts ...ReloaderOption) (*Reloader, error) {
 	switch {
-	case cfg.Path == "":
-		return nil, errors.New("policy: ReloaderConfig.Path is empty")
-	case cfg.Target == nil:
-		return nil, errors.New("policy: ReloaderConfig.Target is nil")
-	case cfg.Interval == 0:
-		cfg.Interval = DefaultReloadInterval
-	case cfg.Interval < time.Millisecond:
-		return nil, fmt.Errorf("policy: ReloaderConfig.Interval %v: want at least 1ms", cfg.Interval)
+	case path == "":
+		return nil, badOption("empty policy file path")
+	case target == nil:
+		return nil, badOption("nil Target")
+	}
+	cfg := reloaderConfig{Path: path, Target: target, Interval: DefaultReloadInterval}
+	if err := option.Apply(&cfg, ErrBadOption, opts); err != nil {
+		return nil, err
 	}
 	r := &Reloader{cfg: cfg}
 	if err := r.reload(false); err != nil {

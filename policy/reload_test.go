@@ -46,18 +46,20 @@ rules:
 
 func TestReloadValidAndInvalidFiles(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, policy.Config{}, nil)
+	e := newEnv(t, nil, nil)
 	path := filepath.Join(t.TempDir(), "policy.yaml")
 	writeFile(t, path, strings.Replace(limitOf, "%LIMIT%", "2", 1))
 
 	var mu sync.Mutex
 	var reloads []*policy.Policy
 	var errs []error
-	rl, err := policy.NewReloader(policy.ReloaderConfig{
-		Path: path, Target: e.enf, Interval: 10 * time.Millisecond,
-		OnReload: func(p *policy.Policy) { mu.Lock(); reloads = append(reloads, p); mu.Unlock() },
-		OnError:  func(err error) { mu.Lock(); errs = append(errs, err); mu.Unlock() },
-	})
+	rl, err := policy.NewReloader(
+		path,
+		e.enf,
+		policy.WithReloadInterval(10*time.Millisecond),
+		policy.WithOnReload(func(p *policy.Policy) { mu.Lock(); reloads = append(reloads, p); mu.Unlock() }),
+		policy.WithOnReloadError(func(err error) { mu.Lock(); errs = append(errs, err); mu.Unlock() }),
+	)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
@@ -109,27 +111,27 @@ func TestReloadValidAndInvalidFiles(t *testing.T) {
 
 func TestNewReloaderRejectsABadFile(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, policy.Config{}, nil)
+	e := newEnv(t, nil, nil)
 	path := filepath.Join(t.TempDir(), "policy.json")
 	writeFile(t, path, "{\"rules\": [{\"id\": \"a\", \"rate\": 1}]}")
-	_, err := policy.NewReloader(policy.ReloaderConfig{Path: path, Target: e.enf})
+	_, err := policy.NewReloader(path, e.enf)
 	require.ErrorIs(t, err, policy.ErrInvalid)
 	assert.Contains(t, err.Error(), "policy.json:1:24: rule \"a\": rate without burst")
 	assert.Nil(t, e.enf.Policy())
 
-	_, err = policy.NewReloader(policy.ReloaderConfig{Path: filepath.Join(t.TempDir(), "none.yaml"), Target: e.enf})
+	_, err = policy.NewReloader(filepath.Join(t.TempDir(), "none.yaml"), e.enf)
 	assert.Error(t, err)
-	_, err = policy.NewReloader(policy.ReloaderConfig{Target: e.enf})
-	assert.Error(t, err)
-	_, err = policy.NewReloader(policy.ReloaderConfig{Path: path})
-	assert.Error(t, err)
+	_, err = policy.NewReloader("", e.enf)
+	assert.ErrorIs(t, err, policy.ErrBadOption)
+	_, err = policy.NewReloader(path, nil)
+	assert.ErrorIs(t, err, policy.ErrBadOption)
 }
 
 func TestReloaderIntervalBounds(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, policy.Config{}, nil)
+	e := newEnv(t, nil, nil)
 	path := filepath.Join(t.TempDir(), "policy.yaml")
 	writeFile(t, path, strings.Replace(limitOf, "%LIMIT%", "2", 1))
-	_, err := policy.NewReloader(policy.ReloaderConfig{Path: path, Target: e.enf, Interval: time.Microsecond})
+	_, err := policy.NewReloader(path, e.enf, policy.WithReloadInterval(time.Microsecond))
 	assert.ErrorContains(t, err, "want at least 1ms")
 }

@@ -74,7 +74,7 @@ func (v Values) Dimension(name string) (string, bool) {
 
 // subject returns the request's subject under r, in buf when it fits: "domain|" when the domain is
 // not empty, then "dim=value,..." in the rule's canonical dimension order, values percent-escaped
-// (or hashed when long, see appendValue), the whole hashed with Config.HashKey when set. ok is
+// (or hashed when long, see appendValue), the whole hashed with WithHashKey's key when given. ok is
 // false when a dimension is missing and the rule does not count missing keys in a shared bucket.
 func (e *Enforcer) subject(r *crule, domain string, req *Request, buf *[192]byte) ([]byte, bool) {
 	b := buf[:0]

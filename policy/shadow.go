@@ -14,7 +14,7 @@ type ShadowEvent struct {
 	Rule, Unit string
 	// Tier is the tier the request was counted under.
 	Tier string
-	// Key is the counter's key as stored in Redis (hashed when Config.HashKey is set), without the
+	// Key is the counter's key as stored in Redis (hashed when WithHashKey is given), without the
 	// prefix.
 	Key string
 	// Decision is the counter's answer.
@@ -79,7 +79,7 @@ func (e *Enforcer) evalShadow(ctx context.Context, pl plan, shadow []planned, re
 	}
 }
 
-// shadowEvent counts a would-be denial and reports it to Config.OnShadowDeny.
+// shadowEvent counts a would-be denial and reports it to WithOnShadowDeny.
 func (e *Enforcer) shadowEvent(ev ShadowEvent) {
 	e.stats.ShadowDenied.Add(1)
 	if e.cfg.OnShadowDeny != nil {

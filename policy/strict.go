@@ -10,11 +10,11 @@ import (
 	lru "github.com/hashicorp/golang-lru/v2"
 	"golang.org/x/time/rate"
 
-	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/strict"
 )
 
-// maxFallback bounds the local limiters of strict rules under LocalFallback.
+// maxFallback bounds the local limiters of strict rules under outcome.LocalFallback.
 const maxFallback = 1 << 16
 
 // checkStrict runs the strict ones of the enforced counters in one atomic script call under hash tag
@@ -65,11 +65,11 @@ func (e *Enforcer) strictFallback(ps []*planned, res *Result) {
 	allowed := true
 	start := len(res.Decisions)
 	for i, p := range ps {
-		d := p.decision(false, hybrid.SourceFallback)
+		d := p.decision(false, outcome.SourceFallback)
 		switch p.r.failure {
-		case hybrid.FailOpen:
+		case outcome.FailOpen:
 			d.Allowed = true
-		case hybrid.FailClosed:
+		case outcome.FailClosed:
 			d.RetryAfter = strict.DefaultBreakerCooldown
 			d.Unavailable = true
 		default:
@@ -94,7 +94,7 @@ func (e *Enforcer) strictFallback(ps []*planned, res *Result) {
 // strictDecision converts the result of the i-th strict counter of m, one request's atomic call.
 func strictDecision(p *planned, m strict.MultiResult, i int) Decision {
 	r, all := m.Decisions[i], m.Allowed
-	d := p.decision(r.Allowed, SourceStrict)
+	d := p.decision(r.Allowed, outcome.SourceStrict)
 	d.Remaining, d.RetryAfter, d.ResetAfter = r.Remaining, r.RetryAfter, max(r.ResetAfter, r.RetryAfter)
 	d.Excess = r.Excess
 	if !all && r.Allowed {
@@ -104,7 +104,7 @@ func strictDecision(p *planned, m strict.MultiResult, i int) Decision {
 	return d
 }
 
-// fallbacks holds the local limiters of strict rules under LocalFallback while Redis is away. Hybrid
+// fallbacks holds the local limiters of strict rules under outcome.LocalFallback while Redis is away. Hybrid
 // rules use the hybrid limiter's own fallback; this is the only other copy, because hybrid's cannot
 // serve strict rules: a request's strict counters are reserved all or nothing (a reservation is
 // cancelled when another counter denies, which hybrid.Limiter.AllowN cannot undo), and a strict

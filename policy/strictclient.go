@@ -19,7 +19,7 @@ type StrictHealth struct {
 	Rejected int64  // calls not sent because the circuit breaker was open
 	Breaker  string // the circuit breaker's state: "closed", "open" or "half-open"
 	// LeaseHits counts the checks of UpstreamWindow rules served from a window lease, without Redis
-	// (Config.WindowLeases).
+	// (WithWindowLeases).
 	LeaseHits int64
 }
 
@@ -32,7 +32,7 @@ func (e *Enforcer) StrictHealth() StrictHealth {
 
 // newStrictClient returns the strict rules' client for a validated cfg, with strict's default breaker
 // (the defaults of every package's breaker). It does no I/O.
-func newStrictClient(cfg *Config) (*strict.Limiter, error) {
+func newStrictClient(cfg *config) (*strict.Limiter, error) {
 	opts := []strict.Option{
 		strict.WithKeyPrefix(cfg.KeyPrefix),
 		strict.WithTimeout(cfg.StrictTimeout),
@@ -49,7 +49,7 @@ func newStrictClient(cfg *Config) (*strict.Limiter, error) {
 }
 
 // closeStrict closes the strict rules' client: it releases the cluster client strict.New may have
-// built for itself, never Config.Redis.
+// built for itself, never the Enforcer's Redis client.
 func (e *Enforcer) closeStrict() { _ = e.strict.Close() }
 
 // allowStrict runs checks, the strict counters of one request under hash tag tag, in one atomic

@@ -17,6 +17,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/hybridrate/hybridrate/internal/option"
 	"github.com/hybridrate/hybridrate/strict"
 )
 
@@ -369,16 +370,10 @@ func (d *decoder) upDescriptor(n *yaml.Node, u *UpstreamDescriptor) error {
 	})
 }
 
-// UpstreamOptions configures [NewUpstreamConfig]. The zero UpstreamOptions is upstream's defaults.
-// It is a plain value, safe to copy.
-type UpstreamOptions struct {
-	// MergeDomains merges files of the same domain into one tree (upstream's MERGE_DOMAIN_CONFIG);
-	// otherwise a domain given twice is an error.
-	MergeDomains bool
-	// Algorithm counts every limit; empty means UpstreamWindow, upstream's windows aligned to the
-	// Unix epoch, counting refused hits as upstream does, which give upstream's answers. Hybrid (or
-	// another algorithm) is an opt-in.
-	Algorithm Algorithm
+// upstreamSettings is NewUpstreamConfig's settings, from its options (options.go).
+type upstreamSettings struct {
+	MergeDomains bool      // WithMergeDomains
+	Algorithm    Algorithm // WithUpstreamAlgorithm
 }
 
 // UpstreamConfig is a set of envoyproxy/ratelimit configuration files ready to serve: the rules
@@ -407,10 +402,15 @@ type unode struct {
 // NewUpstreamConfig compiles files (in order) as upstream loads them, refusing what upstream
 // refuses: an empty key, a descriptor key given twice at one level, a unit with unlimited or an
 // invalid unit without, an empty replaces entry or one naming its own limit, share_threshold on a
-// value that is not a wildcard, a domain given twice unless opts.MergeDomains. Errors name the file
-// and line.
-func NewUpstreamConfig(files []*UpstreamFile, opts UpstreamOptions) (*UpstreamConfig, error) {
-	algo := opts.Algorithm
+// value that is not a wildcard, a domain given twice unless [WithMergeDomains]. Errors name the file
+// and line; an invalid option's wraps [ErrBadOption]. Without options, the configuration is
+// upstream's defaults.
+func NewUpstreamConfig(files []*UpstreamFile, opts ...UpstreamOption) (*UpstreamConfig, error) {
+	var set upstreamSettings
+	if err := option.Apply(&set, ErrBadOption, opts); err != nil {
+		return nil, err
+	}
+	algo := set.Algorithm
 	if algo == "" {
 		algo = UpstreamWindow
 	}
@@ -427,7 +427,7 @@ func NewUpstreamConfig(files []*UpstreamFile, opts UpstreamOptions) (*UpstreamCo
 			return nil, &Error{File: f.Name, Msg: "config file cannot have empty domain"}
 		}
 		root, ok := c.domains[f.Domain]
-		if ok && !opts.MergeDomains {
+		if ok && !set.MergeDomains {
 			return nil, &Error{File: f.Name, Msg: fmt.Sprintf("duplicate domain '%s' in config file", f.Domain)}
 		}
 		if !ok {

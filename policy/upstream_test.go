@@ -82,7 +82,7 @@ descriptors:
       name: general
 `
 
-func upstreamConfig(t *testing.T, opts policy.UpstreamOptions, docs ...string) *policy.UpstreamConfig {
+func upstreamConfig(t *testing.T, opts []policy.UpstreamOption, docs ...string) *policy.UpstreamConfig {
 	t.Helper()
 	var files []*policy.UpstreamFile
 	for i, d := range docs {
@@ -90,7 +90,7 @@ func upstreamConfig(t *testing.T, opts policy.UpstreamOptions, docs ...string) *
 		require.NoError(t, err)
 		files = append(files, f)
 	}
-	c, err := policy.NewUpstreamConfig(files, opts)
+	c, err := policy.NewUpstreamConfig(files, opts...)
 	require.NoError(t, err)
 	return c
 }
@@ -104,7 +104,7 @@ func entries(kv ...string) []policy.DescriptorEntry {
 }
 
 func TestUpstreamLookupMatchesAsGetLimit(t *testing.T) {
-	c := upstreamConfig(t, policy.UpstreamOptions{}, messaging, edgeProxy)
+	c := upstreamConfig(t, nil, messaging, edgeProxy)
 	type want struct {
 		rpu    uint32
 		unit   string
@@ -182,7 +182,7 @@ func TestUpstreamValidationNamesFileAndLine(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f, err := policy.ParseUpstream([]byte(tc.doc), "c.yaml")
 			if err == nil {
-				_, err = policy.NewUpstreamConfig([]*policy.UpstreamFile{f}, policy.UpstreamOptions{})
+				_, err = policy.NewUpstreamConfig([]*policy.UpstreamFile{f})
 			}
 			require.Error(t, err)
 			require.ErrorIs(t, err, policy.ErrInvalid)
@@ -214,7 +214,7 @@ descriptors:
   - key: month
     rate_limit: {unit: month, requests_per_unit: 3}
 `
-	c := upstreamConfig(t, policy.UpstreamOptions{}, doc)
+	c := upstreamConfig(t, nil, doc)
 	p := c.Policy()
 	require.True(t, p.Select)
 	require.Len(t, p.Rules, 3)
@@ -241,14 +241,14 @@ func TestUpstreamDomainsMergeOnlyWhenAsked(t *testing.T) {
 	require.NoError(t, err)
 	fb, err := policy.ParseUpstream([]byte(b), "b.yaml")
 	require.NoError(t, err)
-	_, err = policy.NewUpstreamConfig([]*policy.UpstreamFile{fa, fb}, policy.UpstreamOptions{})
+	_, err = policy.NewUpstreamConfig([]*policy.UpstreamFile{fa, fb})
 	require.ErrorContains(t, err, "b.yaml: duplicate domain 'd' in config file")
-	c, err := policy.NewUpstreamConfig([]*policy.UpstreamFile{fa, fb}, policy.UpstreamOptions{MergeDomains: true})
+	c, err := policy.NewUpstreamConfig([]*policy.UpstreamFile{fa, fb}, policy.WithMergeDomains())
 	require.NoError(t, err)
 	_, ok := c.Lookup("d", entries("b", "x"))
 	require.True(t, ok)
 	// A key given in both files is refused even when merging, as upstream refuses it.
-	_, err = policy.NewUpstreamConfig([]*policy.UpstreamFile{fa, fa}, policy.UpstreamOptions{MergeDomains: true})
+	_, err = policy.NewUpstreamConfig([]*policy.UpstreamFile{fa, fa}, policy.WithMergeDomains())
 	require.ErrorContains(t, err, "duplicate descriptor composite key 'd.a'")
 }
 
@@ -291,8 +291,8 @@ descriptors:
     shadow_mode: true
     rate_limit: {unit: hour, requests_per_unit: 1}
 `
-	c := upstreamConfig(t, policy.UpstreamOptions{}, doc, strings.Replace(doc, "domain: d", "domain: e", 1))
-	e := newEnv(t, policy.Config{}, c.Policy())
+	c := upstreamConfig(t, nil, doc, strings.Replace(doc, "domain: d", "domain: e", 1))
+	e := newEnv(t, nil, c.Policy())
 	check := func(domain string, es []policy.DescriptorEntry) policy.Result {
 		m, ok := c.Lookup(domain, es)
 		require.True(t, ok)
@@ -328,7 +328,7 @@ func TestSelectLiftsTheStrictCountBound(t *testing.T) {
 	for i := range 40 {
 		b.WriteString("  - key: k" + string(rune('a'+i%26)) + string(rune('a'+i/26)) + "\n    rate_limit: {unit: second, requests_per_unit: 5}\n")
 	}
-	c := upstreamConfig(t, policy.UpstreamOptions{}, b.String())
+	c := upstreamConfig(t, nil, b.String())
 	require.Len(t, c.Policy().Rules, 40)
 	p := *c.Policy()
 	p.Select = false

@@ -20,7 +20,7 @@ func BenchmarkTake(b *testing.B) {
 	u := central.Update{Key: "k", Limit: big, N: 1}
 	ctx := context.Background()
 	b.Run("relay=in-process", func(b *testing.B) {
-		r := newRelay(b, rdb, "rb1", "relay", nil)
+		r := newRelay(b, rdb, "rb1", "relay")
 		b.ReportAllocs()
 		for b.Loop() {
 			if _, err := r.Take(ctx, "n", u); err != nil {
@@ -29,7 +29,7 @@ func BenchmarkTake(b *testing.B) {
 		}
 	})
 	b.Run("relay=http", func(b *testing.B) {
-		r := newRelay(b, rdb, "rb2", "relay", nil)
+		r := newRelay(b, rdb, "rb2", "relay")
 		hs := httptest.NewServer(r.Handler())
 		defer hs.Close()
 		m := relay.Dial(hs.URL, hs.Client())

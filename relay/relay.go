@@ -12,10 +12,11 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/hybridrate/hybridrate/central"
+	"github.com/hybridrate/hybridrate/internal/option"
 	"github.com/hybridrate/hybridrate/internal/redisx"
 )
 
-// Defaults of [Config], as package hybrid's for its nodes.
+// Defaults of the Relay's options, as package hybrid's for its nodes.
 const (
 	DefaultInterval     = 20 * time.Millisecond
 	DefaultHorizon      = 4 * time.Second
@@ -30,52 +31,20 @@ const (
 // A child's failure policy decides such a call, as it decides one Redis cannot answer.
 var ErrFull = errors.New("relay: key cap reached")
 
-// Config configures a [Relay]. Client is required; a zero duration or count means its default. It
-// is a plain value; New copies it.
-type Config struct {
-	// Central configures the relay's Redis client (ClientConfig gives package hybrid's defaults); its
-	// NodeID is the relay's node id on every bucket, and its Advance must equal Config.Advance. Its
-	// Fleet, if nil, is set to the relay's FleetSize: reconcile.lua's fleet size is the number of
-	// limiters that may hold a share of a key, here the relays' children.
-	Central central.Config
-	// Interval is how often Run calls Tick (DefaultInterval).
-	Interval time.Duration
-	// Horizon is how long the pool of a key should last at its children's demand (DefaultHorizon).
-	Horizon time.Duration
-	// LeaseLife is how long tokens Redis leased to the relay may wait in its pool; what is left then
-	// is written off, as a node writes off an expired lease (DefaultLeaseLife).
-	LeaseLife time.Duration
-	// ActiveWindow is how long after a child's last call its declared demand counts, and how long a
-	// key with no calls is kept (DefaultActiveWindow).
-	ActiveWindow time.Duration
-	// Advance is central's lease advance (DefaultAdvance): children's shares are of Burst plus what a
-	// key under its rate may be lent of the coming refill, as reconcile.lua's.
-	Advance time.Duration
-	// Fleet, if not nil, returns the number of limiters behind all relays of the prefix (0 when
-	// unknown): a child whose share of a key rounds below a token gets one only while Fleet() is at
-	// most the key's Burst plus its advance (reconcile.lua's floor rule). nil means FleetSize: the
-	// fleet registry's count, which the children join (they heartbeat to Redis as any limiter does)
-	// and Run reads every FleetBeat.
-	Fleet func() int64
-	// FleetBeat is how often Run registers the relay in the fleet registry and reads its count
-	// (DefaultFleetBeat).
-	FleetBeat time.Duration
-	// MaxKeys bounds the keys held (DefaultMaxKeys).
-	MaxKeys int
-	// ColdCredit, if positive, admits the first one-off take of a key the relay has not seen (or
-	// dropped after ActiveWindow without calls) without asking Redis, if it asks for at most
-	// ColdCredit tokens and the key's bucket refills within ActiveWindow (Rate·ActiveWindow ≥
-	// Burst); the admission is reported in the next round, batched with other keys. Set it only
-	// where the relay is the one way to Redis for its keys (children that shard keys over relays,
-	// Sharded): then a key the relay does not know has had no consumption for ActiveWindow, and its
-	// bucket is full, unless its owner changed. Each such admission is a cold-start credit of
-	// docs/accuracy.md's bound. Only a take whose child vetted the key against a complete copy of
-	// the ban list (central.Update.Vetted, which package hybrid sets) gets it: Redis reads a key's
-	// ban on its first contact, and a relay that answered without Redis would let a banned key
-	// through. 0 (the default) sends a new key's first takes to Redis.
-	ColdCredit int64
-	// Now returns the time on a monotonic clock in nanoseconds; nil means the real clock.
-	Now func() int64
+// config is a Relay's settings: Central from New, the rest from its options (options.go); a zero
+// duration or count stands for its default, which New fills in.
+type config struct {
+	Central      central.Config
+	Interval     time.Duration // WithInterval
+	Horizon      time.Duration // WithHorizon
+	LeaseLife    time.Duration // WithLeaseLife
+	ActiveWindow time.Duration // WithActiveWindow
+	Advance      time.Duration // WithAdvance
+	Fleet        func() int64  // WithFleet
+	FleetBeat    time.Duration // WithFleetBeat
+	MaxKeys      int           // WithMaxKeys
+	ColdCredit   int64         // WithColdCredit
+	Now          func() int64  // WithClock
 }
 
 // Stats is a snapshot of what a [Relay] did, from [Relay.Stats]. Every count only grows over the
@@ -91,7 +60,7 @@ type Stats struct {
 	Burned     int64 // pool tokens written off at the end of their lease life
 	Evicted    int64 // keys dropped after ActiveWindow without calls
 	FullDenied int64 // calls refused with ErrFull
-	Cold       int64 // one-off takes admitted on the cold credit (Config.ColdCredit)
+	Cold       int64 // one-off takes admitted on the cold credit (WithColdCredit)
 }
 
 // counters are the live counts behind [Stats].
@@ -103,7 +72,7 @@ type counters struct {
 // Create it with [New]; it is safe for concurrent use. Its methods with a node argument are what
 // hybrid.WithUpstream needs.
 type Relay struct {
-	cfg    Config
+	cfg    config
 	client *central.Client
 	stats  counters
 	fleet  atomic.Int64
@@ -167,20 +136,16 @@ type child struct {
 	seen   int64
 }
 
-// New validates cfg and returns a relay. It starts nothing: call Run, or Tick on your own schedule.
-// It does no I/O. Errors: a negative duration or MaxKeys, an Advance beyond an hour, or
-// central.New's error (wrapped).
-func New(cfg Config) (*Relay, error) {
-	for _, d := range []*time.Duration{&cfg.Interval, &cfg.Horizon, &cfg.LeaseLife, &cfg.ActiveWindow, &cfg.FleetBeat} {
-		if *d < 0 {
-			return nil, errors.New("relay: durations must not be negative")
-		}
-	}
-	if cfg.Advance < 0 || cfg.Advance > time.Hour {
-		return nil, errors.New("relay: Advance must be from 0 to an hour")
-	}
-	if cfg.MaxKeys < 0 {
-		return nil, errors.New("relay: MaxKeys must not be negative")
+// New returns a relay whose Redis client central.New makes from cc (ClientConfig gives package
+// hybrid's defaults): cc.NodeID is the relay's node id on every bucket, and cc.Advance must equal
+// the relay's (WithAdvance). If cc.Fleet is nil, it is set to the relay's fleet count (WithFleet):
+// reconcile.lua's fleet size is the number of limiters that may hold a share of a key, here the
+// relays' children. New starts nothing: call Run, or Tick on your own schedule. It does no I/O.
+// Errors: an invalid option (wrapping [ErrBadOption]), or central.New's error (wrapped).
+func New(cc central.Config, opts ...Option) (*Relay, error) {
+	cfg := config{Central: cc}
+	if err := option.Apply(&cfg, ErrBadOption, opts); err != nil {
+		return nil, err
 	}
 	def := func(d *time.Duration, v time.Duration) {
 		if *d == 0 {
@@ -213,7 +178,7 @@ func New(cfg Config) (*Relay, error) {
 	return r, nil
 }
 
-// Close releases the cluster client central.New built for itself when Config.Central.Client is a
+// Close releases the cluster client central.New built for itself when the central.Config's Client is a
 // cluster client created without ContextTimeoutEnabled (central.Client.Close); it never closes that
 // client. Call it after Run has returned; the Relay must not be used after Close. Its error is that
 // cluster client's Close.
@@ -366,7 +331,7 @@ func (r *Relay) Take(ctx context.Context, node string, u central.Update) (centra
 		}
 		if u.Inc == 0 && u.Vetted && r.cold(e, u.N) {
 			// A key the relay has never been charged for nor consumed: admitted on its cold
-			// credit, counted in the next round (see Config.ColdCredit).
+			// credit, counted in the next round (see WithColdCredit).
 			e.cum += u.N
 			e.used += u.N
 			e.mu.Unlock()
@@ -665,7 +630,7 @@ func (r *Relay) apply(e *entry, up central.Update, st central.State, now int64) 
 
 // direct reports whether a one-off take the entry's pool cannot cover (locked) goes to Redis as a
 // one-off take rather than through a pool:
-//   - on an owner relay (Config.ColdCredit set: children shard keys over relays), a key's first
+//   - on an owner relay (WithColdCredit set: children shard keys over relays), a key's first
 //     directFirst takes in its first window: most keys of a flood of new keys (per-request ids,
 //     scanners) are never asked for again, and a pool for one of them costs reconcile.lua's set-up,
 //     a node record, and a round to report it, where a one-off take costs what a central bucket's
@@ -683,7 +648,7 @@ func (r *Relay) direct(e *entry, now int64) bool {
 
 // cold reports whether a one-off take of n tokens is admitted on the relay's cold credit (locked):
 // the key's first contact at this relay (nothing charged, consumed or reported), within
-// Config.ColdCredit, on a bucket that refills within ActiveWindow.
+// WithColdCredit, on a bucket that refills within ActiveWindow.
 func (r *Relay) cold(e *entry, n int64) bool {
 	return r.cfg.ColdCredit > 0 && n <= r.cfg.ColdCredit && e.sentAt == 0 && e.chg == 0 && e.cum == 0 &&
 		e.lim.Rate*r.cfg.ActiveWindow.Seconds() >= float64(e.lim.Burst)
@@ -845,7 +810,7 @@ func (r *Relay) Tick(ctx context.Context) error {
 
 // ClientConfig returns the configuration of a relay's Redis client with package hybrid's defaults
 // for its nodes (timeouts, batch size, record pruning, active window, horizon, advance, breaker):
-// adjust it, then set it as Config.Central. node is the relay's node id (1 to 64 bytes of
+// adjust it, then pass it to New. node is the relay's node id (1 to 64 bytes of
 // [A-Za-z0-9_-]), unique among the relays and limiters of the prefix.
 func ClientConfig(rdb redis.UniversalClient, prefix, node string) central.Config {
 	return central.Config{

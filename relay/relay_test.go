@@ -29,13 +29,9 @@ type fakeClock struct{ ns atomic.Int64 }
 
 func (c *fakeClock) now() int64          { return c.ns.Load() + 1 }
 func (c *fakeClock) add(d time.Duration) { c.ns.Add(int64(d)) }
-func newRelay(t testing.TB, rdb redis.UniversalClient, prefix, node string, mod func(*relay.Config)) *relay.Relay {
+func newRelay(t testing.TB, rdb redis.UniversalClient, prefix, node string, opts ...relay.Option) *relay.Relay {
 	t.Helper()
-	cfg := relay.Config{Central: relay.ClientConfig(rdb, prefix, node)}
-	if mod != nil {
-		mod(&cfg)
-	}
-	r, err := relay.New(cfg)
+	r, err := relay.New(relay.ClientConfig(rdb, prefix, node), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +49,7 @@ func TestRelayHoldsTheLimitAcrossItsChildren(t *testing.T) {
 	const prefix = "rt1"
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	relays := []*relay.Relay{newRelay(t, rdb, prefix, "relay-a", nil), newRelay(t, rdb, prefix, "relay-b", nil)}
+	relays := []*relay.Relay{newRelay(t, rdb, prefix, "relay-a"), newRelay(t, rdb, prefix, "relay-b")}
 	for _, r := range relays {
 		wg.Add(1)
 		go func() { defer wg.Done(); r.Run(ctx) }()
@@ -145,10 +141,7 @@ func TestRelayAnswers(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	clk := &fakeClock{}
-	r := newRelay(t, rdb, "rt2", "relay", func(c *relay.Config) {
-		c.Now = clk.now
-		c.Fleet = func() int64 { return 2 }
-	})
+	r := newRelay(t, rdb, "rt2", "relay", relay.WithClock(clk.now), relay.WithFleet(func() int64 { return 2 }))
 	ctx := context.Background()
 	// A synchronous call for 1 with a want of 8: the pool is empty, so the relay asks Redis.
 	u := central.Update{Key: "k", Limit: lim, Inc: 1, Demand: 2, Want: 8, N: 1}
@@ -228,12 +221,7 @@ func TestRelayMaxKeys(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	clk := &fakeClock{}
-	r := newRelay(t, rdb, "rt3", "relay", func(c *relay.Config) {
-		c.Now = clk.now
-		c.MaxKeys = 1
-		c.ActiveWindow = time.Second
-		c.LeaseLife = 500 * time.Millisecond
-	})
+	r := newRelay(t, rdb, "rt3", "relay", relay.WithClock(clk.now), relay.WithMaxKeys(1), relay.WithActiveWindow(time.Second), relay.WithLeaseLife(500*time.Millisecond))
 	ctx := context.Background()
 	if _, err := r.Take(ctx, "a", central.Update{Key: "one", Limit: lim, N: 1}); err != nil {
 		t.Fatal(err)
@@ -266,7 +254,7 @@ func TestRelayRedisDown(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	clk := &fakeClock{}
-	r := newRelay(t, rdb, "rt4", "relay", func(c *relay.Config) { c.Now = clk.now })
+	r := newRelay(t, rdb, "rt4", "relay", relay.WithClock(clk.now))
 	ctx := context.Background()
 	for range 3 {
 		if _, err := r.Take(ctx, "a", central.Update{Key: "k", Limit: lim, N: 1}); err != nil {
@@ -313,7 +301,7 @@ func TestRelayForwardsRareKeys(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	clk := &fakeClock{}
-	r := newRelay(t, rdb, "rt5", "relay", func(c *relay.Config) { c.Now = clk.now })
+	r := newRelay(t, rdb, "rt5", "relay", relay.WithClock(clk.now))
 	ctx := context.Background()
 	take := func() central.State {
 		t.Helper()
@@ -347,7 +335,7 @@ func TestRelayNewKeysGoDirect(t *testing.T) {
 	clk := &fakeClock{}
 	// An owner relay (children shard keys over relays); these takes are not vetted against a ban
 	// list, so none is admitted on the cold credit: each goes to Redis.
-	r := newRelay(t, rdb, "rt7", "relay", func(c *relay.Config) { c.Now = clk.now; c.ColdCredit = 1 })
+	r := newRelay(t, rdb, "rt7", "relay", relay.WithClock(clk.now), relay.WithColdCredit(1))
 	ctx := context.Background()
 	if _, err := r.Take(ctx, "a", central.Update{Key: "warm-up", Limit: lim, N: 1}); err != nil {
 		t.Fatal(err) // loads take.lua (EVALSHA, then EVAL on NOSCRIPT)
@@ -393,7 +381,7 @@ func TestRelayPrunesDepartedChildren(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	clk := &fakeClock{}
-	r := newRelay(t, rdb, "rt6", "relay", func(c *relay.Config) { c.Now = clk.now })
+	r := newRelay(t, rdb, "rt6", "relay", relay.WithClock(clk.now))
 	ctx := context.Background()
 	for i := range 50 {
 		if _, err := r.Take(ctx, fmt.Sprintf("pod-%d", i), central.Update{Key: "k", Limit: lim, Inc: 1, Demand: 1, Want: 1, N: 1}); err != nil {
@@ -427,7 +415,7 @@ func TestRelayColdCredit(t *testing.T) {
 	rdb := srv.Client(t)
 	clk := &fakeClock{}
 	const prefix = "rt8"
-	r := newRelay(t, rdb, prefix, "relay", func(c *relay.Config) { c.Now = clk.now; c.ColdCredit = 1 })
+	r := newRelay(t, rdb, prefix, "relay", relay.WithClock(clk.now), relay.WithColdCredit(1))
 	ctx := context.Background()
 	if _, err := r.Take(ctx, "a", central.Update{Key: "warm-up", Limit: lim, N: 2}); err != nil {
 		t.Fatal(err) // over the credit: a one-off take (and take.lua loads)
@@ -509,7 +497,7 @@ func TestRelayBanReachesItsPool(t *testing.T) {
 	rdb := srv.Client(t)
 	clk := &fakeClock{}
 	const prefix = "rt9"
-	r := newRelay(t, rdb, prefix, "relay", func(c *relay.Config) { c.Now = clk.now })
+	r := newRelay(t, rdb, prefix, "relay", relay.WithClock(clk.now))
 	ctx := context.Background()
 	// Child a leases from the relay, which refills its pool from Redis.
 	st, err := r.Take(ctx, "a", central.Update{Key: "k", Limit: lim, Inc: 1, Want: 4, N: 1, Demand: 5})

@@ -16,6 +16,7 @@ import (
 	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/relay"
 )
 
@@ -25,7 +26,7 @@ func TestRemoteChildren(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	const prefix = "rr1"
-	r := newRelay(t, rdb, prefix, "relay-http", nil)
+	r := newRelay(t, rdb, prefix, "relay-http")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); r.Run(ctx) }()
@@ -67,7 +68,7 @@ func TestRemoteChildren(t *testing.T) {
 				if d.Allowed {
 					admitted.Add(1)
 				}
-				if d.Source == hybrid.SourceFallback {
+				if d.Source == outcome.SourceFallback {
 					fallback.Add(1)
 				}
 			}
@@ -104,7 +105,7 @@ func TestRemoteChildren(t *testing.T) {
 // TestHandlerRefusesMalformed: the endpoint's answers to what is not a request.
 func TestHandlerRefusesMalformed(t *testing.T) {
 	srv := redistest.Start(t)
-	r := newRelay(t, srv.Client(t), "rr2", "relay", nil)
+	r := newRelay(t, srv.Client(t), "rr2", "relay")
 	hs := httptest.NewServer(r.Handler())
 	defer hs.Close()
 	for _, c := range []struct {

@@ -160,7 +160,7 @@ func TestShardedChildrenOnRealRedis(t *testing.T) {
 	const prefix = "rs1"
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	r0, r1 := newRelay(t, rdb, prefix, "relay-0", nil), newRelay(t, rdb, prefix, "relay-1", nil)
+	r0, r1 := newRelay(t, rdb, prefix, "relay-0"), newRelay(t, rdb, prefix, "relay-1")
 	for _, r := range []*relay.Relay{r0, r1} {
 		wg.Add(1)
 		go func() { defer wg.Done(); r.Run(ctx) }()

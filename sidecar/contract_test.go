@@ -82,7 +82,7 @@ func TestSameHeadersOverHTTPAndSidecar(t *testing.T) {
 				}
 			}
 
-			srv, err := sidecar.New(sidecar.Config{Checker: c})
+			srv, err := sidecar.New(c)
 			require.NoError(t, err)
 			resp, err := srv.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "api",
 				Descriptors: []*rlv3.RateLimitDescriptor{desc("api_key", "k")}})
@@ -130,7 +130,7 @@ func TestOneErrorMapping(t *testing.T) {
 				httptest.NewRequest(http.MethodGet, "/", nil))
 			assert.Equal(t, tc.http, rec.Code, "middleware")
 
-			srv, err := sidecar.New(sidecar.Config{Checker: c})
+			srv, err := sidecar.New(c)
 			require.NoError(t, err)
 			rec = httptest.NewRecorder()
 			srv.CheckHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/",
@@ -148,7 +148,7 @@ func TestOneErrorMapping(t *testing.T) {
 // MaxBody (413, which only that gets).
 func TestBrokenBodyIsBadRequest(t *testing.T) {
 	t.Parallel()
-	srv, err := sidecar.New(sidecar.Config{Checker: fixed{res: policy.Result{Allowed: true}}})
+	srv, err := sidecar.New(fixed{res: policy.Result{Allowed: true}})
 	require.NoError(t, err)
 	rec := httptest.NewRecorder()
 	srv.CheckHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/", iotest.ErrReader(io.ErrUnexpectedEOF)))

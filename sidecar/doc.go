@@ -2,7 +2,7 @@
 // rate-limit service (envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit, over gRPC) and
 // the same request and answer as JSON over HTTP. Command hybridrated runs it.
 //
-//	srv, _ := sidecar.New(sidecar.Config{Checker: obs}) // an *observe.Observer or a *policy.Enforcer
+//	srv, _ := sidecar.New(obs) // an *observe.Observer or a *policy.Enforcer
 //	gs := grpc.NewServer()
 //	srv.Register(gs)
 //	mux.Handle("POST /v1/check", srv.CheckHandler())
@@ -11,9 +11,9 @@
 //
 // Each descriptor of a RateLimitRequest is one policy check, as envoyproxy/ratelimit matches each
 // descriptor on its own. Its entries are the request's dimensions: an entry's key names a
-// dimension (api_key, user, ip, tenant, route, method, or one declared in policy.Config.Dimensions),
+// dimension (api_key, user, ip, tenant, route, method, or one declared in policy.WithDimensions),
 // "remote_address" (what Envoy's remote_address action sends) is the ip, and "tier" sets the
-// request's tier; Config.Keys renames others. The request's domain is the "domain" dimension. A
+// request's tier; WithKeys renames others. The request's domain is the "domain" dimension. A
 // rule counts a descriptor that carries all of its dimensions; give the sidecar's rules
 // missing_key: skip (or set it for the whole policy) so that a descriptor lacking a rule's
 // dimensions is left out of that rule rather than rejected. A rule without dimensions counts every
@@ -40,7 +40,7 @@
 //
 // # Upstream's configuration
 //
-// With Config.Upstream set, the Server answers as envoyproxy/ratelimit does, from upstream's own
+// With WithUpstream, the Server answers as envoyproxy/ratelimit does, from upstream's own
 // configuration files (policy.ParseUpstream, policy.NewUpstreamConfig), whose Policy the Checker
 // enforces: each descriptor's limit is the one the descriptor tree names (policy.UpstreamConfig's
 // Lookup, upstream's GetLimit); a limit named in the replaces of another limit of the request is
@@ -49,6 +49,6 @@
 // their rule and answer with the configured limit (name, requests_per_unit, unit), the remaining
 // count (0 when over) and duration_until_reset in whole seconds to the end of the epoch-aligned
 // window; a shadow_mode limit never denies. An empty domain or no descriptors is InvalidArgument.
-// The RateLimit-* headers come only with Config.UpstreamHeaders, and Config.UpstreamShadow makes the
+// The RateLimit-* headers come only with WithUpstreamHeaders, and WithUpstreamShadow makes the
 // overall code OK. docs/sidecar.md lists what still differs from upstream.
 package sidecar

@@ -37,7 +37,7 @@ func FuzzCheckHandler(f *testing.F) {
 	} {
 		f.Add([]byte(seed))
 	}
-	srv, err := sidecar.New(sidecar.Config{Checker: echo{}})
+	srv, err := sidecar.New(echo{})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -54,7 +54,7 @@ func FuzzCheckHandler(f *testing.F) {
 }
 
 func TestHugeHitsAddendIsABadRequest(t *testing.T) {
-	srv, err := sidecar.New(sidecar.Config{Checker: echo{}})
+	srv, err := sidecar.New(echo{})
 	if err != nil {
 		t.Fatal(err)
 	}

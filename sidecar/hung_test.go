@@ -40,7 +40,7 @@ func TestHungRedisBounded(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t) // go-redis defaults: the deadline of a call is not applied to the socket
 	const timeout = 50 * time.Millisecond
-	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, StrictTimeout: timeout})
+	enf, err := policy.NewEnforcer(rdb, policy.WithStrictTimeout(timeout))
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -50,7 +50,7 @@ func TestHungRedisBounded(t *testing.T) {
 	p, err := policy.Parse([]byte(hungPolicy), "hung.yaml")
 	require.NoError(t, err)
 	require.NoError(t, enf.SetPolicy(p))
-	side, err := sidecar.New(sidecar.Config{Checker: enf})
+	side, err := sidecar.New(enf)
 	require.NoError(t, err)
 	ctx := context.Background()
 	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlv3.RateLimitDescriptor{

@@ -33,16 +33,19 @@ func newRealServer(t *testing.T, yaml string) *sidecar.Server {
 	t.Helper()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
-	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, StrictTimeout: time.Second,
-		HybridOptions: []hybrid.Option{hybrid.WithDriftThreshold(0), hybrid.WithCheckTimeout(time.Second)},
-		Dimensions:    []string{"domain"},
-		CostFuncs:     map[string]policy.CostFunc{sidecar.HitsCostName: sidecar.HitsCost}})
+	enf, err := policy.NewEnforcer(
+		rdb,
+		policy.WithStrictTimeout(time.Second),
+		policy.WithHybridOptions(hybrid.WithDriftThreshold(0), hybrid.WithCheckTimeout(time.Second)),
+		policy.WithDimensions("domain"),
+		policy.WithCostFuncs(map[string]policy.CostFunc{sidecar.HitsCostName: sidecar.HitsCost}),
+	)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = enf.Close(context.Background()) })
 	p, err := policy.Parse([]byte(yaml), "policy.yaml")
 	require.NoError(t, err)
 	require.NoError(t, enf.SetPolicy(p))
-	s, err := sidecar.New(sidecar.Config{Checker: enf, Instance: "t"})
+	s, err := sidecar.New(enf, sidecar.WithInstance("t"))
 	require.NoError(t, err)
 	return s
 }
@@ -150,16 +153,19 @@ func TestBadRequestsGiveTheirReasonAndTheirOwnCode(t *testing.T) {
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
 	srv := redistest.Start(t)
 	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
-	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, StrictTimeout: time.Second,
-		HybridOptions: []hybrid.Option{hybrid.WithCheckTimeout(time.Second)}})
+	enf, err := policy.NewEnforcer(
+		rdb,
+		policy.WithStrictTimeout(time.Second),
+		policy.WithHybridOptions(hybrid.WithCheckTimeout(time.Second)),
+	)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = enf.Close(context.Background()) })
 	p, err := policy.Parse([]byte("version: 1\ndomain: api\nmissing_key: skip\nrules:\n  - {id: per-key, dimensions: [api_key], rate: 1, burst: 5}\n"), "p.yaml")
 	require.NoError(t, err)
 	require.NoError(t, enf.SetPolicy(p))
-	s, err := sidecar.New(sidecar.Config{Checker: enf, MeterProvider: mp, Instance: "t"})
+	s, err := sidecar.New(enf, sidecar.WithMeterProvider(mp), sidecar.WithInstance("t"))
 	require.NoError(t, err)
-	failed, err := sidecar.New(sidecar.Config{Checker: failing{}, MeterProvider: mp, Instance: "t"})
+	failed, err := sidecar.New(failing{}, sidecar.WithMeterProvider(mp), sidecar.WithInstance("t"))
 	require.NoError(t, err)
 
 	post := func(h http.Handler, body string) (int, map[string]string) {

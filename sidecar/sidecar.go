@@ -26,6 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/internal/option"
 	"github.com/hybridrate/hybridrate/policy"
 )
 
@@ -39,45 +40,24 @@ const (
 	MaxEntries = 16
 	// MaxBody is the largest JSON request body, in bytes.
 	MaxBody = 64 << 10
-	// HitsCostName is the name under which [HitsCost] is registered in policy.Config.CostFuncs.
+	// HitsCostName is the name under which [HitsCost] is registered in policy.WithCostFuncs.
 	HitsCostName = "hits_addend"
 )
 
-// Config configures a [Server]. Checker is required. The zero Config is invalid (New needs a
-// Checker). It is a plain value; New copies it.
-type Config struct {
-	// Checker decides on each descriptor: an *observe.Observer or a *policy.Enforcer.
-	Checker policy.Checker
-	// Keys maps descriptor entry keys to dimension names, beyond the defaults ("remote_address" is
-	// "ip"; any other key names the dimension of the same name; "tier" sets the tier).
-	Keys map[string]string
-	// MeterProvider receives the sidecar's own metrics (requests by API and code); the default is
-	// otel.GetMeterProvider().
-	MeterProvider metric.MeterProvider
-	// Instance is the hybridrate.instance attribute; the default is hybrid.DefaultInstance().
-	Instance string
-	// Upstream, when set, makes the Server answer as envoyproxy/ratelimit does (see "Upstream's
-	// configuration" in the package documentation): it returns the configuration in force, whose
-	// Policy the Checker enforces, or nil while none is loaded.
-	Upstream func() *policy.UpstreamConfig
-	// UpstreamShadow is upstream's SHADOW_MODE: the overall code is OK even when a descriptor is
-	// OVER_LIMIT (the statuses still say which). Only with Upstream.
-	UpstreamShadow bool
-	// UpstreamHeaders, when set, adds upstream's rate-limit headers (LIMIT_RESPONSE_HEADERS_ENABLED)
-	// under these names. Only with Upstream.
-	UpstreamHeaders *HeaderNames
-	// UpstreamStopIncrement is upstream's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT: when a request's
-	// hits would take some of its limits over, only those limits count them (upstream reads every
-	// count first, then charges only those). Only with Upstream.
-	UpstreamStopIncrement bool
-	// UpstreamStats, when set, counts each limit's hits as upstream's statistics do (see
-	// [UpstreamStats]). Only with Upstream.
-	UpstreamStats *UpstreamStats
-	// UpstreamNearLimitRatio is upstream's NEAR_LIMIT_RATIO: the share of a limit above which hits
-	// count as near_limit in UpstreamStats (upstream's default is 0.8).
-	UpstreamNearLimitRatio float32
-	// Now is the clock of duration_until_reset in upstream's answers; nil means time.Now.
-	Now func() time.Time
+// config is a Server's settings: Checker from New, the rest from its options (options.go); the
+// zero values stand for the defaults New fills in.
+type config struct {
+	Checker                policy.Checker
+	Keys                   map[string]string             // WithKeys
+	MeterProvider          metric.MeterProvider          // WithMeterProvider
+	Instance               string                        // WithInstance
+	Upstream               func() *policy.UpstreamConfig // WithUpstream
+	UpstreamShadow         bool                          // WithUpstreamShadow
+	UpstreamHeaders        *HeaderNames                  // WithUpstreamHeaders
+	UpstreamStopIncrement  bool                          // WithUpstreamStopIncrement
+	UpstreamStats          *UpstreamStats                // WithUpstreamStats
+	UpstreamNearLimitRatio float32                       // WithUpstreamNearLimitRatio
+	Now                    func() time.Time              // WithClock
 }
 
 // HeaderNames are the names of upstream's optional response headers. The zero HeaderNames names no
@@ -94,7 +74,7 @@ var DefaultHeaderNames = HeaderNames{Limit: "RateLimit-Limit", Remaining: "RateL
 // RateLimitServiceServer; it is safe for concurrent use.
 type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
-	cfg  Config
+	cfg  config
 	keys map[string]string
 	reqs metric.Int64Counter
 	lat  metric.Float64Histogram
@@ -104,11 +84,16 @@ type Server struct {
 
 var _ rlsv3.RateLimitServiceServer = (*Server)(nil)
 
-// New returns a Server. It does no I/O. Errors: a nil Checker, an empty key or dimension in Keys,
-// or the meter provider's error creating an instrument.
-func New(cfg Config) (*Server, error) {
-	if cfg.Checker == nil {
-		return nil, errors.New("sidecar: nil Checker")
+// New returns a Server that decides with c (an *observe.Observer or a *policy.Enforcer), configured
+// by opts. It does no I/O. Errors: a nil Checker or an invalid option (wrapping [ErrBadOption]), or
+// the meter provider's error creating an instrument.
+func New(c policy.Checker, opts ...Option) (*Server, error) {
+	if c == nil {
+		return nil, badOption("nil Checker")
+	}
+	cfg := config{Checker: c}
+	if err := option.Apply(&cfg, ErrBadOption, opts); err != nil {
+		return nil, err
 	}
 	if cfg.MeterProvider == nil {
 		cfg.MeterProvider = otel.GetMeterProvider()
@@ -121,9 +106,6 @@ func New(cfg Config) (*Server, error) {
 	}
 	keys := map[string]string{"remote_address": policy.DimIP}
 	for k, v := range cfg.Keys {
-		if k == "" || v == "" {
-			return nil, fmt.Errorf("sidecar: Keys: empty key or dimension in %q: %q", k, v)
-		}
 		keys[k] = v
 	}
 	s := &Server{cfg: cfg, keys: keys, inst: attribute.String("hybridrate.instance", cfg.Instance),
@@ -338,7 +320,7 @@ func (d *descriptor) Dimension(name string) (string, bool) {
 
 // HitsCost is a policy.CostFunc that charges a sidecar request's hits_addend (the descriptor's, else
 // the request's; 1 when neither is set, and for requests that did not come through a Server).
-// Register it in policy.Config.CostFuncs under HitsCostName and name it in a rule: `cost: {func:
+// Register it in policy.WithCostFuncs under HitsCostName and name it in a rule: `cost: {func:
 // hits_addend}`. Rules without a cost of their own charge the same by default (policy.Request.Cost).
 func HitsCost(r *policy.Request) int64 {
 	if d, ok := r.Dims.(*descriptor); ok && d.hits > 0 {

@@ -71,10 +71,12 @@ func newEnv(t *testing.T) *env {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
-	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb,
-		HybridOptions: []hybrid.Option{hybrid.WithCheckTimeout(time.Second)},
-		StrictTimeout: time.Second, // a loaded machine must not send a strict rule to its failure policy
-		CostFuncs:     map[string]policy.CostFunc{sidecar.HitsCostName: sidecar.HitsCost}})
+	enf, err := policy.NewEnforcer(
+		rdb,
+		policy.WithHybridOptions(hybrid.WithCheckTimeout(time.Second)),
+		policy.WithStrictTimeout(time.Second),
+		policy.WithCostFuncs(map[string]policy.CostFunc{sidecar.HitsCostName: sidecar.HitsCost}),
+	)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = enf.Close(context.Background()) })
 	p, err := policy.Parse([]byte(sidecarPolicy), "sidecar.yaml")
@@ -84,7 +86,7 @@ func newEnv(t *testing.T) *env {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	srv, err := sidecar.New(sidecar.Config{Checker: enf, MeterProvider: mp, Instance: "sc-1"})
+	srv, err := sidecar.New(enf, sidecar.WithMeterProvider(mp), sidecar.WithInstance("sc-1"))
 	require.NoError(t, err)
 
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -263,7 +265,7 @@ func (failing) Check(context.Context, *policy.Request) (policy.Result, error) {
 }
 
 func TestUnavailableWhenNoDecision(t *testing.T) {
-	srv, err := sidecar.New(sidecar.Config{Checker: failing{}})
+	srv, err := sidecar.New(failing{})
 	require.NoError(t, err)
 	_, err = srv.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Descriptors: []*rlv3.RateLimitDescriptor{desc("api_key", "k")}})
 	assert.Equal(t, codes.Unavailable, status.Code(err))
@@ -271,8 +273,10 @@ func TestUnavailableWhenNoDecision(t *testing.T) {
 	srv.CheckHandler().ServeHTTP(rec, httptest.NewRequest("POST", "/v1/check",
 		bytes.NewBufferString(`{"descriptors":[{"entries":[{"key":"api_key","value":"k"}]}]}`)))
 	assert.Equal(t, http.StatusServiceUnavailable, rec.Code)
-	_, err = sidecar.New(sidecar.Config{})
-	assert.Error(t, err)
-	_, err = sidecar.New(sidecar.Config{Checker: failing{}, Keys: map[string]string{"x": ""}})
-	assert.Error(t, err)
+	_, err = sidecar.New(nil)
+	assert.ErrorIs(t, err, sidecar.ErrBadOption)
+	_, err = sidecar.New(failing{}, sidecar.WithKeys(map[string]string{"x": ""}))
+	assert.ErrorIs(t, err, sidecar.ErrBadOption)
+	_, err = sidecar.New(failing{}, nil)
+	assert.ErrorIs(t, err, sidecar.ErrBadOption)
 }

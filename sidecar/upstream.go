@@ -11,6 +11,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/policy"
 )
 
@@ -203,7 +204,7 @@ func (s *Server) checkUpstream(ctx context.Context, domain string, m policy.Upst
 	for _, d := range res.Decisions {
 		if d.Rule == m.Rule {
 			c := upstreamCheck{over: !d.Allowed, remaining: d.Remaining, excess: d.Excess, ok: true}
-			if d.Source == policy.SourceMemo {
+			if d.Source == outcome.SourceMemo {
 				// A remembered denial: the count was above the limit before these hits, which
 				// upstream would have counted on top (its exact value is not known here).
 				c.excess = max(c.excess, hits)

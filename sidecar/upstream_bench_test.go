@@ -22,8 +22,11 @@ import (
 func BenchmarkUpstreamLeased(b *testing.B) {
 	srv := redistest.Start(b)
 	rdb := srv.Client(b, func(o *redis.Options) { o.MaxRetries = -1 })
-	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, StrictTimeout: time.Second,
-		WindowLeases: true, WindowLeaseLife: 10 * time.Second})
+	enf, err := policy.NewEnforcer(
+		rdb,
+		policy.WithStrictTimeout(time.Second),
+		policy.WithWindowLeases(10*time.Second),
+	)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -32,14 +35,14 @@ func BenchmarkUpstreamLeased(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	cfg, err := policy.NewUpstreamConfig([]*policy.UpstreamFile{f}, policy.UpstreamOptions{})
+	cfg, err := policy.NewUpstreamConfig([]*policy.UpstreamFile{f})
 	if err != nil {
 		b.Fatal(err)
 	}
 	if err := enf.SetPolicy(cfg.Policy()); err != nil {
 		b.Fatal(err)
 	}
-	s, err := sidecar.New(sidecar.Config{Checker: enf, Upstream: func() *policy.UpstreamConfig { return cfg }})
+	s, err := sidecar.New(enf, sidecar.WithUpstream(func() *policy.UpstreamConfig { return cfg }))
 	if err != nil {
 		b.Fatal(err)
 	}

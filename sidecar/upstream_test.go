@@ -37,16 +37,20 @@ func newUpstreamServer(t *testing.T, headers *sidecar.HeaderNames, now time.Time
 	t.Helper()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
-	enf, err := policy.NewEnforcer(policy.Config{Redis: rdb, StrictTimeout: time.Second})
+	enf, err := policy.NewEnforcer(rdb, policy.WithStrictTimeout(time.Second))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = enf.Close(context.Background()) })
 	f, err := policy.ParseUpstream([]byte(upstreamYAML), "config/rl.yaml")
 	require.NoError(t, err)
-	cfg, err := policy.NewUpstreamConfig([]*policy.UpstreamFile{f}, policy.UpstreamOptions{})
+	cfg, err := policy.NewUpstreamConfig([]*policy.UpstreamFile{f})
 	require.NoError(t, err)
 	require.NoError(t, enf.SetPolicy(cfg.Policy()))
-	s, err := sidecar.New(sidecar.Config{Checker: enf, Upstream: func() *policy.UpstreamConfig { return cfg },
-		UpstreamHeaders: headers, Now: func() time.Time { return now }})
+	s, err := sidecar.New(
+		enf,
+		sidecar.WithUpstream(func() *policy.UpstreamConfig { return cfg }),
+		sidecar.WithUpstreamHeaders(headers),
+		sidecar.WithClock(func() time.Time { return now }),
+	)
 	require.NoError(t, err)
 	return s
 }

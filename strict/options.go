@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/hybridrate/hybridrate/internal/limits"
 	"github.com/hybridrate/hybridrate/internal/option"
 	"github.com/hybridrate/hybridrate/internal/redisx"
 )
@@ -59,12 +58,9 @@ func newOptions() options {
 // WithKeyPrefix sets the string that starts every key: 1 to 64 bytes with no braces or whitespace.
 // The default is DefaultKeyPrefix ("hr").
 func WithKeyPrefix(p string) Option {
-	return optionFunc(func(o *options) error {
-		if !redisx.ValidPrefix(p) {
-			return option.Bad(ErrBadOption, "key prefix %q: want 1 to %d bytes without braces or whitespace", p, limits.MaxKeyPrefixLen)
-		}
-		o.prefix = p
-		return nil
+	return optionFunc(func(o *options) (err error) {
+		o.prefix, err = option.KeyPrefix(ErrBadOption, p)
+		return err
 	})
 }
 

@@ -260,13 +260,13 @@ func parseCompat(getenv func(string) string) (config, error) {
 	// HYBRIDRATED_ALGORITHM, which upstream never reads, is the opt-in to another algorithm for
 	// every limit (hybrid: local-first token buckets); empty keeps upstream's windows and answers.
 	if a := policy.Algorithm(getenv("HYBRIDRATED_ALGORITHM")); a != "" {
-		if _, err := policy.NewUpstreamConfig(nil, policy.UpstreamOptions{Algorithm: a}); err != nil {
+		if _, err := policy.NewUpstreamConfig(nil, policy.WithUpstreamAlgorithm(a)); err != nil {
 			add(fmt.Errorf("HYBRIDRATED_ALGORITHM: %w", err))
 		}
 		cm.algorithm = a
 	}
 	// HYBRIDRATED_WINDOW_LEASE, which upstream never reads, sizes the leases of upstream's windows
-	// (policy.Config.WindowLeaseLife); 0 counts every check in Redis, as upstream does.
+	// (policy.WithWindowLeases); 0 counts every check in Redis, as upstream does.
 	cm.lease = DefaultWindowLease
 	if v := getenv("HYBRIDRATED_WINDOW_LEASE"); v != "" {
 		d, err := time.ParseDuration(v)
@@ -311,7 +311,11 @@ func (u *upstreamSource) load(force bool) error {
 		var files []*policy.UpstreamFile
 		files, err = policy.LoadUpstreamDir(u.cm.configDir, u.cm.ignoreDot)
 		if err == nil {
-			cfg, err = policy.NewUpstreamConfig(files, policy.UpstreamOptions{MergeDomains: u.cm.merge, Algorithm: u.cm.algorithm})
+			opts := []policy.UpstreamOption{policy.WithUpstreamAlgorithm(u.cm.algorithm)}
+			if u.cm.merge {
+				opts = append(opts, policy.WithMergeDomains())
+			}
+			cfg, err = policy.NewUpstreamConfig(files, opts...)
 		}
 	}
 	if err == nil {

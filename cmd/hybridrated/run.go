@@ -125,11 +125,11 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 	if cfg.relay {
 		var id [8]byte
 		_, _ = rand.Read(id[:])
-		rc := relay.Config{Central: relay.ClientConfig(rdb, hybrid.DefaultKeyPrefix, "relay-"+hex.EncodeToString(id[:]))}
+		var ro []relay.Option
 		if cfg.relayOwner {
-			rc.ColdCredit = 1
+			ro = append(ro, relay.WithColdCredit(1))
 		}
-		rel, err = relay.New(rc)
+		rel, err = relay.New(relay.ClientConfig(rdb, hybrid.DefaultKeyPrefix, "relay-"+hex.EncodeToString(id[:])), ro...)
 		if err != nil {
 			return err
 		}
@@ -147,20 +147,20 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 			log.Warn("setting of envoyproxy/ratelimit ignored", "setting", why)
 		}
 	}
-	enf, err := policy.NewEnforcer(policy.Config{
-		Redis:         rdb,
-		KeyPrefix:     prefix,
-		HybridOptions: hybridOpts,
-		StrictTimeout: strictTimeout,
+	enfOpts := []policy.Option{
+		policy.WithHybridOptions(hybridOpts...),
+		policy.WithStrictTimeout(strictTimeout),
+		policy.WithHashKey(cfg.hashKey),
+		policy.WithDimensions("domain"),
+		policy.WithCostFuncs(map[string]policy.CostFunc{sidecar.HitsCostName: sidecar.HitsCost}),
+		policy.WithLogger(log),
+	}
+	if cfg.compat != nil {
 		// Upstream's windows (the default algorithm of upstream's files) are counted as upstream
 		// counts them, local-first with leases.
-		WindowLeases:    cfg.compat != nil,
-		WindowLeaseLife: leaseLife(cfg.compat),
-		HashKey:         cfg.hashKey,
-		Dimensions:      []string{"domain"},
-		CostFuncs:       map[string]policy.CostFunc{sidecar.HitsCostName: sidecar.HitsCost},
-		Logger:          log,
-	})
+		enfOpts = append(enfOpts, policy.WithKeyPrefix(prefix), policy.WithWindowLeases(leaseLife(cfg.compat)))
+	}
+	enf, err := policy.NewEnforcer(rdb, enfOpts...)
 	if err != nil {
 		return err
 	}
@@ -177,8 +177,8 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 		returnMemory(memCtx, cfg.idleEviction, heldKeys(enf.Limiter), debug.FreeOSMemory)
 	}()
 	defer func() { stopMem(); <-memDone }()
-	obs, err := observe.New(enf, observe.Config{MeterProvider: mp, Instance: instance, HashKey: cfg.dashboardKey,
-		RevealSubjects: cfg.revealSubjects, Window: 15 * time.Minute}) // the dashboard offers 1, 5 and 15 minutes
+	obs, err := observe.New(enf, observe.WithMeterProvider(mp), observe.WithInstance(instance), observe.WithHashKey(cfg.dashboardKey),
+		observe.WithRevealSubjects(cfg.revealSubjects), observe.WithWindow(15*time.Minute)) // the dashboard offers 1, 5 and 15 minutes
 	if err != nil {
 		return err
 	}
@@ -186,7 +186,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 	var dashOpts []dashboard.Option
 	if cfg.fleetInterval > 0 {
 		// This instance's counters, for every instance's fleet view: one small key with a TTL.
-		fleet, err := observe.NewFleet(obs, observe.FleetConfig{Redis: rdb, Interval: cfg.fleetInterval, Logger: log})
+		fleet, err := observe.NewFleet(obs, rdb, observe.WithReportInterval(cfg.fleetInterval), observe.WithLogger(log))
 		if err != nil {
 			return err
 		}
@@ -228,30 +228,37 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 		rl.succeeded(len(p.Rules), time.Now())
 		log.Warn("enforcing the built-in example policy (cmd/hybridrated/default.yaml): not for production; pass -policy FILE")
 	} else {
-		reloader, err = policy.NewReloader(policy.ReloaderConfig{
-			Path: cfg.policyPath, Target: obs, Interval: cfg.reload,
-			OnReload: func(p *policy.Policy) {
+		reloader, err = policy.NewReloader(
+			cfg.policyPath,
+			obs,
+			policy.WithReloadInterval(cfg.reload),
+			policy.WithOnReload(func(p *policy.Policy) {
 				rl.succeeded(len(p.Rules), time.Now())
 				log.Info("policy reloaded", "file", cfg.policyPath, "rules", len(p.Rules))
-			},
-			OnError: func(err error) {
+			}),
+			policy.WithOnReloadError(func(err error) {
 				rl.failedWith(err, time.Now())
 				log.Error("policy rejected; the previous one stays in force", "err", err)
-			},
-		})
+			}),
+		)
 		if err != nil {
 			return err
 		}
 		rl.succeeded(len(enf.Policy().Rules), time.Now())
 	}
 
-	scfg := sidecar.Config{Checker: obs, MeterProvider: mp, Instance: instance}
+	sopts := []sidecar.Option{sidecar.WithMeterProvider(mp), sidecar.WithInstance(instance)}
 	if ups != nil {
-		scfg.Upstream, scfg.UpstreamShadow, scfg.UpstreamHeaders = ups.cur.Load, cfg.compat.shadow, cfg.compat.headers
-		scfg.UpstreamStopIncrement = cfg.compat.stopIncr
-		scfg.UpstreamStats, scfg.UpstreamNearLimitRatio = ups.metrics.stats, float32(cfg.compat.nearRatio)
+		sopts = append(sopts, sidecar.WithUpstream(ups.cur.Load), sidecar.WithUpstreamHeaders(cfg.compat.headers),
+			sidecar.WithUpstreamStats(ups.metrics.stats), sidecar.WithUpstreamNearLimitRatio(float32(cfg.compat.nearRatio)))
+		if cfg.compat.shadow {
+			sopts = append(sopts, sidecar.WithUpstreamShadow())
+		}
+		if cfg.compat.stopIncr {
+			sopts = append(sopts, sidecar.WithUpstreamStopIncrement())
+		}
 	}
-	srv, err := sidecar.New(scfg)
+	srv, err := sidecar.New(obs, sopts...)
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/cmd/loadgen/internal/workload"
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // allModes is the order --mode all runs the modes in.
@@ -64,7 +65,7 @@ type config struct {
 
 	syncInterval time.Duration
 	drift        float64
-	policy       hybrid.FailurePolicy
+	policy       outcome.FailurePolicy
 	syncTimeout  time.Duration
 	leaseAdvance time.Duration
 	maxKeys      int
@@ -350,8 +351,8 @@ func parseModes(s string) ([]string, error) {
 	return out, nil
 }
 
-func parsePolicy(s string) (hybrid.FailurePolicy, error) {
-	for _, p := range []hybrid.FailurePolicy{hybrid.LocalFallback, hybrid.FailOpen, hybrid.FailClosed} {
+func parsePolicy(s string) (outcome.FailurePolicy, error) {
+	for _, p := range []outcome.FailurePolicy{outcome.LocalFallback, outcome.FailOpen, outcome.FailClosed} {
 		if p.String() == s {
 			return p, nil
 		}

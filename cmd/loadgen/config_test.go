@@ -12,6 +12,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/cmd/loadgen/internal/workload"
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 func TestParseConfigDefaults(t *testing.T) {
@@ -26,7 +27,7 @@ func TestParseConfigDefaults(t *testing.T) {
 	assert.Equal(t, defaultDuration, c.duration)
 	assert.Equal(t, float64(defaultLoad), c.load)
 	assert.InDelta(t, defaultLoad*defaultKeys*defaultRate, c.rps, 1e-9, "demand = load × keys × rate / cost")
-	assert.Equal(t, hybrid.LocalFallback, c.policy)
+	assert.Equal(t, outcome.LocalFallback, c.policy)
 	assert.Equal(t, hybrid.DefaultSyncInterval, c.syncInterval)
 	assert.Equal(t, hybrid.DefaultDriftThreshold, c.drift)
 	assert.Equal(t, embeddedSyncTimeout, c.syncTimeout, "the embedded miniredis is slow")
@@ -80,7 +81,7 @@ func TestParseConfigFlags(t *testing.T) {
 			assert.Equal(t, 2*time.Second, c.leaseAdvance)
 			assert.Equal(t, 50*time.Millisecond, c.syncInterval)
 			assert.Zero(t, c.drift)
-			assert.Equal(t, hybrid.FailClosed, c.policy)
+			assert.Equal(t, outcome.FailClosed, c.policy)
 			assert.Equal(t, 2*time.Millisecond, c.syncTimeout)
 			assert.Equal(t, 1000, c.maxKeys)
 		}},

@@ -13,6 +13,7 @@ import (
 	"github.com/hybridrate/hybridrate/cmd/loadgen/internal/peers"
 	"github.com/hybridrate/hybridrate/cmd/loadgen/internal/report"
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 // node is one member of the simulated fleet: one process's limiter. allow decides one request of the
@@ -157,7 +158,7 @@ type hybridNode struct {
 // local denial) or its deny cache.
 func (n *hybridNode) allow(ctx context.Context, k int, _ time.Duration) (bool, bool, error) {
 	d, err := n.lim.AllowN(ctx, n.keys[k], n.limit, n.cost)
-	return d.Allowed, d.Source == hybrid.SourceLocal || d.Source == hybrid.SourceDenyCache, err
+	return d.Allowed, d.Source == outcome.SourceLocal || d.Source == outcome.SourceDenyCache, err
 }
 
 type strictNode struct {

@@ -148,30 +148,31 @@ func newService(cfg config, log *slog.Logger) (*service, error) {
 	if k := os.Getenv("RATE_LIMIT_HASH_KEY"); k != "" {
 		hashKey = []byte(k) // keys in Redis are HMACs: no raw API key or address reaches Redis
 	}
-	enf, err := policy.NewEnforcer(policy.Config{
-		Redis:         s.rdb,
-		HybridOptions: hybridOpts,
-		StrictTimeout: strictTimeout,
-		HashKey:       hashKey,
-		Logger:        log,
-		OnShadowDeny: func(ev policy.ShadowEvent) {
+	enf, err := policy.NewEnforcer(
+		s.rdb,
+		policy.WithHybridOptions(hybridOpts...),
+		policy.WithStrictTimeout(strictTimeout),
+		policy.WithHashKey(hashKey),
+		policy.WithLogger(log),
+		policy.WithOnShadowDeny(func(ev policy.ShadowEvent) {
 			log.Info("shadow rule would deny", "rule", ev.Rule, "unit", ev.Unit, "retry_after", ev.Decision.RetryAfter)
-		},
-	})
+		}),
+	)
 	if err != nil {
 		s.closeRedis()
 		return nil, err
 	}
 	s.enf = enf
-	rl, err := policy.NewReloader(policy.ReloaderConfig{
-		Path:     cfg.policyPath,
-		Target:   enf,
-		Interval: cfg.reloadInterval,
-		OnReload: func(p *policy.Policy) { log.Info("policy reloaded", "path", cfg.policyPath, "rules", len(p.Rules)) },
-		OnError: func(err error) {
+	rlOpts := []policy.ReloaderOption{
+		policy.WithOnReload(func(p *policy.Policy) { log.Info("policy reloaded", "path", cfg.policyPath, "rules", len(p.Rules)) }),
+		policy.WithOnReloadError(func(err error) {
 			log.Error("policy rejected; the previous policy stays in force", "error", err)
-		},
-	})
+		}),
+	}
+	if cfg.reloadInterval != 0 { // zero: the default
+		rlOpts = append(rlOpts, policy.WithReloadInterval(cfg.reloadInterval))
+	}
+	rl, err := policy.NewReloader(cfg.policyPath, enf, rlOpts...)
 	if err != nil {
 		_ = s.Close(context.Background())
 		return nil, err

@@ -2,7 +2,10 @@ package option
 
 import (
 	"errors"
+	"strings"
 	"testing"
+
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 type settings struct{ trail []int }
@@ -43,5 +46,44 @@ func TestApply(t *testing.T) {
 	}
 	if got := Bad(errBad, "x %d", 7).Error(); got != "test: bad option: x 7" {
 		t.Errorf("Bad = %q", got)
+	}
+}
+
+// TestKeyPrefixAndFailurePolicy: the shared checks of WithKeyPrefix and WithFailurePolicy accept
+// what every package accepts, map DefaultFailure to LocalFallback, and wrap the package's sentinel.
+func TestKeyPrefixAndFailurePolicy(t *testing.T) {
+	if p, err := KeyPrefix(errBad, "hr"); p != "hr" || err != nil {
+		t.Errorf(`KeyPrefix("hr") = %q, %v; want "hr", nil`, p, err)
+	}
+	for _, p := range []string{"", "a{b", "a}b", "a b", strings.Repeat("x", 65)} {
+		if _, err := KeyPrefix(errBad, p); !errors.Is(err, errBad) {
+			t.Errorf("KeyPrefix(%q) = %v, want an error wrapping %v", p, err, errBad)
+		}
+	}
+	for in, want := range map[outcome.FailurePolicy]outcome.FailurePolicy{
+		outcome.DefaultFailure: outcome.LocalFallback,
+		outcome.LocalFallback:  outcome.LocalFallback,
+		outcome.FailOpen:       outcome.FailOpen,
+		outcome.FailClosed:     outcome.FailClosed,
+	} {
+		if got, err := FailurePolicy(errBad, in); got != want || err != nil {
+			t.Errorf("FailurePolicy(%v) = %v, %v; want %v, nil", in, got, err, want)
+		}
+	}
+	for _, in := range []outcome.FailurePolicy{-1, outcome.FailClosed + 1} {
+		if _, err := FailurePolicy(errBad, in); !errors.Is(err, errBad) {
+			t.Errorf("FailurePolicy(%d) = %v, want an error wrapping %v", in, err, errBad)
+		}
+	}
+}
+
+// TestNonNil: a nil pointer is an error wrapping the sentinel and naming the argument.
+func TestNonNil(t *testing.T) {
+	n := 1
+	if p, err := NonNil(errBad, "n", &n); p != &n || err != nil {
+		t.Errorf("NonNil(&n) = %v, %v; want &n, nil", p, err)
+	}
+	if _, err := NonNil[int](errBad, "n", nil); !errors.Is(err, errBad) || err.Error() != "test: bad option: nil n" {
+		t.Errorf("NonNil(nil) = %v, want %q", err, "test: bad option: nil n")
 	}
 }

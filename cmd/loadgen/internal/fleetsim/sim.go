@@ -40,6 +40,7 @@ import (
 	"github.com/hybridrate/hybridrate/cmd/loadgen/internal/workload"
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/virtual"
+	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/relay"
 )
 
@@ -429,12 +430,12 @@ func runHybrid(ctx context.Context, cfg Config, s Scenario, n int, arr []arrival
 			cc.ScriptNow = func() int64 { return clk.now().UnixMicro() }
 			// The fleet's size, as the registry would count it (the nodes join it; the relays'
 			// own heartbeats are not simulated).
-			rc := relay.Config{Central: cc, Interval: hybrid.DefaultSyncInterval,
-				Fleet: func() int64 { return int64(n) }, Now: func() int64 { return clk.ns.Load() + 1 }}
+			ro := []relay.Option{relay.WithInterval(hybrid.DefaultSyncInterval),
+				relay.WithFleet(func() int64 { return int64(n) }), relay.WithClock(func() int64 { return clk.ns.Load() + 1 })}
 			if cfg.Shard {
-				rc.ColdCredit = 1 // each key reaches Redis through its owner only
+				ro = append(ro, relay.WithColdCredit(1)) // each key reaches Redis through its owner only
 			}
-			rl, err := relay.New(rc)
+			rl, err := relay.New(cc, ro...)
 			if err != nil {
 				return r, err
 			}
@@ -572,9 +573,9 @@ func runHybrid(ctx context.Context, cfg Config, s Scenario, n int, arr []arrival
 		if w.open {
 			decisions++
 			switch d.Source {
-			case hybrid.SourceLocal, hybrid.SourceDenyCache:
+			case outcome.SourceLocal, outcome.SourceDenyCache:
 				local++
-			case hybrid.SourceFallback:
+			case outcome.SourceFallback:
 				fallback++
 			}
 			_ = hist.RecordValue(max(int64(lat), 1))

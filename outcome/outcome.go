@@ -1,10 +1,13 @@
-// Package outcome holds the words every limiter of the module uses for the outcome of a decision:
-// who made it ([Source]) and what a limit does when Redis cannot make it ([FailurePolicy]). They are
-// defined once here so that hybrid, concurrency and policy share one type and one set of values:
-// hybrid and concurrency re-export them (hybrid.FailClosed and concurrency.FailClosed are one value;
-// a policy rule's OnFailure is a hybrid.FailurePolicy), policy.Source is hybrid.Source with the two
-// values only a policy gives (policy.SourceStrict, policy.SourceMemo). Nothing outside the module
-// imports this package.
+// Package outcome is the vocabulary of a decision's outcome shared by every limiter of the module:
+// who made a decision ([Source]) and what a limit does when Redis cannot make it ([FailurePolicy]).
+// Each is one type with one set of values, owned here and used directly by hybrid, concurrency,
+// strict (through policy's rules) and policy: hybrid.Decision.Source, concurrency's Lease.Source and
+// policy.Decision.Source are an outcome.Source; hybrid.WithFailurePolicy,
+// concurrency.WithFailurePolicy, hybrid.Limit.OnFailure and policy.Rule.OnFailure take an
+// outcome.FailurePolicy. What a policy does in detail is the business of the limiter it is given to,
+// and its With option says so.
+//
+// The package has no state and does no I/O; its values are plain constants, safe for concurrent use.
 package outcome
 
 import "fmt"
