@@ -31,7 +31,8 @@ var keySets = []keySet{
 // background sync running at the default interval), a per-key map of x/time/rate limiters behind a
 // mutex (what users write), a sync.Map of them (impl=xrate-syncmap), and a bare Go map lookup of a pointer, on the same key sequences.
 // impl=hybrid-nosync is hybrid with a 1-minute sync interval: the hot path alone, without the
-// background reconcile competing for the two cores.
+// background reconcile competing for the two cores; impl=hybrid-nosync-ban the same with one other
+// key banned, as a service usually has some key banned or denied (the deny cache is not empty).
 //
 // Each implementation holds the keys its sequence visits before the timer starts: all 1,024 of
 // keys=1k, and for keys=1M-zipf (a 2^20-key space drawn with Zipf s=1.1) the 143,067 distinct keys
@@ -50,7 +51,9 @@ func BenchmarkAllow(b *testing.B) {
 			for _, v := range []struct {
 				name string
 				sync time.Duration
-			}{{"impl=hybrid", hybrid.DefaultSyncInterval}, {"impl=hybrid-nosync", time.Minute}} {
+				ban  bool // another key is banned (held in the limiter's deny cache)
+			}{{"impl=hybrid", hybrid.DefaultSyncInterval, false}, {"impl=hybrid-nosync", time.Minute, false},
+				{"impl=hybrid-nosync-ban", time.Minute, true}} {
 				var (
 					once sync.Once
 					lim  *hybrid.Limiter
@@ -60,6 +63,11 @@ func BenchmarkAllow(b *testing.B) {
 						lim = newLimiter(b, rdb, hybrid.WithKeyPrefix("bench"+ks.name[5:]+v.name[5:]),
 							hybrid.WithCheckTimeout(time.Second), hybrid.WithSyncInterval(v.sync))
 						warm(b, lim, keys, ks.warm(seq))
+						if v.ban {
+							if err := lim.Ban(context.Background(), "not-one-of-the-keys", time.Hour); err != nil {
+								b.Fatal(err)
+							}
+						}
 					})
 					benchDecide(b, keys, seq, func(key string) bool {
 						d, err := lim.Allow(context.Background(), key, generous)
