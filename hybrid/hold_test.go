@@ -2,6 +2,9 @@ package hybrid_test
 
 import (
 	"context"
+	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -70,4 +73,60 @@ func TestBanHoldsAKeyDecidedLocally(t *testing.T) {
 		require.NoError(t, lim.Unban(ctx, "new"))
 		local(lim, "new")
 	})
+}
+
+// TestBanRacesDecisions: decisions on a key, and on enough other keys to evict and re-insert its
+// entry (a cap of 64 keys), run while the key is banned and unbanned on this node over and over. A
+// decision that starts after Ban returned is never admitted, whichever entry the key has then
+// (held by Ban, or inserted after it and held by insert).
+func TestBanRacesDecisions(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	lim := newLimiter(t, srv.Client(t), hybrid.WithKeyPrefix("holdrace"), hybrid.WithMaxKeys(64))
+	awaitBans(t, lim)
+	limit := hybrid.Limit{Rate: 1e6, Burst: 1e6}
+	var (
+		banned   atomic.Bool // set after Ban returned, cleared before Unban starts
+		stop     atomic.Bool
+		wrong    atomic.Int64
+		admitted atomic.Int64
+		wg       sync.WaitGroup
+	)
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; !stop.Load(); i++ {
+				key := "k"
+				if i%2 == 1 {
+					key = "other:" + strconv.Itoa(g) + ":" + strconv.Itoa(i%512)
+				}
+				was := banned.Load()
+				d, err := lim.Allow(ctx, key, limit)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if key == "k" && d.Allowed {
+					admitted.Add(1)
+					if was {
+						wrong.Add(1)
+					}
+				}
+			}
+		}()
+	}
+	for round := 0; round < 20; round++ {
+		require.NoError(t, lim.Ban(ctx, "k", time.Hour))
+		banned.Store(true)
+		time.Sleep(5 * time.Millisecond) // decisions run against the ban
+		banned.Store(false)
+		require.NoError(t, lim.Unban(ctx, "k"))
+		time.Sleep(5 * time.Millisecond) // and without it
+	}
+	stop.Store(true)
+	wg.Wait()
+	assert.Zero(t, wrong.Load(), "decisions on k admitted though they started after Ban returned")
+	assert.Positive(t, admitted.Load(), "k was admitted between the bans")
+	t.Logf("k admitted %d times; %d evictions", admitted.Load(), lim.Stats().Evictions)
 }
