@@ -208,3 +208,62 @@ func reportCPU(b *testing.B, since time.Duration) {
 	}
 	b.ReportMetric(float64(processCPU()-since)/float64(b.N), "cpu-ns/op")
 }
+
+// BenchmarkAllowDenied measures a decision on a key over its limit (Rate 1/s, Burst 10, spent
+// before the timer) on a node whose last answer from Redis for it said the bucket is empty: such
+// decisions are denied locally for up to a second after that answer, then one asks Redis again
+// (metric local-%: the share of decisions denied locally, the rest went to Redis). impl=hybrid-nosync
+// without bans, impl=hybrid-nosync-ban with one other key banned. It reports cpu-ns/op as
+// BenchmarkAllow does.
+func BenchmarkAllowDenied(b *testing.B) {
+	_, rdb := startRedis(b)
+	over := hybrid.Limit{Rate: 1, Burst: 10}
+	for _, v := range []struct {
+		name string
+		ban  bool
+	}{{"impl=hybrid-nosync", false}, {"impl=hybrid-nosync-ban", true}} {
+		var once sync.Once
+		// The limiter belongs to the parent benchmark: a leaf benchmark's function runs once per
+		// b.N tried, and the limiter must outlive the first.
+		lim := newLimiter(b, rdb, hybrid.WithKeyPrefix("denied"+v.name[5:]),
+			hybrid.WithCheckTimeout(time.Second), hybrid.WithSyncInterval(time.Minute))
+		b.Run(v.name, func(b *testing.B) {
+			ctx := context.Background()
+			once.Do(func() {
+				if v.ban {
+					if err := lim.Ban(ctx, "not-one-of-the-keys", time.Hour); err != nil {
+						b.Fatal(err)
+					}
+				}
+				deadline := time.Now().Add(10 * time.Second)
+				for {
+					d, err := lim.Allow(ctx, "over", over)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if !d.Allowed && d.Source == hybrid.SourceLocal {
+						break // denied locally: the state the benchmark measures
+					}
+					if time.Now().After(deadline) {
+						b.Fatalf("no local denial within 10s: %+v", d)
+					}
+				}
+			})
+			var local int
+			b.ReportAllocs()
+			b.ResetTimer()
+			cpu := processCPU()
+			for i := 0; i < b.N; i++ {
+				d, err := lim.Allow(ctx, "over", over)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if !d.Allowed && d.Source == hybrid.SourceLocal {
+					local++
+				}
+			}
+			reportCPU(b, cpu)
+			b.ReportMetric(100*float64(local)/float64(b.N), "local-%")
+		})
+	}
+}
