@@ -348,19 +348,22 @@ func (l *Limiter) allowN(ctx context.Context, key string, limit Limit, n int64) 
 	return l.decide(ctx, key, l.store.Hash(key), limit, n)
 }
 
-// decide is allowN after its checks, for valid input and h = l.store.Hash(key): the deny cache, the
-// local allowance, then Redis (slow).
+// decide is allowN after its checks, for valid input and h = l.store.Hash(key): the deny cache (for
+// a key without an entry or with a held one), the local allowance, then Redis (slow).
 //
 //go:noinline
 func (l *Limiter) decide(ctx context.Context, key string, h uint64, limit Limit, n int64) (Decision, error) {
 	st := &l.counts[h&(numStripes-1)]
-	if !l.deny.Empty() {
+	e := l.store.Lookup(key, h)
+	// A key with an entry that is not held is not in the deny cache (see hold): the cache, its
+	// clock read and its lock are for keys without an entry and for held ones.
+	if (e == nil || e.Held()) && !l.deny.Empty() {
 		if d, ok := l.denied(key, limit); ok {
 			st.deny.Add(1)
 			return d, nil
 		}
 	}
-	if e := l.store.Lookup(key, h); e != nil {
+	if e != nil {
 		if e.Held() {
 			// The deny cache no longer holds the key (its ban ended): its decisions may take the
 			// fast path again. Release first, then look again: a ban made in between is either seen
