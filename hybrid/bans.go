@@ -86,7 +86,7 @@ func (l *Limiter) onBanTotal(n int64) {
 // joins the local copy, so that the key's next decisions are denied without I/O.
 func (l *Limiter) banned(key string, limit Limit, retry time.Duration) Decision {
 	retry = max(retry, time.Millisecond)
-	l.deny.Ban(key, l.opts.now().Add(retry))
+	l.ban(key, l.opts.now().Add(retry))
 	return Decision{Limit: limit, RetryAfter: retry, ResetAfter: retry, Source: outcome.SourceDenyCache}
 }
 
@@ -114,7 +114,7 @@ func (l *Limiter) checkBans(ctx context.Context, onErr func(error)) {
 				now := l.opts.now()
 				for i, d := range rem {
 					if d > 0 {
-						l.deny.Ban(batch[i], now.Add(d))
+						l.ban(batch[i], now.Add(d))
 					}
 				}
 			}

@@ -180,7 +180,7 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 		Now:       l.mono,
 		OnState: func(e *local.Entry, st central.State) {
 			if st.Status == central.StatusBanned {
-				l.deny.Ban(e.Key(), l.opts.now().Add(max(st.RetryAfter, time.Millisecond)))
+				l.ban(e.Key(), l.opts.now().Add(max(st.RetryAfter, time.Millisecond)))
 			} else if l.bansIncomplete() {
 				l.bans.add(e.Key()) // it may be banned beyond the local copy: check it
 			}
@@ -286,12 +286,14 @@ func (l *Limiter) Allow(ctx context.Context, key string, limit Limit) (Decision,
 // Most calls are answered from local state without I/O or allocation. A call that must ask Redis
 // waits at most the check timeout (WithCheckTimeout) and ctx.
 func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) (Decision, error) {
-	// The fast path: valid input, no bans or recent denials held, and the key's entry holding the
-	// limit and allowance for n. It makes the checks allowN makes, in one branch, and one call into
-	// the store (local.Store.Take); anything else goes the long way, allowN, which starts over (a
-	// failed Take has taken nothing). Kept small so that it spills little around its three calls.
+	// The fast path: valid input, and the key's entry holding the limit and allowance for n and not
+	// held (a key the deny cache holds has its entry held: see hold). It makes the checks allowN
+	// makes, in one branch, and one call into the store (local.Store.Take); it does not look at the
+	// deny cache, so a ban of some other key costs it nothing. A failed Take has taken nothing: the
+	// call goes on in decide with the key's hash; input that fails a check goes the long way,
+	// allowN, which says why. Kept small so that it spills little around its calls.
 	if !l.closed.Load() && len(key) != 0 && len(key) <= MaxKeyLen && limits.RateOK(limit.Rate, limit.Burst) &&
-		uint(limit.OnFailure) <= uint(outcome.FailClosed) && n >= 1 && n <= limit.Burst && l.deny.Empty() && ctx.Err() == nil {
+		uint(limit.OnFailure) <= uint(outcome.FailClosed) && n >= 1 && n <= limit.Burst && ctx.Err() == nil {
 		h := l.store.Hash(key)
 		if e := l.store.Take(key, h, limit.Rate, limit.Burst, n); e != nil {
 			if l.closed.Load() {
@@ -301,6 +303,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) 
 			rem := e.Remaining()
 			return Decision{Allowed: true, Limit: limit, Remaining: rem, ResetAfter: resetAfter(limit, rem), Source: outcome.SourceLocal}, nil
 		}
+		return l.decide(ctx, key, h, limit, n) // the input is checked and the key hashed: go on from there
 	}
 	return l.allowN(ctx, key, limit, n)
 }
@@ -325,15 +328,38 @@ func (l *Limiter) allowN(ctx context.Context, key string, limit Limit, n int64) 
 	if n < 1 || n > limit.Burst {
 		return Decision{}, invalidCost(n, limit.Burst)
 	}
-	h := l.store.Hash(key)
+	return l.decide(ctx, key, l.store.Hash(key), limit, n)
+}
+
+// decide is allowN after its checks, for valid input and h = l.store.Hash(key): the deny cache (for
+// a key without an entry or with a held one), the local allowance, then Redis (slow).
+//
+//go:noinline
+func (l *Limiter) decide(ctx context.Context, key string, h uint64, limit Limit, n int64) (Decision, error) {
 	st := &l.counts[h&(numStripes-1)]
-	if !l.deny.Empty() {
+	e := l.store.Lookup(key, h)
+	// A key with an entry that is not held is not in the deny cache (see hold): the cache, its
+	// clock read and its lock are for keys without an entry and for held ones.
+	if (e == nil || e.Held()) && !l.deny.Empty() {
 		if d, ok := l.denied(key, limit); ok {
 			st.deny.Add(1)
 			return d, nil
 		}
 	}
-	if e := l.store.Lookup(key, h); e != nil {
+	if e != nil {
+		if e.Held() {
+			// The deny cache no longer holds the key (its ban ended): its decisions may take the
+			// fast path again. Release first, then look again: a ban made in between is either seen
+			// here or holds the entry after this (hold runs after the deny cache took the key).
+			e.Release()
+			if !l.deny.Empty() {
+				if d, ok := l.denied(key, limit); ok {
+					e.Hold()
+					st.deny.Add(1)
+					return d, nil
+				}
+			}
+		}
 		if !e.HasLimit(limit.Rate, limit.Burst) {
 			e.SetLimit(limit.Rate, limit.Burst) // the key's limit changed: same entry, same bucket
 		}
@@ -574,7 +600,7 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 	st := &l.counts[h&(numStripes-1)]
 	var e *local.Entry
 	for {
-		if e = l.store.Insert(key, h, limit.Rate, limit.Burst, l.coldCredit(limit)); e == nil || !e.Evicted() {
+		if e = l.insert(key, h, limit.Rate, limit.Burst, l.coldCredit(limit)); e == nil || !e.Evicted() {
 			break
 		}
 	}
@@ -771,6 +797,34 @@ func (l *Limiter) failure(key string, e *local.Entry, limit Limit, n int64) Deci
 	return d
 }
 
+// ban puts key in the deny cache until until, and holds its entry (see hold).
+func (l *Limiter) ban(key string, until time.Time) {
+	l.deny.Ban(key, until)
+	l.hold(key)
+}
+
+// hold holds key's entry, if it has one (local.Entry.Hold), so that the fast path, which does not
+// look at the deny cache, sends the key's decisions to decide, which does. Every write of a key to
+// the deny cache is followed by hold, and every insert of an entry by a look at the deny cache
+// (insert): whichever runs second sees the other, so no entry of a key the cache holds stays
+// unheld. decide releases an entry whose key the cache no longer holds.
+func (l *Limiter) hold(key string) {
+	if e := l.store.Lookup(key, l.store.Hash(key)); e != nil {
+		e.Hold()
+	}
+}
+
+// insert is local.Store.Insert, holding the entry when the deny cache holds the key (see hold).
+func (l *Limiter) insert(key string, h uint64, rate float64, burst, credit int64) *local.Entry {
+	e := l.store.Insert(key, h, rate, burst, credit)
+	if e != nil && !l.deny.Empty() {
+		if reason, _ := l.deny.Check(key, l.opts.now()); reason != denycache.None {
+			e.Hold()
+		}
+	}
+	return e
+}
+
 // record counts tokens admitted without Redis so that they are applied to Redis later: all n as
 // admitted, n − excused as debt (local.Entry.AddExcused).
 func (l *Limiter) record(e *local.Entry, n, excused int64) {
@@ -780,7 +834,7 @@ func (l *Limiter) record(e *local.Entry, n, excused int64) {
 	}
 	for e.AddExcused(n, excused) == local.Gone {
 		rate, burst := e.Limit()
-		if e = l.store.Insert(e.Key(), l.store.Hash(e.Key()), rate, burst, 0); e == nil {
+		if e = l.insert(e.Key(), l.store.Hash(e.Key()), rate, burst, 0); e == nil {
 			l.counts[0].unrecorded.Add(n)
 			return
 		}
@@ -801,7 +855,7 @@ func (l *Limiter) Ban(ctx context.Context, key string, d time.Duration) error {
 	if err := l.central.Ban(ctx, key, d); err != nil {
 		return fmt.Errorf("hybrid: %w", err)
 	}
-	l.deny.Ban(key, l.opts.now().Add(d))
+	l.ban(key, l.opts.now().Add(d))
 	return nil
 }
 
@@ -823,7 +877,7 @@ func (l *Limiter) Unban(ctx context.Context, key string) error {
 
 func (l *Limiter) onBan(ev central.BanEvent) {
 	if ev.Banned {
-		l.deny.Ban(ev.Key, l.opts.now().Add(ev.TTL))
+		l.ban(ev.Key, l.opts.now().Add(ev.TTL))
 	} else {
 		l.deny.Unban(ev.Key)
 	}
@@ -836,6 +890,9 @@ func (l *Limiter) onBanList(bans []central.BanEvent) {
 		m[b.Key] = now.Add(b.TTL)
 	}
 	l.deny.ReplaceBans(m)
+	for k := range m {
+		l.hold(k)
+	}
 }
 
 // Flush reconciles all pending consumption with Redis now. It returns the first error; consumption

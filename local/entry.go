@@ -20,7 +20,7 @@ type Entry struct {
 	// cache line, as an Entry is exactly 192 bytes (a size class whose objects are 64-byte aligned;
 	// TestEntryLayout pins both). docs/design.md says what each field costs.
 	hash    uint32        // low 32 bits of the store's hash: shard, slot and a tag compared first
-	flags   flags         // fDirty, fEvicted, fUsed, fThin; above them, the nodes active on the key
+	flags   flags         // fDirty, fEvicted, fUsed, fThin, fHeld; above them, the nodes active on the key
 	key     string        // compared on lookup
 	total   atomic.Int64  // tokens consumed by this incarnation
 	mark    atomic.Int64  // total may grow up to mark without asking Redis
@@ -81,7 +81,7 @@ func (e *Entry) more() *rare {
 }
 
 // The bits of Entry.flags. Each is set and cleared by an atomic Or or And on the word, so that the
-// four need 4 bytes of the hot cache line, not 16, and TryTake reads all three it needs at once.
+// five need 4 bytes of the hot cache line, not 20, and TryTake reads all three it needs at once.
 // The word's bits from activeShift up hold the number of nodes active on the key by the last
 // answer (Global), written by Grant with a CAS that leaves the flag bits as they are.
 const (
@@ -89,6 +89,7 @@ const (
 	fEvicted                    // removed from the store; see tryEvict
 	fUsed                       // CLOCK reference bit
 	fThin                       // the last synchronous answer left nothing beyond its request (see Thin)
+	fHeld                       // Store.Take leaves the entry alone: the caller must check it elsewhere first (see Hold)
 
 	activeShift = 8
 	maxActive   = 1<<(32-activeShift) - 1 // 16,777,215 nodes: more than any fleet's
@@ -167,6 +168,18 @@ func (e *Entry) Mark() int64 { return e.mark.Load() }
 
 // Evicted reports whether the entry has left its store.
 func (e *Entry) Evicted() bool { return e.flags.has(fEvicted) }
+
+// Hold makes [Store.Take] return nil for the entry, taking nothing, until [Entry.Release]: its
+// decisions go the long way, where the caller checks what Take cannot (hybrid: a ban or a cached
+// denial of the key). Lookup, TryTake and the other methods are unaffected. Safe for concurrent use;
+// a Take that read the entry's flags before Hold may still take.
+func (e *Entry) Hold() { e.flags.set(fHeld) }
+
+// Release undoes [Entry.Hold].
+func (e *Entry) Release() { e.flags.clear(fHeld) }
+
+// Held reports whether the entry is held ([Entry.Hold]).
+func (e *Entry) Held() bool { return e.flags.has(fHeld) }
 
 // TakeResult is the outcome of [Entry.TryTake].
 type TakeResult int

@@ -158,7 +158,7 @@ func (s *Store) Lookup(key string, h uint64) *Entry {
 // Take is the hot path's lookup and take in one call: when key has an entry whose limit is
 // (rate, burst) and whose local allowance covers n, it takes n tokens as [Entry.TryTake] does and
 // returns the entry; otherwise it returns nil and has taken nothing (no entry, another limit, an
-// allowance too small, or an entry evicted concurrently), and the caller goes the long way:
+// allowance too small, an entry held ([Entry.Hold]) or evicted concurrently), and the caller goes the long way:
 // [Store.Lookup], [Entry.SetLimit], [Entry.TryTake], [Store.Insert]. h is Hash(key). It never
 // blocks, never allocates and reads no clock.
 //
@@ -178,7 +178,7 @@ func (s *Store) Take(key string, h uint64, rate float64, burst, n int64) *Entry 
 			break
 		}
 	}
-	if e.rate.Load() != math.Float64bits(rate) || e.burst.Load() != burst {
+	if e.rate.Load() != math.Float64bits(rate) || e.burst.Load() != burst || e.flags.v.Load()&fHeld != 0 {
 		return nil
 	}
 	c := e.total.Load()

@@ -389,3 +389,22 @@ func TestDirectCountsWithinAWindow(t *testing.T) {
 		t.Errorf("one-off takes are not the entry's consumption: total %d", e.Total())
 	}
 }
+
+// TestTakeLeavesAHeldEntryAlone: Store.Take returns nil for a held entry and takes nothing, while
+// TryTake (the long way's take) still takes; Release gives the entry back to Take.
+func TestTakeLeavesAHeldEntryAlone(t *testing.T) {
+	s := newStore(t, 64)
+	h := hash(s, "k")
+	e := s.Insert("k", h, 100, 100, 10)
+	require.NotNil(t, e)
+	require.Same(t, e, s.Take("k", h, 100, 100, 1), "an entry not held")
+	e.Hold()
+	assert.True(t, e.Held())
+	assert.Nil(t, s.Take("k", h, 100, 100, 1), "held")
+	assert.Equal(t, int64(1), e.Total(), "Take took nothing from the held entry")
+	assert.Equal(t, Taken, e.TryTake(1), "TryTake is not held")
+	e.Release()
+	assert.False(t, e.Held())
+	assert.Same(t, e, s.Take("k", h, 100, 100, 1), "released")
+	assert.Equal(t, int64(3), e.Total())
+}
