@@ -22,7 +22,9 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -57,6 +59,7 @@ func main() {
 	callers := flag.Int("callers", 8, "concurrent callers")
 	keys := flag.Int("keys", 1000, "distinct descriptor values")
 	runs := flag.Int("runs", 2, "runs of every server, interleaved")
+	profile := flag.String("profile", "", "save CPU and allocation profiles of each hybridrated and upstream run in this directory (from their DEBUG_PORT's /debug/pprof/)")
 	only := flag.String("servers", "upstream,hybridrated,hybridrated-exact,hybridrated-hybrid,hybridrated-before,echo", "servers to run, in order")
 	flag.Parse()
 	if *echo != "" {
@@ -66,13 +69,13 @@ func main() {
 		}
 		return
 	}
-	if err := run(*upstream, *hybridrated, *before, *redisServer, *duration, *callers, *keys, *runs, strings.Split(*only, ",")); err != nil {
+	if err := run(*upstream, *hybridrated, *before, *redisServer, *duration, *callers, *keys, *runs, strings.Split(*only, ","), *profile); err != nil {
 		fmt.Fprintln(os.Stderr, "rlsbench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(upstream, hybridrated, before, redisServer string, d time.Duration, callers, keys, runs int, servers []string) error {
+func run(upstream, hybridrated, before, redisServer string, d time.Duration, callers, keys, runs int, servers []string, profile string) error {
 	dir, err := os.MkdirTemp("", "rlsbench")
 	if err != nil {
 		return err
@@ -113,11 +116,12 @@ func run(upstream, hybridrated, before, redisServer string, d time.Duration, cal
 				continue
 			}
 			grpcAddr := "127.0.0.1:" + strconv.Itoa(freePort())
+			debugPort := strconv.Itoa(freePort())
 			env := append(os.Environ(),
 				"RUNTIME_ROOT="+filepath.Join(dir, "runtime"), "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_WATCH_ROOT=false",
 				"REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+redisAddr, "USE_STATSD=false", "LOG_LEVEL=warn",
 				"PORT="+strconv.Itoa(freePort()), "GRPC_PORT="+strings.Split(grpcAddr, ":")[1],
-				"DEBUG_PORT="+strconv.Itoa(freePort()))
+				"DEBUG_PORT="+debugPort)
 			var cmd *exec.Cmd
 			switch s {
 			case "upstream":
@@ -146,7 +150,13 @@ func run(upstream, hybridrated, before, redisServer string, d time.Duration, cal
 			if err := cmd.Start(); err != nil {
 				return fmt.Errorf("%s: %w", s, err)
 			}
-			res, err := measure(grpcAddr, cmd.Process.Pid, rdb, d, callers, keys)
+			var prof func() error
+			if profile != "" && s != "echo" {
+				prof = func() error {
+					return saveProfiles(profile, fmt.Sprintf("%s-%d", s, r), "127.0.0.1:"+debugPort, d)
+				}
+			}
+			res, err := measure(grpcAddr, cmd.Process.Pid, rdb, d, callers, keys, prof)
 			_ = cmd.Process.Kill()
 			_ = cmd.Wait()
 			if err != nil {
@@ -168,7 +178,7 @@ type result struct {
 	commands            string // Redis commands per 1,000 calls, by command
 }
 
-func measure(addr string, pid int, rdb *redis.Client, d time.Duration, callers, keys int) (result, error) {
+func measure(addr string, pid int, rdb *redis.Client, d time.Duration, callers, keys int, prof func() error) (result, error) {
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return result{}, err
@@ -238,8 +248,17 @@ func measure(addr string, pid int, rdb *redis.Client, d time.Duration, callers, 
 	p0 := procCPU(pid)
 	start := time.Now()
 	var lat []time.Duration
+	profErr := make(chan error, 1)
+	if prof != nil {
+		go func() { profErr <- prof() }()
+	}
 	loop(start.Add(d), &lat, &errs, &over)
 	el := time.Since(start)
+	if prof != nil {
+		if err := <-profErr; err != nil {
+			return result{}, err
+		}
+	}
 	r1, err := redisCPU(rdb)
 	if err != nil {
 		return result{}, err
@@ -339,6 +358,31 @@ func procCPU(pid int) float64 {
 	u, _ := strconv.ParseFloat(f[11], 64)
 	st, _ := strconv.ParseFloat(f[12], 64)
 	return (u + st) / 100
+}
+
+// saveProfiles saves a CPU profile over most of d, then an allocation profile, from the pprof
+// endpoints at addr, as dir/name.cpu.pprof and dir/name.allocs.pprof.
+func saveProfiles(dir, name, addr string, d time.Duration) error {
+	get := func(path, file string) error {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET %s: %s", path, resp.Status)
+		}
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(dir, file), b, 0o644)
+	}
+	secs := max(1, int(d.Seconds())-1)
+	if err := get("/debug/pprof/profile?seconds="+strconv.Itoa(secs), name+".cpu.pprof"); err != nil {
+		return err
+	}
+	return get("/debug/pprof/allocs", name+".allocs.pprof")
 }
 
 func ms(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e6, 'f', 3, 64) + "ms" }
