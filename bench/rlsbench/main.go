@@ -5,7 +5,9 @@
 // limits). It also runs a gRPC echo server with the same proto (every call answered OK, no Redis)
 // to show what gRPC and the client cost alone. For each server it prints calls/s, latency
 // percentiles, and CPU per 1,000 calls of redis-server (INFO cpu) and of the server process
-// (/proc/PID/stat).
+// (/proc/PID/stat), and of the client itself (this process: the load generator's cost), and at the
+// end each server's ratios to upstream's figures, run by run. Runs alternate the servers' order
+// (ABBA), so that a change of the machine's load weighs on each alike.
 //
 //	go build -o /tmp/hybridrated ./cmd/hybridrated
 //	go install github.com/envoyproxy/ratelimit/src/service_cmd@v1.4.1-0.20260122083618-3fb702589d36
@@ -28,6 +30,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -60,6 +63,7 @@ func main() {
 	keys := flag.Int("keys", 1000, "distinct descriptor values")
 	runs := flag.Int("runs", 2, "runs of every server, interleaved")
 	profile := flag.String("profile", "", "save CPU and allocation profiles of each hybridrated and upstream run in this directory (from their DEBUG_PORT's /debug/pprof/)")
+	clientProfile := flag.String("client-profile", "", "write the load generator's own CPU profile (every run) to this file")
 	only := flag.String("servers", "upstream,hybridrated,hybridrated-exact,hybridrated-hybrid,hybridrated-before,echo", "servers to run, in order")
 	flag.Parse()
 	if *echo != "" {
@@ -69,7 +73,19 @@ func main() {
 		}
 		return
 	}
+	if *clientProfile != "" {
+		f, err := os.Create(*clientProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "rlsbench:", err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	if err := run(*upstream, *hybridrated, *before, *redisServer, *duration, *callers, *keys, *runs, strings.Split(*only, ","), *profile); err != nil {
+		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "rlsbench:", err)
 		os.Exit(1)
 	}
@@ -107,10 +123,17 @@ func run(upstream, hybridrated, before, redisServer string, d time.Duration, cal
 		return err
 	}
 	fmt.Printf("rlsbench: %d callers, %d keys, %v per run, %d runs, redis-server %s\n", callers, keys, d, runs, redisAddr)
-	fmt.Printf("%-19s %4s %9s %8s %8s %8s %14s %15s %7s %7s  %s\n", "server", "run", "calls/s", "p50", "p99", "p99.9",
-		"redis ms/1000", "server ms/1000", "errors", "denied", "redis commands per 1,000 calls")
+	fmt.Printf("%-19s %4s %9s %8s %8s %8s %14s %15s %15s %7s %7s  %s\n", "server", "run", "calls/s", "p50", "p99", "p99.9",
+		"redis ms/1000", "server ms/1000", "client ms/1000", "errors", "denied", "redis commands per 1,000 calls")
+	all := map[string][]result{} // by server, one per run
 	for r := 1; r <= runs; r++ {
-		for _, s := range servers {
+		order := servers
+		if r%2 == 0 { // ABBA: a drift of the machine's load over a round weighs on every server alike
+			order = slices.Clone(servers)
+			slices.Reverse(order)
+		}
+		fmt.Printf("# run %d: load average %s\n", r, loadAvg())
+		for _, s := range order {
 			if s == "upstream" && upstream == "" || s == "hybridrated-before" && before == "" ||
 				strings.HasPrefix(s, "hybridrated") && s != "hybridrated-before" && hybridrated == "" {
 				continue
@@ -162,11 +185,70 @@ func run(upstream, hybridrated, before, redisServer string, d time.Duration, cal
 			if err != nil {
 				return fmt.Errorf("%s: %w\n%s", s, err, log.String())
 			}
-			fmt.Printf("%-19s %4d %9.0f %8s %8s %8s %14.2f %15.2f %7d %7d  %s\n", s, r, res.rate, ms(res.p50), ms(res.p99), ms(res.p999),
-				res.redisCPU, res.serverCPU, res.errors, res.overLimits, res.commands)
+			fmt.Printf("%-19s %4d %9.0f %8s %8s %8s %14.2f %15.2f %15.2f %7d %7d  %s\n", s, r, res.rate, ms(res.p50), ms(res.p99), ms(res.p999),
+				res.redisCPU, res.serverCPU, res.clientCPU, res.errors, res.overLimits, res.commands)
+			all[s] = append(all[s], res)
 		}
 	}
+	fmt.Printf("# end: load average %s\n", loadAvg())
+	summarize(servers, all)
 	return nil
+}
+
+// summarize prints, for every server but upstream, its ratios to upstream's figures run by run (the
+// two measured in the same round, minutes apart at most), with their median and range.
+func summarize(servers []string, all map[string][]result) {
+	up := all["upstream"]
+	if len(up) == 0 {
+		return
+	}
+	fmt.Println("# ratios to upstream in the same run: median [min, max] (the runs, in order)")
+	for _, s := range servers {
+		rs := all[s]
+		if s == "upstream" || len(rs) != len(up) {
+			continue
+		}
+		ratio := func(f func(result) float64, prec int) string {
+			v := make([]float64, len(rs))
+			for i := range rs {
+				v[i] = f(rs[i]) / f(up[i])
+			}
+			sorted := slices.Clone(v)
+			slices.Sort(sorted)
+			med := sorted[len(sorted)/2]
+			if len(sorted)%2 == 0 {
+				med = (sorted[len(sorted)/2-1] + sorted[len(sorted)/2]) / 2
+			}
+			var b strings.Builder
+			fmt.Fprintf(&b, "%.*f [%.*f, %.*f] (", prec, med, prec, sorted[0], prec, sorted[len(sorted)-1])
+			for i, x := range v {
+				if i > 0 {
+					b.WriteByte(' ')
+				}
+				fmt.Fprintf(&b, "%.*f", prec, x)
+			}
+			b.WriteByte(')')
+			return b.String()
+		}
+		fmt.Printf("%-19s calls/s %s\n", s, ratio(func(r result) float64 { return r.rate }, 2))
+		fmt.Printf("%-19s p99     %s\n", s, ratio(func(r result) float64 { return float64(r.p99) }, 2))
+		fmt.Printf("%-19s p50     %s\n", s, ratio(func(r result) float64 { return float64(r.p50) }, 2))
+		fmt.Printf("%-19s redis   %s\n", s, ratio(func(r result) float64 { return r.redisCPU }, 4))
+		fmt.Printf("%-19s server  %s\n", s, ratio(func(r result) float64 { return r.serverCPU }, 2))
+	}
+}
+
+// loadAvg is /proc/loadavg's first three fields ("?" where it is missing).
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
 }
 
 // result is one measured run.
@@ -174,6 +256,7 @@ type result struct {
 	rate                float64 // calls per second
 	p50, p99, p999      time.Duration
 	redisCPU, serverCPU float64 // ms of CPU per 1,000 calls
+	clientCPU           float64 // ms of this process's CPU (the load generator's) per 1,000 calls
 	errors, overLimits  int64
 	commands            string // Redis commands per 1,000 calls, by command
 }
@@ -209,6 +292,9 @@ func measure(addr string, pid int, rdb *redis.Client, d time.Duration, callers, 
 		out := make([][]time.Duration, callers)
 		for g := range callers {
 			wg.Add(1)
+			if lat != nil { // room for about 50k calls a second: no copying while measuring
+				out[g] = make([]time.Duration, 0, int(time.Until(until).Seconds()*50_000)/callers+1)
+			}
 			go func() {
 				defer wg.Done()
 				i := g * 7919
@@ -223,7 +309,9 @@ func measure(addr string, pid int, rdb *redis.Client, d time.Duration, callers, 
 					case r.OverallCode != rlsv3.RateLimitResponse_OK:
 						over.Add(1)
 					}
-					out[g] = append(out[g], el)
+					if lat != nil {
+						out[g] = append(out[g], el)
+					}
 				}
 			}()
 		}
@@ -245,7 +333,7 @@ func measure(addr string, pid int, rdb *redis.Client, d time.Duration, callers, 
 	if err != nil {
 		return result{}, err
 	}
-	p0 := procCPU(pid)
+	p0, c0 := procCPU(pid), procCPU(os.Getpid())
 	start := time.Now()
 	var lat []time.Duration
 	profErr := make(chan error, 1)
@@ -263,7 +351,7 @@ func measure(addr string, pid int, rdb *redis.Client, d time.Duration, callers, 
 	if err != nil {
 		return result{}, err
 	}
-	p1 := procCPU(pid)
+	p1, c1 := procCPU(pid), procCPU(os.Getpid())
 	cmds, err := commandStats(rdb)
 	if err != nil {
 		return result{}, err
@@ -272,7 +360,7 @@ func measure(addr string, pid int, rdb *redis.Client, d time.Duration, callers, 
 	n := float64(len(lat))
 	q := func(p float64) time.Duration { return lat[min(len(lat)-1, int(p*n))] }
 	return result{rate: n / el.Seconds(), p50: q(0.5), p99: q(0.99), p999: q(0.999),
-		redisCPU: (r1 - r0) * 1000 / n * 1000, serverCPU: (p1 - p0) * 1000 / n * 1000,
+		redisCPU: (r1 - r0) * 1000 / n * 1000, serverCPU: (p1 - p0) * 1000 / n * 1000, clientCPU: (c1 - c0) * 1000 / n * 1000,
 		errors: errs.Load(), overLimits: over.Load(), commands: perThousand(cmds, n)}, nil
 }
 
