@@ -98,6 +98,7 @@ func runUpstreamBench(b *testing.B, s *sidecar.Server, enf *policy.Enforcer, req
 	var next atomic.Int64
 	b.ReportAllocs()
 	b.ResetTimer()
+	cpu0 := processCPU()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			r, err := s.ShouldRateLimit(ctx, reqs[int(next.Add(1))%len(reqs)])
@@ -109,5 +110,6 @@ func runUpstreamBench(b *testing.B, s *sidecar.Server, enf *policy.Enforcer, req
 		}
 	})
 	b.StopTimer()
+	b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/op")
 	b.ReportMetric(float64(enf.StrictHealth().Calls-c0)*1000/float64(b.N), "redis-calls/1000")
 }

@@ -113,6 +113,7 @@ func benchGRPC(b *testing.B, impl rlsv3.RateLimitServiceServer, opts []grpc.Serv
 	b.ReportAllocs()
 	b.SetParallelism(4)
 	b.ResetTimer()
+	cpu0 := processCPU()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			r, err := c.ShouldRateLimit(ctx, reqs[int(next.Add(1))%len(reqs)])
@@ -122,4 +123,6 @@ func benchGRPC(b *testing.B, impl rlsv3.RateLimitServiceServer, opts []grpc.Serv
 			}
 		}
 	})
+	b.StopTimer()
+	b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/op") // client and server: one process
 }
