@@ -8,7 +8,9 @@
 // In each run every server is started, with a redis-server of its own, and warmed up for a
 // second; then the servers are measured in turn, one -slice each (1s), the order reversed every
 // other turn (ABBA), until each has had -duration: a change of the machine's load weighs on every
-// server alike. A server waits idle while another is measured. For each server and run it prints
+// server alike. A server waits idle while another is measured. With -sequential, one server at a
+// time instead, each under load from its start to its end (the steady state of a server that
+// never idles: window leases are sized to a key's demand per second of wall time). For each server and run it prints
 // calls/s, latency percentiles, CPU per 1,000 calls of its redis-server (INFO cpu), of the server
 // process (/proc/PID/stat) and of the client itself (this process: the load generator's cost), and
 // the Redis commands per 1,000 calls; at the end, each server's ratios to upstream's figures run by
@@ -66,6 +68,7 @@ func main() {
 	before := flag.String("before", "", "an older hybridrated binary, run as hybridrated-before (empty: skip)")
 	redisServer := flag.String("redis-server", "redis-server", "redis-server binary")
 	duration := flag.Duration("duration", 5*time.Second, "measured time per server and run")
+	sequential := flag.Bool("sequential", false, "measure one server at a time, each under load from its start to its end (each started, warmed up, measured for -duration and stopped; no -profile)")
 	slice := flag.Duration("slice", time.Second, "the servers of a run are measured in turn, this long each, until each has had -duration")
 	callers := flag.Int("callers", 8, "concurrent callers")
 	keys := flag.Int("keys", 1000, "distinct descriptor values")
@@ -81,6 +84,7 @@ func main() {
 		}
 		return
 	}
+	redis.SetLogger(quiet{})
 	if *clientProfile != "" {
 		f, err := os.Create(*clientProfile)
 		if err == nil {
@@ -92,14 +96,14 @@ func main() {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	if err := run(*upstream, *hybridrated, *before, *redisServer, *duration, *slice, *callers, *keys, *runs, strings.Split(*only, ","), *profile); err != nil {
+	if err := run(*upstream, *hybridrated, *before, *redisServer, *duration, *slice, *sequential, *callers, *keys, *runs, strings.Split(*only, ","), *profile); err != nil {
 		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "rlsbench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(upstream, hybridrated, before, redisServer string, d, slice time.Duration, callers, keys, runs int, servers []string, profile string) error {
+func run(upstream, hybridrated, before, redisServer string, d, slice time.Duration, sequential bool, callers, keys, runs int, servers []string, profile string) error {
 	dir, err := os.MkdirTemp("", "rlsbench")
 	if err != nil {
 		return err
@@ -120,7 +124,11 @@ func run(upstream, hybridrated, before, redisServer string, d, slice time.Durati
 		slice = d
 	}
 	nSlices := int((d + slice - 1) / slice)
-	fmt.Printf("rlsbench: %d callers, %d keys, %v per server and run in %d slices of %v, %d runs\n", callers, keys, d, nSlices, slice, runs)
+	if sequential {
+		fmt.Printf("rlsbench: %d callers, %d keys, %v per server and run, one server at a time, %d runs\n", callers, keys, d, runs)
+	} else {
+		fmt.Printf("rlsbench: %d callers, %d keys, %v per server and run in %d slices of %v, %d runs\n", callers, keys, d, nSlices, slice, runs)
+	}
 	fmt.Printf("%-19s %4s %9s %8s %8s %8s %14s %15s %15s %7s %7s  %s\n", "server", "run", "calls/s", "p50", "p99", "p99.9",
 		"redis ms/1000", "server ms/1000", "client ms/1000", "errors", "denied", "redis commands per 1,000 calls")
 	all := map[string][]result{} // by server, one per run
@@ -130,6 +138,37 @@ func run(upstream, hybridrated, before, redisServer string, d, slice time.Durati
 		// they are measured in turn, one slice each, the order reversed every other turn (ABBA),
 		// so that the machine's changing load weighs on each alike. A server waits idle while
 		// another is measured.
+		if sequential {
+			// One server at a time, under load from its start to its end: each is started, warmed
+			// up, measured for -duration in one go and stopped, in ABBA order across runs.
+			order := slices.Clone(servers)
+			if r%2 == 0 {
+				slices.Reverse(order)
+			}
+			for _, name := range order {
+				sv, err := startServer(name, upstream, hybridrated, before, redisServer, self, dir, callers, keys)
+				if err == nil && sv != nil {
+					err = sv.warmUp()
+				}
+				if err == nil && sv != nil {
+					err = sv.measure(d)
+				}
+				if sv != nil {
+					sv.close()
+				}
+				if err != nil {
+					return err
+				}
+				if sv == nil {
+					continue
+				}
+				res := sv.result()
+				fmt.Printf("%-19s %4d %9.0f %8s %8s %8s %14.2f %15.2f %15.2f %7d %7d  %s\n", sv.name, r, res.rate, ms(res.p50), ms(res.p99), ms(res.p999),
+					res.redisCPU, res.serverCPU, res.clientCPU, res.errors, res.overLimits, res.commands)
+				all[sv.name] = append(all[sv.name], res)
+			}
+			continue
+		}
 		var up []*server
 		stop := func() {
 			for _, sv := range up {
@@ -254,6 +293,11 @@ func loadAvg() string {
 	}
 	return strings.Join(f[:3], " ")
 }
+
+// quiet drops go-redis's log: its dial retries while a redis-server starts are expected.
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
 
 // server is one server under test, with its own redis-server, and what its slices measured.
 type server struct {
