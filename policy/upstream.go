@@ -575,15 +575,18 @@ func (c *UpstreamConfig) Lookup(domain string, entries []DescriptorEntry) (Upstr
 	}
 	var found *unode
 	var shared map[int]string // entry index → the shared wildcard value
-	toMetric := make([]string, 0, len(entries))
+	var metricArr [8]string
+	toMetric := metricArr[:0]
+	var keyArr [128]byte
 	node := root
 	for i, e := range entries {
-		key := e.Key + "_" + e.Value
-		next := node.children[key]
+		// key is e.Key + "_" + e.Value, built as a string only where it is kept (m = key).
+		kb := append(append(append(keyArr[:0], e.Key...), '_'), e.Value...)
+		next := node.children[string(kb)]
 		wild := ""
 		if next == nil {
 			for _, w := range node.wildcards {
-				if strings.HasPrefix(key, strings.TrimSuffix(w, "*")) {
+				if p := strings.TrimSuffix(w, "*"); len(kb) >= len(p) && string(kb[:len(p)]) == p {
 					next, wild = node.children[w], w
 					break
 				}
@@ -605,9 +608,9 @@ func (c *UpstreamConfig) Lookup(domain string, entries []DescriptorEntry) (Upstr
 		case wild != "":
 			m = wild
 		case byValue:
-			m = key
+			m = string(kb)
 		case next.toMetric && e.Value != "":
-			m = key
+			m = string(kb)
 		default:
 			m = e.Key
 		}
@@ -630,6 +633,11 @@ func (c *UpstreamConfig) Lookup(domain string, entries []DescriptorEntry) (Upstr
 		return UpstreamMatch{}, false
 	}
 	var sb strings.Builder
+	size := 0
+	for _, e := range entries {
+		size += len(e.Key) + len(e.Value) + 2
+	}
+	sb.Grow(size) // a hint: a shared value's length may differ from the value's
 	for i, e := range entries {
 		v := e.Value
 		if s, ok := shared[i]; ok {
@@ -660,7 +668,15 @@ func (c *UpstreamConfig) Lookup(domain string, entries []DescriptorEntry) (Upstr
 		}
 		m.Metric = b.String()
 	default:
-		m.Metric = domain + "." + strings.Join(toMetric, ".")
+		// Most often the node's own key: then no new string.
+		var buf [128]byte
+		b := append(buf[:0], domain...)
+		for _, t := range toMetric {
+			b = append(append(b, '.'), t...)
+		}
+		if string(b) != found.fullKey {
+			m.Metric = string(b)
+		}
 	}
 	return m, true
 }

@@ -78,7 +78,7 @@ type Server struct {
 	keys map[string]string
 	reqs metric.Int64Counter
 	lat  metric.Float64Histogram
-	opts map[[2]string]metric.MeasurementOption
+	opts map[[2]string]measureOpts // by API and code ("" for the latency histogram)
 	inst attribute.KeyValue
 }
 
@@ -109,7 +109,7 @@ func New(c policy.Checker, opts ...Option) (*Server, error) {
 		keys[k] = v
 	}
 	s := &Server{cfg: cfg, keys: keys, inst: attribute.String("hybridrate.instance", cfg.Instance),
-		opts: map[[2]string]metric.MeasurementOption{}}
+		opts: map[[2]string]measureOpts{}}
 	m := cfg.MeterProvider.Meter(instrumentationName)
 	var err1, err2 error
 	s.reqs, err1 = m.Int64Counter("hybridrate.sidecar.requests",
@@ -126,10 +126,21 @@ func New(c policy.Checker, opts ...Option) (*Server, error) {
 			if code != "" {
 				kv = append(kv, attribute.String("code", code))
 			}
-			s.opts[[2]string{api, code}] = metric.WithAttributeSet(attribute.NewSet(kv...))
+			s.opts[[2]string{api, code}] = newMeasureOpts(metric.WithAttributeSet(attribute.NewSet(kv...)))
 		}
 	}
 	return s, nil
+}
+
+// measureOpts is one attribute set as the option lists of a counter's Add and a histogram's Record,
+// built once: a list built at each call is an allocation.
+type measureOpts struct {
+	add []metric.AddOption
+	rec []metric.RecordOption
+}
+
+func newMeasureOpts(o metric.MeasurementOption) measureOpts {
+	return measureOpts{add: []metric.AddOption{o}, rec: []metric.RecordOption{o}}
 }
 
 // Register registers the Server as the RateLimitService of gs. It does no I/O.
@@ -172,8 +183,8 @@ func (s *Server) decide(ctx context.Context, api string, req *rlsv3.RateLimitReq
 		case errors.Is(err, errBadRequest):
 			code = "bad_request"
 		}
-		s.reqs.Add(ctx, 1, s.opts[[2]string{api, code}])
-		s.lat.Record(ctx, time.Since(start).Seconds(), s.opts[[2]string{api, ""}])
+		s.reqs.Add(ctx, 1, s.opts[[2]string{api, code}].add...)
+		s.lat.Record(ctx, time.Since(start).Seconds(), s.opts[[2]string{api, ""}].rec...)
 	}()
 	if s.cfg.Upstream != nil {
 		return s.decideUpstream(ctx, req)
@@ -350,13 +361,13 @@ func (s *Server) CheckHandler() http.Handler {
 			writeError(w, http.StatusRequestEntityTooLarge, "body_too_large")
 			return
 		case err != nil: // the client's body broke off: nothing to decide on
-			s.reqs.Add(r.Context(), 1, s.opts[[2]string{"http", "bad_request"}])
+			s.reqs.Add(r.Context(), 1, s.opts[[2]string{"http", "bad_request"}].add...)
 			writeReason(w, http.StatusBadRequest, "bad_request", "reading the body: "+err.Error())
 			return
 		}
 		var req rlsv3.RateLimitRequest
 		if err := protojson.Unmarshal(body, &req); err != nil {
-			s.reqs.Add(r.Context(), 1, s.opts[[2]string{"http", "bad_request"}])
+			s.reqs.Add(r.Context(), 1, s.opts[[2]string{"http", "bad_request"}].add...)
 			writeReason(w, http.StatusBadRequest, "bad_request", "malformed RateLimitRequest JSON: "+err.Error())
 			return
 		}

@@ -36,10 +36,18 @@ func (s *Server) decideUpstream(ctx context.Context, req *rlsv3.RateLimitRequest
 		return nil, fmt.Errorf("%w: %d descriptors, at most %d", errBadRequest, len(req.Descriptors), MaxDescriptors)
 	}
 	n := len(req.Descriptors)
-	matches := make([]policy.UpstreamMatch, n)
-	found := make([]bool, n)
+	// Room for the usual request (a few descriptors of a few entries) on the stack.
+	var matchArr [4]policy.UpstreamMatch
+	var foundArr [4]bool
+	var hitsArr [4]int64
+	var entArr [8]policy.DescriptorEntry
+	matches, found, hits := matchArr[:0], foundArr[:0], hitsArr[:0]
+	if n > len(matchArr) {
+		matches, found, hits = make([]policy.UpstreamMatch, 0, n), make([]bool, 0, n), make([]int64, 0, n)
+	}
+	matches, found, hits = matches[:n], found[:n], hits[:n]
 	var replacing map[string]bool
-	var ents []policy.DescriptorEntry
+	ents := entArr[:0]
 	for i, d := range req.Descriptors {
 		if d == nil || len(d.Entries) > MaxEntries {
 			return nil, fmt.Errorf("%w: descriptor %d: want at most %d entries", errBadRequest, i, MaxEntries)
@@ -63,7 +71,6 @@ func (s *Server) decideUpstream(ctx context.Context, req *rlsv3.RateLimitRequest
 	}
 	// hits_addend: the descriptor's (0 checks only), else the request's (0 means 1). Above
 	// maxHits a request is over any limit, as upstream answers it; it counts maxHits.
-	hits := make([]int64, n)
 	limited := 0
 	for i, d := range req.Descriptors {
 		h := max(uint64(req.HitsAddend), 1)
@@ -85,13 +92,14 @@ func (s *Server) decideUpstream(ctx context.Context, req *rlsv3.RateLimitRequest
 		}
 	}
 	now := s.cfg.Now()
-	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK,
-		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)}
+	resp, sts := newUpstreamResponse(n)
 	var minimum *rlsv3.RateLimitResponse_DescriptorStatus
 	minRemaining := uint32(math.MaxUint32)
 	for i := range req.Descriptors {
 		m := matches[i]
-		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		us := &sts[i]
+		st := &us.status
+		st.Code = rlsv3.RateLimitResponse_OK
 		resp.Statuses[i] = st
 		switch {
 		case !found[i]:
@@ -116,9 +124,9 @@ func (s *Server) decideUpstream(ctx context.Context, req *rlsv3.RateLimitRequest
 			st.record(m, s.cfg.UpstreamNearLimitRatio, uint64(hits[i]), after, over)
 		}
 		secs := int64(m.Period.Seconds())
-		st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: m.Limit.Name, RequestsPerUnit: m.Limit.RequestsPerUnit,
-			Unit: rlsv3.RateLimitResponse_RateLimit_Unit(rlsv3.RateLimitResponse_RateLimit_Unit_value[strings.ToUpper(m.Limit.Unit)])}
-		st.DurationUntilReset = &durationpb.Duration{Seconds: secs - now.Unix()%secs}
+		us.limit.Name, us.limit.RequestsPerUnit, us.limit.Unit = m.Limit.Name, m.Limit.RequestsPerUnit, unitOf(m.Limit.Unit)
+		us.reset.Seconds = secs - now.Unix()%secs
+		st.CurrentLimit, st.DurationUntilReset = &us.limit, &us.reset
 		if !over {
 			st.LimitRemaining = uint32(min(max(remaining, 0), math.MaxUint32))
 		}
@@ -142,6 +150,49 @@ func (s *Server) decideUpstream(ctx context.Context, req *rlsv3.RateLimitRequest
 		resp.OverallCode = rlsv3.RateLimitResponse_OK
 	}
 	return resp, nil
+}
+
+// upstreamStatus is one descriptor's status in an answer in upstream's terms, with the messages it
+// points to: one allocation where there would be three.
+type upstreamStatus struct {
+	status rlsv3.RateLimitResponse_DescriptorStatus
+	limit  rlsv3.RateLimitResponse_RateLimit
+	reset  durationpb.Duration
+}
+
+// singleResponse is the answer to a request of one descriptor, in one allocation.
+type singleResponse struct {
+	resp     rlsv3.RateLimitResponse
+	statuses [1]*rlsv3.RateLimitResponse_DescriptorStatus
+	status   [1]upstreamStatus
+}
+
+// newUpstreamResponse returns an OK response with room for n statuses (resp.Statuses has length n,
+// every element nil) and the n statuses to fill in.
+func newUpstreamResponse(n int) (*rlsv3.RateLimitResponse, []upstreamStatus) {
+	if n == 1 {
+		r := &singleResponse{}
+		r.resp.OverallCode, r.resp.Statuses = rlsv3.RateLimitResponse_OK, r.statuses[:]
+		return &r.resp, r.status[:]
+	}
+	return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK,
+		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)}, make([]upstreamStatus, n)
+}
+
+// unitOf is the protobuf enum of a rate_limit unit as upstream's configuration spells it (any case;
+// UNKNOWN for another word).
+func unitOf(unit string) rlsv3.RateLimitResponse_RateLimit_Unit {
+	switch unit { // the usual spellings, without ToUpper's copy
+	case "second":
+		return rlsv3.RateLimitResponse_RateLimit_SECOND
+	case "minute":
+		return rlsv3.RateLimitResponse_RateLimit_MINUTE
+	case "hour":
+		return rlsv3.RateLimitResponse_RateLimit_HOUR
+	case "day":
+		return rlsv3.RateLimitResponse_RateLimit_DAY
+	}
+	return rlsv3.RateLimitResponse_RateLimit_Unit(rlsv3.RateLimitResponse_RateLimit_Unit_value[strings.ToUpper(unit)])
 }
 
 // maxHits is the most hits one descriptor counts: strict.MaxLimit, above every limit.
@@ -176,6 +227,24 @@ func (s *Server) stopIncrement(ctx context.Context, domain string, matches []pol
 	return nil
 }
 
+// upstreamCall is the request checkUpstream makes of the Checker, with its storage.
+type upstreamCall struct {
+	pr   policy.Request
+	dims subjectDims
+	dec  [1]policy.Decision
+}
+
+// subjectDims is a matched descriptor's one dimension: policy.DimDescriptor, its subject.
+type subjectDims struct{ subject string }
+
+// Dimension returns the subject for policy.DimDescriptor; there is no other dimension.
+func (d *subjectDims) Dimension(name string) (string, bool) {
+	if name == policy.DimDescriptor {
+		return d.subject, true
+	}
+	return "", false
+}
+
 // upstreamCheck is the outcome of charging a descriptor's hits to its limit.
 type upstreamCheck struct {
 	over      bool  // the limit is exceeded
@@ -190,9 +259,10 @@ func (s *Server) checkUpstream(ctx context.Context, domain string, m policy.Upst
 	if m.Rule == "" { // requests_per_unit: 0
 		return upstreamCheck{over: hits > 0, excess: hits, ok: true}, nil
 	}
-	pr := policy.Request{Domain: domain, Rule: m.Rule, Dims: policy.Values{policy.DimDescriptor: m.Subject},
-		Cost: hits, CheckOnly: hits == 0}
-	res, err := s.cfg.Checker.Check(ctx, &pr)
+	// The request, its one dimension and room for its decision: one allocation.
+	c := &upstreamCall{dims: subjectDims{subject: m.Subject}}
+	c.pr = policy.Request{Domain: domain, Rule: m.Rule, Dims: &c.dims, Cost: hits, CheckOnly: hits == 0, Decisions: c.dec[:0]}
+	res, err := s.cfg.Checker.Check(ctx, &c.pr)
 	if errors.Is(err, policy.ErrInvalidCost) {
 		// More hits than the limit under an algorithm that refuses them uncounted: over it, as
 		// upstream answers.

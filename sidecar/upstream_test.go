@@ -121,3 +121,31 @@ func TestUpstreamAnswersAsEnvoyRatelimit(t *testing.T) {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// TestUpstreamManyDescriptors sends more descriptors than decideUpstream keeps on its stack (4): each
+// status is its own, in the request's order.
+func TestUpstreamManyDescriptors(t *testing.T) {
+	now := time.Unix(1_700_000_000+17, 0)
+	s := newUpstreamServer(t, nil, now)
+	ds := []*rlv3.RateLimitDescriptor{desc("k", "m1"), desc("g", "m2"), desc("free", "m3"), desc("nothing", "m4"),
+		desc("k", "m5"), desc("never", "m6")}
+	r, err := s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "rl", Descriptors: ds})
+	require.NoError(t, err)
+	require.Len(t, r.Statuses, len(ds))
+	require.Equal(t, rlsv3.RateLimitResponse_OVER_LIMIT, r.OverallCode, "never: 0 per day")
+	limits := make([]uint32, len(ds))
+	for i, st := range r.Statuses {
+		for j := range i {
+			require.NotSame(t, r.Statuses[j], st, "statuses %d and %d", j, i)
+		}
+		limits[i] = st.GetCurrentLimit().GetRequestsPerUnit()
+	}
+	// "general" (g) is replaced by "specific" (k) in the same request: no limit; free and nothing: none.
+	require.Equal(t, []uint32{2, 0, 0, 0, 2, 0}, limits)
+	require.Equal(t, rlsv3.RateLimitResponse_RateLimit_MINUTE, r.Statuses[4].CurrentLimit.Unit)
+	require.Equal(t, rlsv3.RateLimitResponse_RateLimit_DAY, r.Statuses[5].CurrentLimit.Unit)
+	require.Equal(t, uint32(math.MaxUint32), r.Statuses[2].LimitRemaining)
+	require.Equal(t, uint32(1), r.Statuses[0].LimitRemaining)
+	require.Equal(t, uint32(1), r.Statuses[4].LimitRemaining)
+	require.Equal(t, rlsv3.RateLimitResponse_OVER_LIMIT, r.Statuses[5].Code)
+}

@@ -23,7 +23,8 @@ import (
 // Bounds of window leases.
 const (
 	// MaxWindowLeaseKeys is the most (rule, subject) pairs whose lease state a Limiter keeps; the
-	// least recently used goes first, and its unused lease is given back to Redis (DECRBY) by the
+	// least recently used goes first (recency as of a pair's first use and every 16th use after
+	// it), and its unused lease is given back to Redis (DECRBY) by the
 	// call that evicted it. Should that fail, the lease stays counted in Redis until its window ends:
 	// processes then see that many units fewer than upstream would.
 	MaxWindowLeaseKeys = 1 << 16
@@ -88,7 +89,13 @@ type windowEntry struct {
 	last  int64         // the time of the last trip to Redis, µs; 0: none yet
 	wkey  string        // the Redis key of the window start describes, once a trip named it
 	end   int64         // the end of that window, µs
+	uses  atomic.Uint32 // lookups, for entry's recency refresh (not guarded by sem)
 }
+
+// windowTouchEvery is how often (in lookups of an entry) entry moves it to the front of the LRU: a
+// move takes the cache's exclusive lock, a look its shared one. An entry used less often than that
+// may go out earlier than with a strict LRU; its unused lease is then given back (giveBack).
+const windowTouchEvery = 16
 
 func newWindowLeases(life time.Duration, size int) *windowLeases {
 	w := &windowLeases{life: life}
@@ -137,9 +144,13 @@ func (l *Limiter) giveBack(ctx context.Context) {
 	}
 }
 
-// entry returns key's state, creating it.
+// entry returns key's state, creating it. It marks the entry as recently used every
+// windowTouchEvery lookups.
 func (w *windowLeases) entry(key string) *windowEntry {
-	if e, ok := w.entries.Get(key); ok {
+	if e, ok := w.entries.Peek(key); ok {
+		if e.uses.Add(1)%windowTouchEvery == 0 {
+			w.entries.Get(key)
+		}
 		return e
 	}
 	e := &windowEntry{sem: make(chan struct{}, 1)}

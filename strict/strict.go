@@ -511,11 +511,10 @@ func (l *Limiter) hashed(x string) string {
 // the subject is the tag. Rule names and codes contain no ':' and subjects are never empty, so two
 // different (tag, rule, code, subject) always give two different keys.
 func key(prefix, tag, rule, code, subject string) string {
-	k := prefix + ":" + Version + ":{" + tag + "}:" + rule + ":" + code
-	if subject != tag {
-		k += ":" + subject
+	if subject == tag {
+		return prefix + ":" + Version + ":{" + tag + "}:" + rule + ":" + code
 	}
-	return k
+	return prefix + ":" + Version + ":{" + tag + "}:" + rule + ":" + code + ":" + subject // one allocation
 }
 
 // call runs one script with the breaker, the timeout, NOSCRIPT recovery and the switch to

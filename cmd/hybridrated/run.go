@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/url"
 	"runtime"
 	"runtime/debug"
@@ -264,11 +265,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 	}
 	var draining atomic.Bool
 	hs := health.NewServer()
-	// Stream workers: each call runs on a goroutine whose stack has already grown to a decision's
-	// depth, instead of a new goroutine that grows (and copies) its stack on every call: a quarter
-	// of the server's CPU under bench/rlsbench (docs/benchmarks.md). gRPC spawns a goroutine as
-	// before when every worker is busy.
-	gs := grpc.NewServer(grpc.NumStreamWorkers(uint32(max(16, 4*runtime.GOMAXPROCS(0)))))
+	gs := grpc.NewServer(grpcServerOptions()...)
 	srv.Register(gs)
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)
@@ -325,9 +322,17 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 	go func() { errc <- hsrv.Serve(hlis) }()
 	var extra []*http.Server // upstream's DEBUG_PORT and PROMETHEUS_ADDR
 	if cfg.compat != nil {
+		pmux := http.NewServeMux()
+		pmux.Handle("GET /metrics", metricsHandler)
+		pmux.Handle("GET /healthz", mux)
+		// The debug port also serves Go's profiles, as upstream's does (/debug/pprof/).
 		dmux := http.NewServeMux()
-		dmux.Handle("GET /metrics", metricsHandler)
-		dmux.Handle("GET /healthz", mux)
+		dmux.Handle("/", pmux)
+		dmux.HandleFunc("/debug/pprof/", pprof.Index)
+		dmux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		dmux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		dmux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		dmux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 		listeners := []struct {
 			addr string
 			h    http.Handler
@@ -336,7 +341,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 			listeners = append(listeners, struct {
 				addr string
 				h    http.Handler
-			}{cfg.compat.promAddr, dmux})
+			}{cfg.compat.promAddr, pmux})
 		}
 		for _, l := range listeners {
 			lis, err := lc.Listen(ctx, "tcp", l.addr)
@@ -551,4 +556,12 @@ func leaseLife(cm *compat) time.Duration {
 		return 0
 	}
 	return cm.lease
+}
+
+// grpcServerOptions are the gRPC server's settings. Stream workers: each call runs on a goroutine
+// whose stack has already grown to a decision's depth, instead of a new goroutine that grows (and
+// copies) its stack on every call: a quarter of the server's CPU under bench/rlsbench
+// (docs/benchmarks.md). gRPC spawns a goroutine as before when every worker is busy.
+func grpcServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.NumStreamWorkers(uint32(max(16, 4*runtime.GOMAXPROCS(0))))}
 }

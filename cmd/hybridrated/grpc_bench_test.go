@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/go-redis/v9"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/observe"
+	"github.com/hybridrate/hybridrate/policy"
+	"github.com/hybridrate/hybridrate/sidecar"
+)
+
+// echoRLS answers every call OK with no work: gRPC's own cost.
+type echoRLS struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+}
+
+func (echoRLS) ShouldRateLimit(context.Context, *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}, nil
+}
+
+// BenchmarkGRPC is bench/rlsbench in one process: ShouldRateLimit over loopback TCP from 8
+// goroutines sharing one client connection, 1,000 keys in turn, in upstream's terms
+// (bench/rlsbench's configuration, window leases). "echo-default" is a gRPC server with gRPC's
+// defaults that answers OK without work, "echo" the same with hybridrated's server options
+// (grpcServerOptions), "sidecar" hybridrated's serving path (observe.Observer, upstream's
+// statistics, window leases on a real redis-server) with those options: sidecar minus echo is
+// what a decision adds to gRPC's own cost.
+func BenchmarkGRPC(b *testing.B) {
+	b.Run("echo-default", func(b *testing.B) { benchGRPC(b, echoRLS{}, nil) })
+	b.Run("echo", func(b *testing.B) { benchGRPC(b, echoRLS{}, grpcServerOptions()) })
+	b.Run("sidecar", func(b *testing.B) { benchGRPC(b, benchSidecar(b), grpcServerOptions()) })
+}
+
+// benchSidecar returns hybridrated's RateLimitService for bench/rlsbench's configuration, wired as
+// run wires it in upstream's mode.
+func benchSidecar(b *testing.B) rlsv3.RateLimitServiceServer {
+	srv := redistest.Start(b)
+	rdb := srv.Client(b, func(o *redis.Options) { o.MaxRetries = -1 })
+	enf, err := policy.NewEnforcer(rdb,
+		policy.WithStrictTimeout(time.Second),
+		policy.WithWindowLeases(10*time.Second),
+		policy.WithDimensions("domain"),
+		policy.WithCostFuncs(map[string]policy.CostFunc{sidecar.HitsCostName: sidecar.HitsCost}),
+	)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = enf.Close(context.Background()) })
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+	b.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	obs, err := observe.New(enf, observe.WithMeterProvider(mp), observe.WithInstance("bench"), observe.WithWindow(15*time.Minute))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = obs.Close() })
+	f, err := policy.ParseUpstream([]byte("domain: bench\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 100000000}\n"), "bench.yaml")
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg, err := policy.NewUpstreamConfig([]*policy.UpstreamFile{f})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := obs.SetPolicy(cfg.Policy()); err != nil {
+		b.Fatal(err)
+	}
+	s, err := sidecar.New(obs, sidecar.WithMeterProvider(mp), sidecar.WithInstance("bench"),
+		sidecar.WithUpstream(func() *policy.UpstreamConfig { return cfg }),
+		sidecar.WithUpstreamStats(new(sidecar.UpstreamStats)), sidecar.WithUpstreamNearLimitRatio(0.8))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return s
+}
+
+// benchGRPC serves impl with opts on a loopback port and calls it from 8 goroutines (4 per
+// GOMAXPROCS on 2 cores) over one connection, checking every answer.
+func benchGRPC(b *testing.B, impl rlsv3.RateLimitServiceServer, opts []grpc.ServerOption) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	gs := grpc.NewServer(opts...)
+	rlsv3.RegisterRateLimitServiceServer(gs, impl)
+	go func() { _ = gs.Serve(l) }()
+	b.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = conn.Close() })
+	c := rlsv3.NewRateLimitServiceClient(conn)
+	reqs := make([]*rlsv3.RateLimitRequest, 1000)
+	for i := range reqs {
+		reqs[i] = &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*rlv3.RateLimitDescriptor{{
+			Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "user", Value: "u" + strconv.Itoa(i)}}}}}
+	}
+	ctx := context.Background()
+	for _, r := range reqs { // connections up, every key's first trip to Redis done
+		if _, err := c.ShouldRateLimit(ctx, r); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var next atomic.Int64
+	b.ReportAllocs()
+	b.SetParallelism(4)
+	b.ResetTimer()
+	cpu0 := processCPU()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			r, err := c.ShouldRateLimit(ctx, reqs[int(next.Add(1))%len(reqs)])
+			if err != nil || r.OverallCode != rlsv3.RateLimitResponse_OK {
+				b.Errorf("%v %v", r, err)
+				return
+			}
+		}
+	})
+	b.StopTimer()
+	b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/op") // client and server: one process
+}
