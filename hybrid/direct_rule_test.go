@@ -95,8 +95,8 @@ func TestDirectRule(t *testing.T) {
 		// directBreak a LeaseLife.
 		slow := Limit{Rate: 5, Burst: 60}
 		e := entry("thin")
-		// It asked for a lease at t=10 and was given one token beyond its request (thin).
-		grant(e, 10, 1)
+		// It asked for a lease at t=10 and was given nothing beyond its request (thin).
+		grant(e, 10, 0)
 		// For a LeaseLife (8 s) its decisions are one-off takes.
 		if got := decideAt(slow, e, every(10.5, 18, 1)...); got != 0 {
 			t.Errorf("within the first hold: leasing takes = %d, want 0", got)

@@ -521,10 +521,11 @@ const directToLease = 3
 // takes of the key were all admitted asks for a lease only once it sends them at thinLeaseRate·
 // Rate/Burst a second or more (direct). There a key under its rate keeps its burst in reserve but
 // half the asking node's share (reconcile.lua), so a node's lease is about Burst·d/(2·W) for its
-// demand d of the key's W ≤ Rate: two tokens or more (thinLease) needs d ≥ 4·W/Burst. A node that
+// demand d of the key's W ≤ Rate: two tokens or more (a lease that saves at least one call, as a
+// leasing take costs Redis more than a one-off take) needs d ≥ 4·W/Burst. A node that
 // sees the key at the uniform share of such a fleet, under Rate/Burst, never gets there; a key's
 // home node (traffic pinned to one node) does.
-const thinLeaseRate = 2 * thinLease
+const thinLeaseRate = 4
 
 // thinFleet reports whether the fleet is larger than what Redis lends of a key of limit: its burst
 // and the refill of the lease advance (reconcile.lua lends neither the advance nor in-flight refill
@@ -537,11 +538,12 @@ func (l *Limiter) thinFleet(limit Limit) bool {
 // a node whose demand for the key rose asks for a lease again.
 const directBreak = 8 * directToLease
 
-// thinLease is the least a leasing take's answer must leave a node beyond its request to be worth
-// another (direct): a leasing take costs Redis about two and a half one-off takes (reconcile.lua,
-// the node's record, and the syncer's report of the lease's use later), so a lease of one token
-// costs more than the one-off take it saves.
-const thinLease = 2
+// thinLease is the least a leasing take's answer must leave a node beyond its request for the
+// node to keep asking for leases on a fleet larger than the key's burst (direct): one token. (Two
+// raised false denials of 3,000 keys of burst 10 on 12 nodes on the fleet simulator from 0.45% to
+// 0.60%: a node holding one token was sent to one-off takes, and the syncer stopped renewing its
+// lease.)
+const thinLease = 1
 
 // maxThinHold caps the hold after thin answers in a row (direct), in LeaseLives: 8 (64 s by default).
 const maxThinHold = 8
@@ -550,7 +552,7 @@ const maxThinHold = 8
 // go to Redis as a one-off take (taken and counted at once, nothing leased, no node record): only
 // when the fleet outnumbers the key's burst (the fleet registry's count: a node's share of the
 // burst is under a token, so it has no cold-start credit either), and then
-//   - after a leasing take's answer that left this node less than thinLease beyond its request: for
+//   - after a leasing take's answer that left this node nothing beyond its request (thinLease): for
 //     a hold of a LeaseLife, doubled for each such answer in a row before it (local.Entry.ThinRun),
 //     at most maxThinHold LeaseLives, unless the node sends directBreak of the key's decisions to
 //     Redis within a LeaseLife meanwhile;
@@ -561,12 +563,13 @@ const maxThinHold = 8
 //     admitted and came at less than thinLeaseRate·Rate/Burst a second.
 //
 // Such a node sees the key too rarely to use a lease before it expires. A one-off take costs Redis
-// about what a central bucket's decision does; a leasing take (reconcile.lua, the node's record,
-// and the syncer's report of the lease's use later) about two and a half. On the fleet simulator's
-// per-user keys on 128 nodes (a node sees a key every 3.7 s), a fifth of the decisions were leasing
-// takes that left nothing (a node's first after three one-off takes, then one every LeaseLife),
-// and Redis CPU was 1.2–1.6× a central bucket's; 0.9–1.1× with the rate threshold and the hold
-// (issue 21). Never in strict mode (drift 0), whose takes ask for exactly n.
+// about what a central bucket's decision does (BenchmarkOneOffTakeRedisCPU); a leasing take more
+// (reconcile.lua and the node's record: 11–12 against 9.3–9.7 µs a call back to back, more on
+// buckets with tens of node records), and the syncer's report of the lease's use later. On the
+// fleet simulator's per-user keys on 128 nodes (a node sees a key every 3.7 s), a fifth of the
+// script calls were leasing takes that left nothing (a node's first after three one-off takes,
+// then one every LeaseLife); 3% with the rate threshold and the hold (issue 21). Never in strict
+// mode (drift 0), whose takes ask for exactly n.
 func (l *Limiter) direct(e *local.Entry, limit Limit, now int64) bool {
 	if l.opts.drift == 0 {
 		return false
@@ -709,9 +712,9 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 			switch e.TryTake(n) {
 			case local.Taken:
 				allowed = true
-				// On a fleet larger than the burst, an answer that left less than thinLease beyond n
-				// sends this node's next decisions of the key to Redis as one-off takes, and tells the
-				// syncer not to ask for a lease Redis would not give (direct).
+				// On a fleet larger than the burst, an answer that left nothing beyond n (less than
+				// thinLease) sends this node's next decisions of the key to Redis as one-off takes,
+				// and tells the syncer not to ask for a lease Redis would not give (direct).
 				e.SetThin(l.fleetSize.Load() > limit.Burst && e.Mark()-e.Total() < thinLease)
 			case local.Gone:
 				// The entry was evicted meanwhile. A covered n was charged to its lease and counted
