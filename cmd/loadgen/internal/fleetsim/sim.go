@@ -105,8 +105,12 @@ type Result struct {
 	Rounds   float64 `json:"rounds_per_s"` // background rounds that sent something, per virtual second, whole fleet
 
 	CentralCalls float64 `json:"central_calls_per_1k"`
-	CentralCPU   float64 `json:"central_cpu_us_per_1k"`
-	CPURatio     float64 `json:"cpu_ratio"` // CPU ÷ CentralCPU
+	CentralCPU   float64 `json:"central_cpu_us_per_1k"` // the mean of the runs just before and after
+	CPURatio     float64 `json:"cpu_ratio"`             // CPU ÷ CentralCPU
+	// CentralCPUBefore and CentralCPUAfter are the central bucket's runs just before and just after
+	// this row's hybrid run (µs per 1,000 decisions): how far the machine moved meanwhile.
+	CentralCPUBefore float64 `json:"central_cpu_before_us_per_1k"`
+	CentralCPUAfter  float64 `json:"central_cpu_after_us_per_1k"`
 
 	// Accuracy over the whole run: the worst key's admitted ÷ (Burst + Rate·T), admitted ÷ what the
 	// exact bucket admitted, and false denials: tokens the exact bucket admitted and hybrid denied,
@@ -215,19 +219,21 @@ func (c *clock) now() time.Time { return c.origin.Add(time.Duration(c.ns.Load())
 func keyName(k int32) string { return fmt.Sprintf("u%d", k) }
 
 // Run runs every scenario at every fleet size and returns the results in that order. A scenario's
-// central run happens once, before its first fleet size: its cost does not depend on the nodes.
+// central bucket runs before its first fleet size and again after each: its cost does not depend
+// on the nodes, but the machine's other load moves over the minutes a table takes, so each row
+// compares its hybrid run with the mean of the central runs on either side of it.
 func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	var out []Result
 	for si, s := range cfg.Scenarios {
-		arr, err := arrivals(s, 1, cfg.Duration, cfg.Seed+uint64(si))
+		arr0, err := arrivals(s, 1, cfg.Duration, cfg.Seed+uint64(si))
 		if err != nil {
 			return out, err
 		}
-		cen, err := runCentral(ctx, cfg, s, arr, fmt.Sprintf("fsc%d%d:", si, cfg.Seed))
+		cen, err := runCentral(ctx, cfg, s, arr0, fmt.Sprintf("fsc%d%d:", si, cfg.Seed))
 		if err != nil {
 			return out, fmt.Errorf("%s: central: %w", s.Name, err)
 		}
-		for _, n := range cfg.Fleet {
+		for fi, n := range cfg.Fleet {
 			if ctx.Err() != nil {
 				return out, ctx.Err()
 			}
@@ -242,7 +248,19 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			if err != nil {
 				return out, fmt.Errorf("%s, %d nodes: %w", s.Name, n, err)
 			}
+			// The central bucket again, right after: the row's central cost is the mean of the runs
+			// just before and just after its hybrid run, so that a machine whose other load changes
+			// over the minutes a table takes shifts both sides alike. (The central bucket's cost
+			// per decision moved by 2× between one scenario's runs on a shared machine.)
+			after, err := runCentral(ctx, cfg, s, arr0, fmt.Sprintf("fsc%d%d_%d:", si, cfg.Seed, fi))
+			if err != nil {
+				return out, fmt.Errorf("%s: central: %w", s.Name, err)
+			}
+			before := cen
+			cen.calls, cen.cpu = (before.calls+after.calls)/2, (before.cpu+after.cpu)/2
+			r.CentralCPUBefore, r.CentralCPUAfter = before.cpu, after.cpu
 			r.CentralCalls, r.CentralCPU, r.CP50, r.CP99, r.CP999 = cen.calls, cen.cpu, cen.p50, cen.p99, cen.p999
+			cen.calls, cen.cpu = after.calls, after.cpu // the next row's "before"
 			r.CP99us = float64(cen.p99) / 1e3
 			r.CPURatio = ratio(r.CPU, cen.cpu)
 			r.PerExact = ratio(float64(r.admitted), float64(cen.exactTotal))
