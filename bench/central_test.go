@@ -2,9 +2,7 @@ package bench
 
 import (
 	"context"
-	_ "embed"
 	"fmt"
-	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,26 +11,12 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/internal/strictbucket"
 	"github.com/hybridrate/hybridrate/outcome"
 )
 
-// strictSource is cmd/loadgen's strict central token bucket (the "central" mode), copied because
-// bench cannot import a command's internal package; TestStrictBucketIsLoadgens keeps the copy equal.
-//
-//go:embed testdata/strict_bucket.lua
-var strictSource string
-
-var strictScript = redis.NewScript(strictSource)
-
-func TestStrictBucketIsLoadgens(t *testing.T) {
-	orig, err := os.ReadFile("../cmd/loadgen/internal/peers/strict_bucket.lua")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(orig) != strictSource {
-		t.Error("bench/testdata/strict_bucket.lua differs from cmd/loadgen/internal/peers/strict_bucket.lua; copy it over")
-	}
-}
+// strictScript is cmd/loadgen's strict central token bucket (the "central" mode).
+var strictScript = redis.NewScript(strictbucket.Source())
 
 // BenchmarkCentral measures limiters that make one Redis round trip per decision, on 1k keys: a
 // strict Lua token bucket (EVALSHA), go-redis/redis_rate (GCRA, EVALSHA) and hybrid with a drift

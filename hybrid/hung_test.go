@@ -34,11 +34,7 @@ func TestHungRedisBounded(t *testing.T) {
 	srv.Pause(t)
 	timed := func(what string, bound time.Duration, f func()) {
 		t.Helper()
-		start := time.Now()
-		f()
-		took := time.Since(start)
-		t.Logf("%s on a hung Redis: %v", what, took)
-		assert.Less(t, took, bound, "%s on a hung Redis", what)
+		redistest.Timed(t, what+" on a hung Redis", bound, f)
 	}
 	for i := range 4 { // keys never seen: each needs Redis
 		timed("Allow", 4*check, func() {
@@ -67,62 +63,51 @@ func TestHungRedisBounded(t *testing.T) {
 // ReadTimeout, or forever, before the limiter used a cluster client of its own), Close returns
 // within its context, and the caller's client stays open.
 func TestHungClusterBounded(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a Redis Cluster")
-	}
-	t.Parallel()
-	cl := redistest.StartCluster(t, 3, 0)
-	for _, tc := range redistest.ClusterClientSetups {
-		t.Run(tc.Name, func(t *testing.T) { // one at a time: they share the cluster
-			rdb := cl.Client(t, tc.Opt)
-			const check, flush = 20 * time.Millisecond, 100 * time.Millisecond
-			lim, err := hybrid.New(rdb, hybrid.WithCheckTimeout(check), hybrid.WithFlushTimeout(flush),
-				hybrid.WithFailurePolicy(outcome.FailOpen), hybrid.WithoutColdStart())
-			require.NoError(t, err)
-			ctx := context.Background()
-			limit := hybrid.PerSecond(1000)
-			warm := "hung-" + tc.Name
-			require.Eventually(t, func() bool { // opens a pooled connection to the key's master
-				_, err := lim.Peek(ctx, warm, limit)
-				return err == nil
-			}, 10*time.Second, 10*time.Millisecond, "warm-up")
-			master := cl.MasterFor(t, "{"+warm+"}") // a key is its bucket's hash tag
-			var keys []string                       // keys never seen, on that master
-			for i := 0; len(keys) < 6; i++ {
-				if k := fmt.Sprintf("%s-%d", warm, i); cl.MasterFor(t, "{"+k+"}") == master {
-					keys = append(keys, k)
-				}
+	redistest.ForEachClusterSetup(t, func(t *testing.T, run redistest.ClusterRun) {
+		cl, rdb, name := run.Cluster, run.Client, run.Name
+		const check, flush = 20 * time.Millisecond, 100 * time.Millisecond
+		lim, err := hybrid.New(rdb, hybrid.WithCheckTimeout(check), hybrid.WithFlushTimeout(flush),
+			hybrid.WithFailurePolicy(outcome.FailOpen), hybrid.WithoutColdStart())
+		require.NoError(t, err)
+		ctx := context.Background()
+		limit := hybrid.PerSecond(1000)
+		warm := "hung-" + name
+		require.Eventually(t, func() bool { // opens a pooled connection to the key's master
+			_, err := lim.Peek(ctx, warm, limit)
+			return err == nil
+		}, 10*time.Second, 10*time.Millisecond, "warm-up")
+		master := cl.MasterFor(t, "{"+warm+"}") // a key is its bucket's hash tag
+		var keys []string                       // keys never seen, on that master
+		for i := 0; len(keys) < 6; i++ {
+			if k := fmt.Sprintf("%s-%d", warm, i); cl.MasterFor(t, "{"+k+"}") == master {
+				keys = append(keys, k)
 			}
-			master.Pause(t)
-			timed := func(what string, bound time.Duration, f func()) {
-				t.Helper()
-				start := time.Now()
-				f()
-				took := time.Since(start)
-				t.Logf("%s on a hung master: %v", what, took)
-				assert.Less(t, took, bound, "%s on a hung master", what)
-			}
-			for _, k := range keys[:4] { // each needs Redis
-				timed("Allow", 10*check, func() {
-					d, err := lim.Allow(ctx, k, limit)
-					require.NoError(t, err)
-					assert.True(t, d.Allowed)
-				})
-			}
-			timed("Peek", 10*flush, func() {
-				_, err := lim.Peek(ctx, keys[4], limit)
-				assert.Error(t, err)
+		}
+		master.Pause(t)
+		timed := func(what string, bound time.Duration, f func()) {
+			t.Helper()
+			redistest.Timed(t, what+" on a hung master", bound, f)
+		}
+		for _, k := range keys[:4] { // each needs Redis
+			timed("Allow", 10*check, func() {
+				d, err := lim.Allow(ctx, k, limit)
+				require.NoError(t, err)
+				assert.True(t, d.Allowed)
 			})
-			timed("Reset", 10*flush, func() { assert.Error(t, lim.Reset(ctx, keys[5], limit)) })
-			timed("Close", 10*flush+time.Second, func() {
-				cctx, cancel := context.WithTimeout(ctx, time.Second)
-				defer cancel()
-				_ = lim.Close(cctx) // its final flush fails: the master is still hung
-			})
-
-			master.Resume(t)
-			cl.WaitHealthy(t, 30*time.Second)
-			require.NoError(t, rdb.Ping(ctx).Err(), "the caller's client is not closed")
+		}
+		timed("Peek", 10*flush, func() {
+			_, err := lim.Peek(ctx, keys[4], limit)
+			assert.Error(t, err)
 		})
-	}
+		timed("Reset", 10*flush, func() { assert.Error(t, lim.Reset(ctx, keys[5], limit)) })
+		timed("Close", 10*flush+time.Second, func() {
+			cctx, cancel := context.WithTimeout(ctx, time.Second)
+			defer cancel()
+			_ = lim.Close(cctx) // its final flush fails: the master is still hung
+		})
+
+		master.Resume(t)
+		cl.WaitHealthy(t, 30*time.Second)
+		require.NoError(t, rdb.Ping(ctx).Err(), "the caller's client is not closed")
+	})
 }

@@ -1,19 +1,9 @@
 package middleware_test
 
 import (
-	"context"
 	"testing"
 
-	"github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
+	"github.com/hybridrate/hybridrate/internal/redistest"
 )
 
-// quiet discards go-redis's own log lines (dial failures after a test kills Redis on purpose).
-type quiet struct{}
-
-func (quiet) Printf(context.Context, string, ...any) {}
-
-func TestMain(m *testing.M) {
-	redis.SetLogger(quiet{})
-	goleak.VerifyTestMain(m)
-}
+func TestMain(m *testing.M) { redistest.Main(m) }

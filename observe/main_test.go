@@ -1,18 +1,9 @@
 package observe_test
 
 import (
-	"context"
 	"testing"
 
-	"github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
+	"github.com/hybridrate/hybridrate/internal/redistest"
 )
 
-type quiet struct{}
-
-func (quiet) Printf(context.Context, string, ...any) {}
-
-func TestMain(m *testing.M) {
-	redis.SetLogger(quiet{})
-	goleak.VerifyTestMain(m)
-}
+func TestMain(m *testing.M) { redistest.Main(m) }

@@ -98,28 +98,17 @@ func (f *fixture) check(t *testing.T, key, route, tier string) policy.Result {
 // sums returns, for an int64 counter, the sum of the points whose attributes include want.
 func sums(t *testing.T, reader *sdkmetric.ManualReader, name string, want ...attribute.KeyValue) int64 {
 	t.Helper()
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, reader.Collect(context.Background(), &rm))
 	var total int64
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != name {
-				continue
-			}
-			var dps []metricdata.DataPoint[int64]
-			switch d := m.Data.(type) {
-			case metricdata.Sum[int64]:
-				dps = d.DataPoints
-			case metricdata.Gauge[int64]:
-				dps = d.DataPoints
-			}
-		next:
-			for _, dp := range dps {
-				for _, kv := range want {
-					if v, ok := dp.Attributes.Value(kv.Key); !ok || v != kv.Value {
-						continue next
-					}
-				}
+	for _, m := range collect(t, reader, name) {
+		var dps []metricdata.DataPoint[int64]
+		switch d := m.Data.(type) {
+		case metricdata.Sum[int64]:
+			dps = d.DataPoints
+		case metricdata.Gauge[int64]:
+			dps = d.DataPoints
+		}
+		for _, dp := range dps {
+			if hasAll(dp.Attributes, want) {
 				total += dp.Value
 			}
 		}
@@ -130,27 +119,45 @@ func sums(t *testing.T, reader *sdkmetric.ManualReader, name string, want ...att
 // histCount returns the number of recordings of a float64 histogram whose attributes include want.
 func histCount(t *testing.T, reader *sdkmetric.ManualReader, name string, want ...attribute.KeyValue) uint64 {
 	t.Helper()
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, reader.Collect(context.Background(), &rm))
 	var n uint64
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			h, ok := m.Data.(metricdata.Histogram[float64])
-			if m.Name != name || !ok {
-				continue
-			}
-		next:
-			for _, dp := range h.DataPoints {
-				for _, kv := range want {
-					if v, ok := dp.Attributes.Value(kv.Key); !ok || v != kv.Value {
-						continue next
-					}
-				}
+	for _, m := range collect(t, reader, name) {
+		h, ok := m.Data.(metricdata.Histogram[float64])
+		if !ok {
+			continue
+		}
+		for _, dp := range h.DataPoints {
+			if hasAll(dp.Attributes, want) {
 				n += dp.Count
 			}
 		}
 	}
 	return n
+}
+
+// collect reads reader and returns the metrics named name, of every scope.
+func collect(t *testing.T, reader *sdkmetric.ManualReader, name string) []metricdata.Metrics {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	var out []metricdata.Metrics
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name == name {
+				out = append(out, m)
+			}
+		}
+	}
+	return out
+}
+
+// hasAll reports whether attrs holds every attribute of want, with its value.
+func hasAll(attrs attribute.Set, want []attribute.KeyValue) bool {
+	for _, kv := range want {
+		if v, ok := attrs.Value(kv.Key); !ok || v != kv.Value {
+			return false
+		}
+	}
+	return true
 }
 
 func TestMetricsByOutcomeRuleRouteAndTier(t *testing.T) {

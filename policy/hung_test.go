@@ -2,6 +2,7 @@ package policy_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -31,25 +32,17 @@ func TestHungRedisBounded(t *testing.T) {
 		defer cancel()
 		_ = enf.Close(ctx)
 	})
-	require.NoError(t, enf.SetPolicy(&policy.Policy{Rules: []policy.Rule{
-		{ID: "h", Rate: 1000, Burst: 1000, OnFailure: outcome.FailOpen},
-		{ID: "s", Algorithm: policy.GCRA, Rate: 1000, Burst: 1000, OnFailure: outcome.FailOpen},
-	}}))
+	setHungPolicy(t, enf)
 	ctx := context.Background()
-	res, err := enf.Check(ctx, &policy.Request{})
-	require.NoError(t, err)
-	require.True(t, res.Allowed)
 
 	srv.Pause(t)
 	const bound = 4 * timeout
 	for i := range 6 { // through the strict breaker's opening and beyond
-		start := time.Now()
-		res, err := enf.Check(ctx, &policy.Request{})
-		took := time.Since(start)
-		t.Logf("Check %d on a hung Redis: %v", i, took)
-		require.NoError(t, err)
-		assert.True(t, res.Allowed, "fail open")
-		assert.Less(t, took, bound, "Check %d on a hung Redis", i)
+		redistest.Timed(t, fmt.Sprintf("Check %d on a hung Redis", i), bound, func() {
+			res, err := enf.Check(ctx, &policy.Request{})
+			require.NoError(t, err)
+			assert.True(t, res.Allowed, "fail open")
+		})
 	}
 
 	srv.Resume(t)
@@ -65,58 +58,56 @@ func TestHungRedisBounded(t *testing.T) {
 // times StrictTimeout (it took the client's 5s ReadTimeout, or forever, before the strict and hybrid
 // limiters used a cluster client of their own), and Close leaves the caller's client open.
 func TestHungClusterBounded(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a Redis Cluster")
-	}
-	t.Parallel()
-	cl := redistest.StartCluster(t, 3, 0)
-	for _, tc := range redistest.ClusterClientSetups {
-		t.Run(tc.Name, func(t *testing.T) { // one at a time: they share the cluster
-			rdb := cl.Client(t, tc.Opt)
-			const timeout = 50 * time.Millisecond
-			enf, err := policy.NewEnforcer(
-				rdb,
-				policy.WithStrictTimeout(timeout),
-				policy.WithKeyPrefix("hung"+string(rune('a'+len(tc.Name)))),
-			)
-			require.NoError(t, err)
-			require.NoError(t, enf.SetPolicy(&policy.Policy{Rules: []policy.Rule{
-				{ID: "h", Rate: 1000, Burst: 1000, OnFailure: outcome.FailOpen},
-				{ID: "s", Algorithm: policy.GCRA, Rate: 1000, Burst: 1000, OnFailure: outcome.FailOpen},
-			}}))
-			ctx := context.Background()
-			res, err := enf.Check(ctx, &policy.Request{})
-			require.NoError(t, err)
-			require.True(t, res.Allowed)
+	redistest.ForEachClusterSetup(t, func(t *testing.T, run redistest.ClusterRun) {
+		cl, rdb, name := run.Cluster, run.Client, run.Name
+		const timeout = 50 * time.Millisecond
+		enf, err := policy.NewEnforcer(
+			rdb,
+			policy.WithStrictTimeout(timeout),
+			policy.WithKeyPrefix("hung"+string(rune('a'+len(name)))),
+		)
+		require.NoError(t, err)
+		setHungPolicy(t, enf)
+		ctx := context.Background()
 
-			masters := cl.Nodes() // 3 masters, no replicas
-			for _, m := range masters {
-				m.Pause(t)
-			}
-			const bound = 10 * timeout // a tenth of the 5s ReadTimeout; room for a loaded machine and -race
-			for i := range 6 {         // through the strict breaker's opening and beyond
-				start := time.Now()
+		masters := cl.Nodes() // 3 masters, no replicas
+		for _, m := range masters {
+			m.Pause(t)
+		}
+		const bound = 10 * timeout // a tenth of the 5s ReadTimeout; room for a loaded machine and -race
+		for i := range 6 {         // through the strict breaker's opening and beyond
+			redistest.Timed(t, fmt.Sprintf("Check %d on a hung cluster", i), bound, func() {
 				res, err := enf.Check(ctx, &policy.Request{})
-				took := time.Since(start)
-				t.Logf("Check %d on a hung cluster: %v", i, took)
 				require.NoError(t, err)
 				assert.True(t, res.Allowed, "fail open")
-				assert.Less(t, took, bound, "Check %d on a hung cluster", i)
-			}
-			start := time.Now()
-			cctx, cancel := context.WithTimeout(ctx, time.Second)
-			_ = enf.Close(cctx) // the hybrid limiter's final flush fails: the cluster is still hung
-			cancel()
-			t.Logf("Close on a hung cluster: %v", time.Since(start))
-			// Within its context, after the hybrid limiter's background calls in flight end (each within
-			// the flush timeout, 500ms).
-			assert.Less(t, time.Since(start), time.Second+hybrid.DefaultFlushTimeout+250*time.Millisecond, "Close on a hung cluster")
+			})
+		}
+		start := time.Now()
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		_ = enf.Close(cctx) // the hybrid limiter's final flush fails: the cluster is still hung
+		cancel()
+		t.Logf("Close on a hung cluster: %v", time.Since(start))
+		// Within its context, after the hybrid limiter's background calls in flight end (each within
+		// the flush timeout, 500ms).
+		assert.Less(t, time.Since(start), time.Second+hybrid.DefaultFlushTimeout+250*time.Millisecond, "Close on a hung cluster")
 
-			for _, m := range masters {
-				m.Resume(t)
-			}
-			cl.WaitHealthy(t, 30*time.Second)
-			require.NoError(t, rdb.Ping(ctx).Err(), "the caller's client is not closed")
-		})
-	}
+		for _, m := range masters {
+			m.Resume(t)
+		}
+		cl.WaitHealthy(t, 30*time.Second)
+		require.NoError(t, rdb.Ping(ctx).Err(), "the caller's client is not closed")
+	})
+}
+
+// setHungPolicy gives enf a hybrid and a strict rule, both failing open, and requires a first
+// Check, with Redis up, to be allowed.
+func setHungPolicy(t *testing.T, enf *policy.Enforcer) {
+	t.Helper()
+	require.NoError(t, enf.SetPolicy(&policy.Policy{Rules: []policy.Rule{
+		{ID: "h", Rate: 1000, Burst: 1000, OnFailure: outcome.FailOpen},
+		{ID: "s", Algorithm: policy.GCRA, Rate: 1000, Burst: 1000, OnFailure: outcome.FailOpen},
+	}}))
+	res, err := enf.Check(context.Background(), &policy.Request{})
+	require.NoError(t, err)
+	require.True(t, res.Allowed)
 }

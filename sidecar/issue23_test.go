@@ -126,22 +126,29 @@ rules:
 // sidecarCodes returns hybridrate.sidecar.requests by "api/code".
 func sidecarCodes(t *testing.T, reader *sdkmetric.ManualReader) map[string]int64 {
 	t.Helper()
+	got := map[string]int64{}
+	for _, dp := range sidecarPoints(t, reader) {
+		api, _ := dp.Attributes.Value("api")
+		code, _ := dp.Attributes.Value("code")
+		got[api.AsString()+"/"+code.AsString()] = dp.Value
+	}
+	return got
+}
+
+// sidecarPoints returns the points of hybridrate.sidecar.requests, an int64 sum.
+func sidecarPoints(t *testing.T, reader *sdkmetric.ManualReader) []metricdata.DataPoint[int64] {
+	t.Helper()
 	var rm metricdata.ResourceMetrics
 	require.NoError(t, reader.Collect(context.Background(), &rm))
-	got := map[string]int64{}
+	var dps []metricdata.DataPoint[int64]
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
-			if m.Name != "hybridrate.sidecar.requests" {
-				continue
-			}
-			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-				api, _ := dp.Attributes.Value("api")
-				code, _ := dp.Attributes.Value("code")
-				got[api.AsString()+"/"+code.AsString()] = dp.Value
+			if m.Name == "hybridrate.sidecar.requests" {
+				dps = append(dps, m.Data.(metricdata.Sum[int64]).DataPoints...)
 			}
 		}
 	}
-	return got
+	return dps
 }
 
 // TestBadRequestsGiveTheirReasonAndTheirOwnCode: 400 answers said only "bad_request", and the

@@ -19,7 +19,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -237,23 +236,11 @@ func TestCheckOverHTTPJSON(t *testing.T) {
 	assert.Equal(t, http.StatusMethodNotAllowed, r.StatusCode)
 
 	// The sidecar layer's metrics, read through the SDK.
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, e.reader.Collect(context.Background(), &rm))
-	got := map[string]int64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != "hybridrate.sidecar.requests" {
-				continue
-			}
-			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-				api, _ := dp.Attributes.Value("api")
-				code, _ := dp.Attributes.Value("code")
-				inst, _ := dp.Attributes.Value("hybridrate.instance")
-				assert.Equal(t, attribute.StringValue("sc-1"), inst)
-				got[api.AsString()+"/"+code.AsString()] = dp.Value
-			}
-		}
+	for _, dp := range sidecarPoints(t, e.reader) {
+		inst, _ := dp.Attributes.Value("hybridrate.instance")
+		assert.Equal(t, attribute.StringValue("sc-1"), inst)
 	}
+	got := sidecarCodes(t, e.reader)
 	assert.Equal(t, map[string]int64{"http/OK": 3, "http/OVER_LIMIT": 1, "http/bad_request": 2}, got,
 		"bad requests are not limiter failures")
 }

@@ -120,6 +120,15 @@ func setup(t *testing.T, f *fakeCentral, now func() int64) (*local.Store, *Synce
 	return st, s
 }
 
+// setupKey sets up a syncer on a fake central and a fake clock, and inserts key with a cold-start
+// credit of credit tokens.
+func setupKey(t *testing.T, key string, credit int64) (*fakeCentral, *clock, *Syncer, *local.Entry) {
+	t.Helper()
+	f, c := newFake(), newClock()
+	st, s := setup(t, f, c.now)
+	return f, c, s, entry(t, st, key, credit)
+}
+
 // entry inserts key with a cold-start credit of credit tokens.
 func entry(t *testing.T, st *local.Store, key string, credit int64) *local.Entry {
 	t.Helper()
@@ -183,10 +192,7 @@ func TestColdStartDebtIsReportedAndALeaseGranted(t *testing.T) {
 }
 
 func TestLeaseIsRenewedBeforeItRunsOut(t *testing.T) {
-	f := newFake()
-	c := newClock()
-	st, s := setup(t, f, c.now)
-	e := entry(t, st, "k", 1)
+	f, c, s, e := setupKey(t, "k", 1)
 	require.Equal(t, local.Taken, e.TryTake(1))
 	c.add(time.Second)
 	seeNew(t, s)
@@ -212,10 +218,7 @@ func TestLeaseIsRenewedBeforeItRunsOut(t *testing.T) {
 }
 
 func TestFailedFlushKeepsConsumption(t *testing.T) {
-	f := newFake()
-	c := newClock()
-	st, s := setup(t, f, c.now)
-	e := entry(t, st, "k", 5)
+	f, _, s, e := setupKey(t, "k", 5)
 	for range 4 {
 		require.Equal(t, local.Taken, e.TryTake(1))
 	}
@@ -231,10 +234,7 @@ func TestFailedFlushKeepsConsumption(t *testing.T) {
 }
 
 func TestBadKeyWaitsAndOthersProceed(t *testing.T) {
-	f := newFake()
-	c := newClock()
-	st, s := setup(t, f, c.now)
-	e := entry(t, st, "k", 5)
+	f, c, s, e := setupKey(t, "k", 5)
 	require.Equal(t, local.Taken, e.TryTake(1))
 	f.fail = central.ErrBadKey
 	require.Error(t, s.flush(context.Background(), due))
@@ -251,10 +251,7 @@ func TestBadKeyWaitsAndOthersProceed(t *testing.T) {
 }
 
 func TestExpiredLeaseIsWrittenOffWithoutRedis(t *testing.T) {
-	f := newFake()
-	c := newClock()
-	st, s := setup(t, f, c.now)
-	e := entry(t, st, "k", 1)
+	f, c, s, e := setupKey(t, "k", 1)
 	require.Equal(t, local.Taken, e.TryTake(1))
 	seeNew(t, s)
 	require.NoError(t, s.flush(context.Background(), due))
@@ -270,10 +267,7 @@ func TestExpiredLeaseIsWrittenOffWithoutRedis(t *testing.T) {
 }
 
 func TestReleaseReportsWhatRedisHasNotCounted(t *testing.T) {
-	f := newFake()
-	c := newClock()
-	st, s := setup(t, f, c.now)
-	e := entry(t, st, "k", 1)
+	f, c, s, e := setupKey(t, "k", 1)
 	require.Equal(t, local.Taken, e.TryTake(1))
 	c.add(20 * time.Millisecond) // a new key reports one round after it was first seen
 	require.NoError(t, s.flush(context.Background(), due))
@@ -335,10 +329,7 @@ func TestOnErrorAndOnState(t *testing.T) {
 // a key that then goes idle reports them once its lease is spent or written off, so that it becomes
 // evictable: churn must not fill the store with keys waiting for Close.
 func TestIdleKeyReportsItsUse(t *testing.T) {
-	f := newFake()
-	c := newClock()
-	st, s := setup(t, f, c.now)
-	e := entry(t, st, "k", 1)
+	f, c, s, e := setupKey(t, "k", 1)
 	require.Equal(t, local.Taken, e.TryTake(1))
 	seeNew(t, s)
 	c.add(20 * time.Millisecond)
@@ -449,10 +440,7 @@ func TestRareKeyReportWaitsForTheRound(t *testing.T) {
 // credit lasts, and goes at once when the credit is spent too. (Before, a spent lease alone made
 // the round go at once: on sparse keys, nearly every round was such a key's.)
 func TestSparseKeyWaitsWhileItsCreditLasts(t *testing.T) {
-	f := newFake()
-	c := newClock()
-	st, s := setup(t, f, c.now)
-	e := entry(t, st, "k", 2)
+	f, c, s, e := setupKey(t, "k", 2)
 	for range 40 { // 4 requests a second for 10 s, each reported
 		e.TryTake(1)
 		c.add(250 * time.Millisecond)
@@ -498,10 +486,7 @@ func TestSparseKeyWaitsWhileItsCreditLasts(t *testing.T) {
 // instead of making its node's round go at once. (Before, on loadgen's sparse scenario, such keys
 // made nearly every interval a round on every node.)
 func TestSpentSparseKeyWaitsBriefly(t *testing.T) {
-	f := newFake()
-	c := newClock()
-	st, s := setup(t, f, c.now)
-	e := entry(t, st, "k", 2)
+	f, c, s, e := setupKey(t, "k", 2)
 	for range 40 { // a request a second for 40 s, each reported by the round that follows
 		require.Equal(t, local.Taken, e.TryTake(1))
 		c.add(time.Second)

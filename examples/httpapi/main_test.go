@@ -17,22 +17,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/hybridrate/hybridrate/internal/redistest"
 )
 
-type quiet struct{}
-
-func (quiet) Printf(context.Context, string, ...any) {}
-
-func TestMain(m *testing.M) {
-	redis.SetLogger(quiet{})
-	goleak.VerifyTestMain(m)
-}
+func TestMain(m *testing.M) { redistest.Main(m) }
 
 // lockedBuffer is a concurrency-safe log sink.
 type lockedBuffer struct {

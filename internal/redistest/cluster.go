@@ -363,3 +363,27 @@ var ClusterClientSetups = []ClusterSetup{
 	{"no read timeout", func(o *redis.ClusterOptions) { o.ReadTimeout = -1 }},
 	{"context timeouts", func(o *redis.ClusterOptions) { o.ContextTimeoutEnabled = true }},
 }
+
+// ClusterRun is what [ForEachClusterSetup] hands each run: the shared cluster, a client made with
+// one of [ClusterClientSetups] (closed in the subtest's cleanup), and that set-up's name.
+type ClusterRun struct {
+	Cluster *Cluster
+	Client  *redis.ClusterClient
+	Name    string
+}
+
+// ForEachClusterSetup is the frame of a hung-cluster test: it skips the test under -short, marks
+// it parallel, starts a Redis Cluster of 3 masters without replicas, and runs fn once per entry of
+// [ClusterClientSetups], one at a time (they share the cluster), each in a subtest named after the
+// set-up.
+func ForEachClusterSetup(t *testing.T, fn func(t *testing.T, run ClusterRun)) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	t.Parallel()
+	cl := StartCluster(t, 3, 0)
+	for _, tc := range ClusterClientSetups {
+		t.Run(tc.Name, func(t *testing.T) { fn(t, ClusterRun{Cluster: cl, Client: cl.Client(t, tc.Opt), Name: tc.Name}) })
+	}
+}

@@ -210,34 +210,14 @@ func (s *Server) argv() []string {
 // launchLocked starts the process and waits until it answers. It returns an
 // error wrapping errAddrInUse if redis-server could not bind its port.
 func (s *Server) launchLocked() error {
-	f, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	p, logStart, err := startProcess(s.bin, s.dir, s.logPath, s.argv())
 	if err != nil {
 		return err
 	}
-	fi, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return err
-	}
-	logStart := fi.Size()
-
-	cmd := exec.Command(s.bin, s.argv()...)
-	cmd.Dir = s.dir
-	cmd.Stdout, cmd.Stderr = f, f // an *os.File is handed to the child: no copying goroutine
-	cmd.SysProcAttr = sysProcAttr()
-	err = cmd.Start()
-	f.Close()
-	if err != nil {
-		return err
-	}
-	p := &process{cmd: cmd, pid: cmd.Process.Pid, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
 	s.proc, s.paused = p, false
 
-	if err := s.waitReady(p); err != nil {
+	ask := func(ctx context.Context, args ...any) (any, error) { return command(ctx, s.Addr, s.password, args...) }
+	if err := waitReady(p, s.Port, "", ask); err != nil {
 		if stopErr := s.stopLocked(); stopErr != nil {
 			return errors.Join(err, stopErr)
 		}
@@ -249,60 +229,12 @@ func (s *Server) launchLocked() error {
 	return nil
 }
 
-// waitReady polls the new process until it answers INFO with its own PID,
-// which also proves that the port is not served by some other process.
-func (s *Server) waitReady(p *process) error {
-	deadline := time.Now().Add(readyTimeout)
-	var lastErr error
-	for {
-		select {
-		case <-p.done:
-			return fmt.Errorf("redis-server exited during startup: %v", p.err)
-		default:
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-		v, err := command(ctx, s.Addr, s.password, "INFO", "server")
-		cancel()
-		if err == nil {
-			info, _ := v.(string)
-			if pid, _ := strconv.Atoi(infoField(info, "process_id")); pid == p.pid {
-				return nil
-			}
-			err = fmt.Errorf("port %d answered by another process (%q)", s.Port, infoField(info, "process_id"))
-		}
-		lastErr = err
-		if time.Now().After(deadline) {
-			return fmt.Errorf("no answer within %v: %w", readyTimeout, lastErr)
-		}
-		time.Sleep(pollInterval)
-	}
-}
-
 // stopLocked kills the process group, if running, and waits until the
 // process has been reaped. A paused process is continued as well, so
 // nothing is left stopped.
 func (s *Server) stopLocked() error {
-	p := s.proc
-	if p == nil {
-		return nil
-	}
-	select {
-	case <-p.done:
-	default:
-		// Not reaped yet, so the process group still belongs to us.
-		if err := killGroup(p.pid); err != nil {
-			return fmt.Errorf("kill pid %d: %w", p.pid, err)
-		}
-		if s.paused {
-			_ = contGroup(p.pid)
-		}
-	}
-	timer := time.NewTimer(exitTimeout)
-	defer timer.Stop()
-	select {
-	case <-p.done:
-	case <-timer.C:
-		return fmt.Errorf("redis-server pid %d did not exit within %v of SIGKILL", p.pid, exitTimeout)
+	if err := stopProcess(s.proc, s.paused); err != nil {
+		return err
 	}
 	s.proc, s.paused = nil, false
 	return nil

@@ -15,7 +15,6 @@ import (
 	"math/big"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -145,16 +144,6 @@ func (s *TLSServer) command(ctx context.Context, args ...any) (any, error) {
 
 // launch starts the process and waits until it answers over TLS.
 func (s *TLSServer) launch(bin string, extra []string) error {
-	f, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	fi, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return err
-	}
-	logStart := fi.Size()
 	argv := append([]string{
 		"--port", "0",
 		"--tls-port", strconv.Itoa(s.Port),
@@ -168,22 +157,12 @@ func (s *TLSServer) launch(bin string, extra []string) error {
 		"--tls-ca-cert-file", s.CAFile,
 		"--tls-auth-clients", "no",
 	}, extra...)
-	cmd := exec.Command(bin, argv...)
-	cmd.Dir = s.dir
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = sysProcAttr()
-	err = cmd.Start()
-	f.Close()
+	p, logStart, err := startProcess(bin, s.dir, s.logPath, argv)
 	if err != nil {
 		return err
 	}
-	p := &process{cmd: cmd, pid: cmd.Process.Pid, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
 	s.proc = p
-	if err := s.waitReady(p); err != nil {
+	if err := waitReady(p, s.Port, " over TLS", s.command); err != nil {
 		if stopErr := s.stop(); stopErr != nil {
 			return errors.Join(err, stopErr)
 		}
@@ -195,52 +174,10 @@ func (s *TLSServer) launch(bin string, extra []string) error {
 	return nil
 }
 
-// waitReady polls the new process over TLS until it answers INFO with its
-// own PID.
-func (s *TLSServer) waitReady(p *process) error {
-	deadline := time.Now().Add(readyTimeout)
-	for {
-		select {
-		case <-p.done:
-			return fmt.Errorf("redis-server exited during startup: %v", p.err)
-		default:
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-		v, err := s.command(ctx, "INFO", "server")
-		cancel()
-		if err == nil {
-			info, _ := v.(string)
-			if pid, _ := strconv.Atoi(infoField(info, "process_id")); pid == p.pid {
-				return nil
-			}
-			err = fmt.Errorf("port %d answered by another process (%q)", s.Port, infoField(info, "process_id"))
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("no answer over TLS within %v: %w", readyTimeout, err)
-		}
-		time.Sleep(pollInterval)
-	}
-}
-
 // stop kills the process group, if running, and waits until it is reaped.
 func (s *TLSServer) stop() error {
-	p := s.proc
-	if p == nil {
-		return nil
-	}
-	select {
-	case <-p.done:
-	default:
-		if err := killGroup(p.pid); err != nil {
-			return fmt.Errorf("kill pid %d: %w", p.pid, err)
-		}
-	}
-	timer := time.NewTimer(exitTimeout)
-	defer timer.Stop()
-	select {
-	case <-p.done:
-	case <-timer.C:
-		return fmt.Errorf("redis-server pid %d did not exit within %v of SIGKILL", p.pid, exitTimeout)
+	if err := stopProcess(s.proc, false); err != nil {
+		return err
 	}
 	s.proc = nil
 	return nil

@@ -6,7 +6,6 @@ package peers
 
 import (
 	"context"
-	_ "embed"
 	"errors"
 	"fmt"
 	"hash/maphash"
@@ -17,15 +16,15 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/time/rate"
+
+	"github.com/hybridrate/hybridrate/internal/strictbucket"
 )
 
-//go:embed strict_bucket.lua
-var strictSource string
+// StrictSource returns the source of the strict central token-bucket script
+// (package internal/strictbucket).
+func StrictSource() string { return strictbucket.Source() }
 
-// StrictSource returns the source of the strict central token-bucket script.
-func StrictSource() string { return strictSource }
-
-var strictScript = redis.NewScript(strictSource)
+var strictScript = redis.NewScript(strictbucket.Source())
 
 // ErrBadReply means Redis answered the strict bucket with a reply of an unexpected shape.
 var ErrBadReply = errors.New("peers: unexpected reply from redis")
