@@ -4,13 +4,13 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/time/rate"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/internal/cputime"
 	"github.com/hybridrate/hybridrate/outcome"
 )
 
@@ -117,20 +117,20 @@ func benchDecide(b *testing.B, keys []string, seq []int32, decide func(string) b
 	b.Run("serial", func(b *testing.B) {
 		b.ReportAllocs()
 		b.ResetTimer()
-		cpu := processCPU()
+		cpu := cputime.Process()
 		for i := 0; i < b.N; i++ {
 			if !decide(keys[seq[i&mask]]) {
 				b.Fatalf("decision %d denied", i)
 			}
 		}
-		reportCPU(b, cpu)
+		cputime.Report(b, cpu)
 	})
 	b.Run("parallel", func(b *testing.B) {
 		var offset atomic.Int64
 		b.ReportAllocs()
 		b.ResetTimer()
-		cpu := processCPU()
-		defer reportCPU(b, cpu)
+		cpu := cputime.Process()
+		defer cputime.Report(b, cpu)
 		b.RunParallel(func(pb *testing.PB) {
 			i := int(offset.Add(1) * 104_729) // each goroutine starts elsewhere in the sequence
 			for pb.Next() {
@@ -192,24 +192,6 @@ func TestAllowLocalAllocatesNothing(t *testing.T) {
 	}
 }
 
-// processCPU returns the CPU time (user and system) the process has used so far, all threads.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// reportCPU reports the process's CPU time since since, per iteration, as cpu-ns/op.
-func reportCPU(b *testing.B, since time.Duration) {
-	b.StopTimer()
-	if since == 0 || b.N == 0 {
-		return
-	}
-	b.ReportMetric(float64(processCPU()-since)/float64(b.N), "cpu-ns/op")
-}
-
 // BenchmarkAllowDenied measures a decision on a key over its limit (Rate 1/s, Burst 10, spent
 // before the timer) on a node whose last answer from Redis for it said the bucket is empty: such
 // decisions are denied locally for up to a second after that answer, then one asks Redis again
@@ -253,7 +235,7 @@ func BenchmarkAllowDenied(b *testing.B) {
 			var local int
 			b.ReportAllocs()
 			b.ResetTimer()
-			cpu := processCPU()
+			cpu := cputime.Process()
 			for i := 0; i < b.N; i++ {
 				d, err := lim.Allow(ctx, "over", over)
 				if err != nil {
@@ -263,7 +245,7 @@ func BenchmarkAllowDenied(b *testing.B) {
 					local++
 				}
 			}
-			reportCPU(b, cpu)
+			cputime.Report(b, cpu)
 			b.ReportMetric(100*float64(local)/float64(b.N), "local-%")
 		})
 	}

@@ -5,11 +5,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/internal/cputime"
 	"github.com/hybridrate/hybridrate/middleware"
 	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/policy"
@@ -74,17 +74,17 @@ func BenchmarkMiddleware(b *testing.B) {
 			w := &sink{h: http.Header{}}
 			b.ReportAllocs()
 			b.ResetTimer()
-			cpu := processCPU()
+			cpu := cputime.Process()
 			for i := 0; i < b.N; i++ {
 				h.ServeHTTP(w, reqs[i%keys])
 			}
-			reportCPU(b, cpu)
+			cputime.Report(b, cpu)
 		})
 		b.Run("parallel", func(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
-			cpu := processCPU()
-			defer reportCPU(b, cpu)
+			cpu := cputime.Process()
+			defer cputime.Report(b, cpu)
 			b.RunParallel(func(pb *testing.PB) {
 				w := &sink{h: http.Header{}}
 				i := 0
@@ -139,22 +139,4 @@ func warmUp(b *testing.B, m *middleware.Middleware, reqs []*http.Request) {
 		}
 		time.Sleep(5 * time.Millisecond) // let a reconcile hand out allowances
 	}
-}
-
-// processCPU returns the CPU time (user and system) the process has used so far, all threads.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// reportCPU reports the process's CPU time since since, per iteration, as cpu-ns/op.
-func reportCPU(b *testing.B, since time.Duration) {
-	b.StopTimer()
-	if since == 0 || b.N == 0 {
-		return
-	}
-	b.ReportMetric(float64(processCPU()-since)/float64(b.N), "cpu-ns/op")
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
+	"github.com/hybridrate/hybridrate/internal/cputime"
 	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/observe"
 	"github.com/hybridrate/hybridrate/policy"
@@ -103,7 +104,7 @@ func runUpstreamBench(b *testing.B, s *sidecar.Server, enf *policy.Enforcer, req
 	var next atomic.Int64
 	b.ReportAllocs()
 	b.ResetTimer()
-	cpu0 := processCPU()
+	cpu0 := cputime.Process()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			r, err := s.ShouldRateLimit(ctx, reqs[int(next.Add(1))%len(reqs)])
@@ -114,7 +115,6 @@ func runUpstreamBench(b *testing.B, s *sidecar.Server, enf *policy.Enforcer, req
 			}
 		}
 	})
-	b.StopTimer()
-	b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/op")
+	cputime.Report(b, cpu0)
 	b.ReportMetric(float64(enf.StrictHealth().Calls-c0)*1000/float64(b.N), "redis-calls/1000")
 }

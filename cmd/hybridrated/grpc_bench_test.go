@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/hybridrate/hybridrate/internal/cputime"
 	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/observe"
 	"github.com/hybridrate/hybridrate/policy"
@@ -117,7 +118,7 @@ func benchGRPC(b *testing.B, impl rlsv3.RateLimitServiceServer, opts []grpc.Serv
 	b.ReportAllocs()
 	b.SetParallelism(4)
 	b.ResetTimer()
-	cpu0 := processCPU()
+	cpu0 := cputime.Process()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			r, err := c.ShouldRateLimit(ctx, reqs[int(next.Add(1))%len(reqs)])
@@ -127,6 +128,5 @@ func benchGRPC(b *testing.B, impl rlsv3.RateLimitServiceServer, opts []grpc.Serv
 			}
 		}
 	})
-	b.StopTimer()
-	b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/op") // client and server: one process
+	cputime.Report(b, cpu0) // client and server: one process
 }
