@@ -134,12 +134,20 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("hybrid: %w", err)
 	}
-	store, err := local.New(local.Config{MaxKeys: o.maxKeys})
+	deny, err := denycache.New(denycache.Config{MaxBans: o.maxBans, MaxDenied: maxDenied})
 	if err != nil {
 		_ = cc.Close()
 		return nil, fmt.Errorf("hybrid: %w", err)
 	}
-	deny, err := denycache.New(denycache.Config{MaxBans: o.maxBans, MaxDenied: maxDenied})
+	// A key the deny cache holds has its entry held (see hold), from its insert on.
+	held := func(key string) bool {
+		if deny.Empty() {
+			return false
+		}
+		reason, _ := deny.Check(key, o.now())
+		return reason != denycache.None
+	}
+	store, err := local.New(local.Config{MaxKeys: o.maxKeys, Held: held})
 	if err != nil {
 		_ = cc.Close()
 		return nil, fmt.Errorf("hybrid: %w", err)
@@ -347,17 +355,13 @@ func (l *Limiter) decide(ctx context.Context, key string, h uint64, limit Limit,
 		}
 	}
 	if e != nil {
-		if e.Held() {
-			// The deny cache no longer holds the key (its ban ended): its decisions may take the
-			// fast path again. Release first, then look again: a ban made in between is either seen
-			// here or holds the entry after this (hold runs after the deny cache took the key).
-			e.Release()
-			if !l.deny.Empty() {
-				if d, ok := l.denied(key, limit); ok {
-					e.Hold()
-					st.deny.Add(1)
-					return d, nil
-				}
+		if e.Held() && !l.store.Release(e) {
+			// The deny cache held the key when Release looked, though not when denied did just
+			// before: a ban made in between. Release, like hold, runs under the store's lock, so
+			// an entry released here is held again by any ban that was not seen.
+			if d, ok := l.denied(key, limit); ok {
+				st.deny.Add(1)
+				return d, nil
 			}
 		}
 		if !e.HasLimit(limit.Rate, limit.Burst) {
@@ -806,26 +810,18 @@ func (l *Limiter) ban(key string, until time.Time) {
 	l.hold(key)
 }
 
-// hold holds key's entry, if it has one (local.Entry.Hold), so that the fast path, which does not
+// hold holds key's entry, if it has one (local.Store.Hold), so that the fast path, which does not
 // look at the deny cache, sends the key's decisions to decide, which does. Every write of a key to
-// the deny cache is followed by hold, and every insert of an entry by a look at the deny cache
-// (insert): whichever runs second sees the other, so no entry of a key the cache holds stays
-// unheld. decide releases an entry whose key the cache no longer holds.
-func (l *Limiter) hold(key string) {
-	if e := l.store.Lookup(key, l.store.Hash(key)); e != nil {
-		e.Hold()
-	}
-}
+// the deny cache is followed by hold; the store creates the entry of a key the deny cache holds
+// held (local.Config.Held), and releases an entry only when the cache no longer holds its key
+// (local.Store.Release, which decide calls). Hold, insert and release run under the store's shard
+// lock, so a decision that starts after ban returned never takes from an unheld entry of the key,
+// whether the entry was inserted before the ban or after it.
+func (l *Limiter) hold(key string) { l.store.Hold(key, l.store.Hash(key)) }
 
-// insert is local.Store.Insert, holding the entry when the deny cache holds the key (see hold).
+// insert is local.Store.Insert; the store holds the entry of a key the deny cache holds (see hold).
 func (l *Limiter) insert(key string, h uint64, rate float64, burst, credit int64) *local.Entry {
-	e := l.store.Insert(key, h, rate, burst, credit)
-	if e != nil && !l.deny.Empty() {
-		if reason, _ := l.deny.Check(key, l.opts.now()); reason != denycache.None {
-			e.Hold()
-		}
-	}
-	return e
+	return l.store.Insert(key, h, rate, burst, credit)
 }
 
 // record counts tokens admitted without Redis so that they are applied to Redis later: all n as

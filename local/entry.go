@@ -89,7 +89,7 @@ const (
 	fEvicted                    // removed from the store; see tryEvict
 	fUsed                       // CLOCK reference bit
 	fThin                       // the last synchronous answer left nothing beyond its request (see Thin)
-	fHeld                       // Store.Take leaves the entry alone: the caller must check it elsewhere first (see Hold)
+	fHeld                       // Store.Take leaves the entry alone: the caller must check it elsewhere first (see Store.Hold)
 
 	activeShift = 8
 	maxActive   = 1<<(32-activeShift) - 1 // 16,777,215 nodes: more than any fleet's
@@ -169,16 +169,7 @@ func (e *Entry) Mark() int64 { return e.mark.Load() }
 // Evicted reports whether the entry has left its store.
 func (e *Entry) Evicted() bool { return e.flags.has(fEvicted) }
 
-// Hold makes [Store.Take] return nil for the entry, taking nothing, until [Entry.Release]: its
-// decisions go the long way, where the caller checks what Take cannot (hybrid: a ban or a cached
-// denial of the key). Lookup, TryTake and the other methods are unaffected. Safe for concurrent use;
-// a Take that read the entry's flags before Hold may still take.
-func (e *Entry) Hold() { e.flags.set(fHeld) }
-
-// Release undoes [Entry.Hold].
-func (e *Entry) Release() { e.flags.clear(fHeld) }
-
-// Held reports whether the entry is held ([Entry.Hold]).
+// Held reports whether the entry is held ([Store.Hold]).
 func (e *Entry) Held() bool { return e.flags.has(fHeld) }
 
 // TakeResult is the outcome of [Entry.TryTake].

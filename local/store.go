@@ -24,6 +24,11 @@ type Config struct {
 	// (nothing pending) is evicted, oldest-used first by the CLOCK algorithm; a key with pending
 	// consumption is never evicted.
 	MaxKeys int
+
+	// Held, when set, reports whether a key's entry must be held ([Store.Hold]): Insert creates the
+	// entry of such a key held, before any reader can see it, and [Store.Release] leaves such a
+	// key's entry held. It is called under a shard's lock, so it must not call into the store.
+	Held func(key string) bool
 }
 
 // Stats counts what the store did. All fields only grow.
@@ -39,6 +44,7 @@ type Store struct {
 	seed     maphash.Seed // for keys longer than 32 bytes
 	k0, k1   uint64       // Hash's seeds for keys of up to 32 bytes, random
 	perShard int          // key cap per shard
+	held     func(key string) bool
 	shards   [numShards]shard
 	dirty    atomic.Int64  // entries on dirty lists
 	notify   chan struct{} // signalled when dirty goes from 0 to 1
@@ -75,6 +81,7 @@ func New(cfg Config) (*Store, error) {
 		k0:       rand.Uint64(),
 		k1:       rand.Uint64() | 1,
 		perShard: cfg.MaxKeys / numShards,
+		held:     cfg.Held,
 		notify:   make(chan struct{}, 1),
 	}
 	for i := range s.shards {
@@ -158,7 +165,7 @@ func (s *Store) Lookup(key string, h uint64) *Entry {
 // Take is the hot path's lookup and take in one call: when key has an entry whose limit is
 // (rate, burst) and whose local allowance covers n, it takes n tokens as [Entry.TryTake] does and
 // returns the entry; otherwise it returns nil and has taken nothing (no entry, another limit, an
-// allowance too small, an entry held ([Entry.Hold]) or evicted concurrently), and the caller goes the long way:
+// allowance too small, an entry held ([Store.Hold]) or evicted concurrently), and the caller goes the long way:
 // [Store.Lookup], [Entry.SetLimit], [Entry.TryTake], [Store.Insert]. h is Hash(key). It never
 // blocks, never allocates and reads no clock.
 //
@@ -241,6 +248,9 @@ func (s *Store) Insert(key string, h uint64, rate float64, burst, credit int64) 
 	}
 	e := &Entry{key: key, hash: uint32(h), inc: incarnations.Add(1), link: unsafe.Pointer(s)}
 	e.SetLimit(rate, burst)
+	if s.held != nil && s.held(key) {
+		e.flags.set(fHeld) // before the entry is published: no Take sees it unheld
+	}
 	e.mark.Store(max(credit, 0))
 	e.globalMicro.Store(burst * 1_000_000) // until Redis answers, Remaining assumes a full bucket
 	e.setRem()
@@ -262,6 +272,39 @@ func (s *Store) Insert(key string, h uint64, rate float64, burst, credit int64) 
 	sh.live++
 	s.stats.Inserts.Add(1)
 	return e
+}
+
+// Hold holds key's entry, if it has one, and reports whether it had: [Store.Take] returns nil for a
+// held entry, taking nothing, until [Store.Release], so its decisions go the long way, where the
+// caller checks what Take cannot (hybrid: a ban of the key). Lookup, TryTake and the entry's other
+// methods are unaffected. A Take that read the entry's flags before Hold may still take.
+//
+// Hold runs under the shard's lock, as Insert and Release do, so a caller that records a key as to
+// be held (where Config.Held reads it) and then calls Hold leaves no entry of the key unheld: an
+// entry inserted before Hold is held by it, one inserted after it is created held.
+func (s *Store) Hold(key string, h uint64) bool {
+	sh := &s.shards[h&(numShards-1)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := s.Lookup(key, h)
+	if e != nil {
+		e.flags.set(fHeld)
+	}
+	return e != nil
+}
+
+// Release undoes [Store.Hold] for e unless Config.Held still reports its key, and reports whether
+// e is released. Like Hold it runs under the shard's lock, so a Hold of the key that starts after
+// Config.Held reported it is not undone.
+func (s *Store) Release(e *Entry) bool {
+	sh := &s.shards[uint64(e.hash)&(numShards-1)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if s.held != nil && s.held(e.key) {
+		return false
+	}
+	e.flags.clear(fHeld)
+	return true
 }
 
 // Remove drops the entry for key whatever it holds, and reports whether there was one; h is

@@ -391,20 +391,35 @@ func TestDirectCountsWithinAWindow(t *testing.T) {
 }
 
 // TestTakeLeavesAHeldEntryAlone: Store.Take returns nil for a held entry and takes nothing, while
-// TryTake (the long way's take) still takes; Release gives the entry back to Take.
+// TryTake (the long way's take) still takes; Release gives the entry back to Take unless Config.Held
+// still reports the key, and an entry of a key Config.Held reports is inserted held.
 func TestTakeLeavesAHeldEntryAlone(t *testing.T) {
-	s := newStore(t, 64)
+	var banned atomic.Bool
+	s, err := New(Config{MaxKeys: 64, Held: func(key string) bool { return key == "k" && banned.Load() }})
+	require.NoError(t, err)
 	h := hash(s, "k")
 	e := s.Insert("k", h, 100, 100, 10)
 	require.NotNil(t, e)
 	require.Same(t, e, s.Take("k", h, 100, 100, 1), "an entry not held")
-	e.Hold()
+	banned.Store(true)
+	assert.True(t, s.Hold("k", h))
+	assert.False(t, s.Hold("absent", hash(s, "absent")), "no entry to hold")
 	assert.True(t, e.Held())
 	assert.Nil(t, s.Take("k", h, 100, 100, 1), "held")
 	assert.Equal(t, int64(1), e.Total(), "Take took nothing from the held entry")
 	assert.Equal(t, Taken, e.TryTake(1), "TryTake is not held")
-	e.Release()
+	assert.False(t, s.Release(e), "Held still reports the key")
+	assert.True(t, e.Held())
+	banned.Store(false)
+	assert.True(t, s.Release(e))
 	assert.False(t, e.Held())
 	assert.Same(t, e, s.Take("k", h, 100, 100, 1), "released")
 	assert.Equal(t, int64(3), e.Total())
+
+	banned.Store(true)
+	require.True(t, s.Remove("k", h))
+	e2 := s.Insert("k", h, 100, 100, 10)
+	require.NotNil(t, e2)
+	assert.True(t, e2.Held(), "inserted held")
+	assert.Nil(t, s.Take("k", h, 100, 100, 1))
 }
