@@ -30,7 +30,7 @@ func TestFleetRegistryCountsLiveLimiters(t *testing.T) {
 	require.Eventually(t, func() bool {
 		for _, l := range lims {
 			// The ban list read too: no cold-start credit before it (issue 23, item 6).
-			if l.FleetSize() != n || !l.BansLoaded() {
+			if l.FleetSize() != n || !l.Ready() {
 				return false
 			}
 		}

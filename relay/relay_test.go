@@ -73,7 +73,7 @@ func TestRelayHoldsTheLimitAcrossItsChildren(t *testing.T) {
 	// start the load once they have, as a service would. (Children without cold-start credit on
 	// this key, WithoutColdStart, were admitted 82–120 of 120 here on main at ec135b0 too.)
 	for _, l := range kids {
-		for deadline := time.Now().Add(5 * time.Second); !l.BansLoaded() && time.Now().Before(deadline); {
+		for deadline := time.Now().Add(5 * time.Second); !l.Ready() && time.Now().Before(deadline); {
 			time.Sleep(time.Millisecond)
 		}
 	}

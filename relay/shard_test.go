@@ -184,7 +184,7 @@ func TestShardedChildrenOnRealRedis(t *testing.T) {
 		}
 	}()
 	for _, l := range kids { // as TestRelayHoldsTheLimitAcrossItsChildren: cold-start credit from the start
-		for deadline := time.Now().Add(5 * time.Second); !l.BansLoaded() && time.Now().Before(deadline); {
+		for deadline := time.Now().Add(5 * time.Second); !l.Ready() && time.Now().Before(deadline); {
 			time.Sleep(time.Millisecond)
 		}
 	}
