@@ -94,8 +94,9 @@ type (
 )
 
 // The room for header values in a state: one decision's five values take about 70 bytes with
-// 10-digit limits and a 7-byte rule name (more room for longer names); values that outgrow it are
-// still written, in an array of their own.
+// 10-digit limits and a 7-byte rule name, about 40 once the RateLimit-Policy and X-RateLimit-Limit
+// values are cached (writeHeaders), leaving room for longer names; values that outgrow it are still
+// written, in an array of their own.
 const (
 	narrowHeaderBytes = 128
 	wideHeaderBytes   = 256
