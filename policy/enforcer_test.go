@@ -20,6 +20,7 @@ import (
 	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/policy"
+	"github.com/hybridrate/hybridrate/policy/policytest"
 )
 
 // env is one test's Redis and Enforcer.
@@ -39,13 +40,7 @@ func newEnv(t *testing.T, opts []policy.Option, p *policy.Policy) *env {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
 	opts = append([]policy.Option{policy.WithHybridOptions(exact...), policy.WithStrictTimeout(time.Second)}, opts...)
-	enf, err := policy.NewEnforcer(rdb, opts...)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = enf.Close(ctx)
-	})
+	enf := policytest.NewEnforcer(t, rdb, opts...)
 	if p != nil {
 		require.NoError(t, enf.SetPolicy(p))
 	}
@@ -639,20 +634,17 @@ func TestLimitersAndStrictHealth(t *testing.T) {
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
-	enf, err := policy.NewEnforcer(
-		rdb,
+	enf := policytest.NewEnforcer(t, rdb,
 		policy.WithStrictTimeout(time.Second),
 		policy.WithHybridOptions(hybrid.WithCheckTimeout(time.Second)),
 	)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = enf.Close(context.Background()) })
 	assert.Nil(t, enf.Limiter(), "no limiter before a policy needs one")
 	require.NoError(t, enf.SetPolicy(&policy.Policy{Rules: []policy.Rule{
 		{ID: "h", Rate: 10, Burst: 10},
 		{ID: "s", Algorithm: policy.GCRA, Rate: 10, Burst: 10, OnFailure: outcome.FailOpen},
 	}}))
 	assert.NotNil(t, enf.Limiter())
-	_, err = enf.Check(context.Background(), &policy.Request{})
+	_, err := enf.Check(context.Background(), &policy.Request{})
 	require.NoError(t, err)
 	h := enf.StrictHealth()
 	assert.Positive(t, h.Calls)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/policy"
+	"github.com/hybridrate/hybridrate/policy/policytest"
 	"github.com/hybridrate/hybridrate/sidecar"
 )
 
@@ -41,16 +42,8 @@ func TestHungRedisBounded(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t) // go-redis defaults: the deadline of a call is not applied to the socket
 	const timeout = 50 * time.Millisecond
-	enf, err := policy.NewEnforcer(rdb, policy.WithStrictTimeout(timeout))
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = enf.Close(ctx)
-	})
-	p, err := policy.Parse([]byte(hungPolicy), "hung.yaml")
-	require.NoError(t, err)
-	require.NoError(t, enf.SetPolicy(p))
+	enf := policytest.NewEnforcer(t, rdb, policy.WithStrictTimeout(timeout))
+	policytest.SetPolicy(t, enf, hungPolicy, "hung.yaml")
 	side, err := sidecar.New(enf)
 	require.NoError(t, err)
 	ctx := context.Background()

@@ -15,6 +15,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/policy"
+	"github.com/hybridrate/hybridrate/policy/policytest"
 	"github.com/hybridrate/hybridrate/sidecar"
 )
 
@@ -37,9 +38,7 @@ func newUpstreamServer(t *testing.T, headers *sidecar.HeaderNames, now time.Time
 	t.Helper()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
-	enf, err := policy.NewEnforcer(rdb, policy.WithStrictTimeout(time.Second))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = enf.Close(context.Background()) })
+	enf := policytest.NewEnforcer(t, rdb, policy.WithStrictTimeout(time.Second))
 	f, err := policy.ParseUpstream([]byte(upstreamYAML), "config/rl.yaml")
 	require.NoError(t, err)
 	cfg, err := policy.NewUpstreamConfig([]*policy.UpstreamFile{f})
