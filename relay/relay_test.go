@@ -38,6 +38,93 @@ func newRelay(t testing.TB, rdb redis.UniversalClient, prefix, node string, opts
 	return r
 }
 
+// runRelays runs the relays' loops until the test ends: they stop in t.Cleanup, after what the
+// test registers later (its children) is closed.
+func runRelays(t *testing.T, relays ...*relay.Relay) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, r := range relays {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.Run(ctx) }()
+	}
+	t.Cleanup(func() { cancel(); wg.Wait() })
+}
+
+// newChildren returns n limiters on rdb under prefix, child i with upstream ups[i%len(ups)], node
+// ID name-i and opts; they are closed in t.Cleanup.
+func newChildren(t *testing.T, rdb redis.UniversalClient, prefix, name string, n int, ups []hybrid.Upstream, opts ...hybrid.Option) []*hybrid.Limiter {
+	t.Helper()
+	kids := make([]*hybrid.Limiter, n)
+	for i := range kids {
+		l, err := hybrid.New(rdb, append([]hybrid.Option{hybrid.WithKeyPrefix(prefix), hybrid.WithUpstream(ups[i%len(ups)]),
+			hybrid.WithNodeID(fmt.Sprintf("%s-%d", name, i))}, opts...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close(context.Background()) })
+		kids[i] = l
+	}
+	return kids
+}
+
+// awaitBans waits (up to 5s each) until every child has read the ban list. Children that have not
+// yet give new keys no cold-start credit (issue 23): a test starts its load once they have, as a
+// service would.
+func awaitBans(kids []*hybrid.Limiter) {
+	for _, l := range kids {
+		for deadline := time.Now().Add(5 * time.Second); !l.BansLoaded() && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+		}
+	}
+}
+
+// drive has every child ask for each of keys under limit once every `every`, from a goroutine of
+// its own, until run has passed, and calls count (concurrently) with each decision and its key's
+// index; a failed call fails t and stops its child. It returns the seconds that passed.
+func drive(t *testing.T, kids []*hybrid.Limiter, every, run time.Duration, keys []string, limit hybrid.Limit, count func(key int, d hybrid.Decision)) float64 {
+	t.Helper()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for _, l := range kids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tick := time.NewTicker(every)
+			defer tick.Stop()
+			for ; time.Since(start) < run; <-tick.C {
+				for i, k := range keys {
+					d, err := l.Allow(context.Background(), k, limit)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					count(i, d)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return time.Since(start).Seconds()
+}
+
+// nodeRecords returns the nodes whose records Redis's bucket of key holds, sorted.
+func nodeRecords(t *testing.T, rdb redis.UniversalClient, prefix, key string) []string {
+	t.Helper()
+	fields, err := rdb.HKeys(context.Background(), central.BucketKey(prefix, key)).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nodes []string
+	for _, f := range fields {
+		if n, ok := strings.CutPrefix(f, "n:"); ok {
+			nodes = append(nodes, n)
+		}
+	}
+	slices.Sort(nodes)
+	return nodes
+}
+
 var lim = central.Limit{Rate: 10, Burst: 20}
 
 // TestRelayHoldsTheLimitAcrossItsChildren: eight limiters behind two relays share one key at four
@@ -47,62 +134,22 @@ func TestRelayHoldsTheLimitAcrossItsChildren(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	const prefix = "rt1"
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
 	relays := []*relay.Relay{newRelay(t, rdb, prefix, "relay-a"), newRelay(t, rdb, prefix, "relay-b")}
-	for _, r := range relays {
-		wg.Add(1)
-		go func() { defer wg.Done(); r.Run(ctx) }()
-	}
-	defer func() { cancel(); wg.Wait() }()
-	var kids []*hybrid.Limiter
-	for i := range 8 {
-		l, err := hybrid.New(rdb, hybrid.WithKeyPrefix(prefix), hybrid.WithUpstream(relays[i%2]),
-			hybrid.WithNodeID(fmt.Sprintf("child-%d", i)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		kids = append(kids, l)
-	}
-	defer func() {
-		for _, l := range kids {
-			_ = l.Close(context.Background())
-		}
-	}()
-	// Children that have not read the ban list yet give new keys no cold-start credit (issue 23):
-	// start the load once they have, as a service would. (Children without cold-start credit on
-	// this key, WithoutColdStart, were admitted 82–120 of 120 here on main at ec135b0 too.)
-	for _, l := range kids {
-		for deadline := time.Now().Add(5 * time.Second); !l.BansLoaded() && time.Now().Before(deadline); {
-			time.Sleep(time.Millisecond)
-		}
-	}
+	runRelays(t, relays...)
+	kids := newChildren(t, rdb, prefix, "child", 8, []hybrid.Upstream{relays[0], relays[1]})
+	// (Children without cold-start credit on this key, WithoutColdStart, were admitted 82–120 of 120
+	// here on main at ec135b0 too.)
+	awaitBans(kids)
 	limit := hybrid.Limit{Rate: 50, Burst: 20}
-	const run = 2 * time.Second
 	var admitted, denied atomic.Int64
-	start := time.Now()
-	var cw sync.WaitGroup
-	for _, l := range kids {
-		cw.Add(1)
-		go func() {
-			defer cw.Done()
-			// 25 requests/s per child, 200/s in all: four times the rate.
-			for tick := time.NewTicker(40 * time.Millisecond); time.Since(start) < run; <-tick.C {
-				d, err := l.Allow(ctx, "shared", limit)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				if d.Allowed {
-					admitted.Add(1)
-				} else {
-					denied.Add(1)
-				}
-			}
-		}()
-	}
-	cw.Wait()
-	el := time.Since(start).Seconds()
+	// 25 requests/s per child, 200/s in all: four times the rate.
+	el := drive(t, kids, 40*time.Millisecond, 2*time.Second, []string{"shared"}, limit, func(_ int, d hybrid.Decision) {
+		if d.Allowed {
+			admitted.Add(1)
+		} else {
+			denied.Add(1)
+		}
+	})
 	exact := float64(limit.Burst) + limit.Rate*el
 	got := float64(admitted.Load())
 	t.Logf("admitted %v, denied %d, exact bucket %.0f over %.2fs", got, denied.Load(), exact, el)
@@ -118,17 +165,7 @@ func TestRelayHoldsTheLimitAcrossItsChildren(t *testing.T) {
 	if got < 0.8*limit.Rate*el {
 		t.Errorf("admitted %v < 80%% of the refill (%.0f): the relays starve their children", got, limit.Rate*el)
 	}
-	fields, err := rdb.HKeys(ctx, central.BucketKey(prefix, "shared")).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var nodes []string
-	for _, f := range fields {
-		if n, ok := strings.CutPrefix(f, "n:"); ok {
-			nodes = append(nodes, n)
-		}
-	}
-	slices.Sort(nodes)
+	nodes := nodeRecords(t, rdb, prefix, "shared")
 	if !slices.Equal(nodes, []string{"relay-a", "relay-b"}) {
 		t.Errorf("Redis's bucket has the records of %v, want the two relays only", nodes)
 	}
