@@ -216,8 +216,7 @@ func (s *Server) launchLocked() error {
 	}
 	s.proc, s.paused = p, false
 
-	ask := func(ctx context.Context, args ...any) (any, error) { return command(ctx, s.Addr, s.password, args...) }
-	if err := waitReady(p, s.Port, "", ask); err != nil {
+	if err := waitReady(p, s.Port, "", s.command); err != nil {
 		if stopErr := s.stopLocked(); stopErr != nil {
 			return errors.Join(err, stopErr)
 		}
@@ -371,7 +370,7 @@ func (s *Server) Do(tb testing.TB, args ...any) any {
 
 // command is Do without a testing.TB.
 func (s *Server) command(ctx context.Context, args ...any) (any, error) {
-	return command(ctx, s.Addr, s.password, args...)
+	return command(ctx, s.Addr, s.password, nil, args...)
 }
 
 // live reports whether the process is running and not paused.

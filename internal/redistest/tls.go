@@ -1,7 +1,6 @@
 package redistest
 
 import (
-	"bufio"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -120,26 +119,7 @@ func (s *TLSServer) Do(tb testing.TB, args ...any) any {
 
 // command is Do without a testing.TB.
 func (s *TLSServer) command(ctx context.Context, args ...any) (any, error) {
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		deadline = time.Now().Add(defaultCmdTimeout)
-	}
-	d := tls.Dialer{NetDialer: &net.Dialer{Deadline: deadline}, Config: s.ClientTLSConfig()}
-	conn, err := d.DialContext(ctx, "tcp", s.Addr)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
-	if err := conn.SetDeadline(deadline); err != nil {
-		return nil, err
-	}
-	rd := bufio.NewReader(conn)
-	if s.password != "" {
-		if _, err := roundTrip(conn, rd, "AUTH", s.password); err != nil {
-			return nil, fmt.Errorf("AUTH: %w", err)
-		}
-	}
-	return roundTrip(conn, rd, args...)
+	return command(ctx, s.Addr, s.password, s.ClientTLSConfig(), args...)
 }
 
 // launch starts the process and waits until it answers over TLS.
