@@ -253,15 +253,29 @@ func TestTiers(t *testing.T) {
 	assert.Equal(t, int64(1000), last.Decisions[1].Limit)
 }
 
+// shadowEvents records the events of policy.WithOnShadowDeny; it is safe for concurrent use.
+type shadowEvents struct {
+	mu  sync.Mutex
+	evs []policy.ShadowEvent // guarded by mu
+}
+
+func (r *shadowEvents) add(ev policy.ShadowEvent) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.evs = append(r.evs, ev)
+}
+
+// all returns a copy of the events so far.
+func (r *shadowEvents) all() []policy.ShadowEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]policy.ShadowEvent(nil), r.evs...)
+}
+
 func TestShadowRule(t *testing.T) {
 	t.Parallel()
-	var mu sync.Mutex
-	var events []policy.ShadowEvent
-	cfg := []policy.Option{policy.WithOnShadowDeny(func(ev policy.ShadowEvent) {
-		mu.Lock()
-		defer mu.Unlock()
-		events = append(events, ev)
-	})}
+	var rec shadowEvents
+	cfg := []policy.Option{policy.WithOnShadowDeny(rec.add)}
 	p := &policy.Policy{Rules: []policy.Rule{
 		{ID: "enforced", Dimensions: []string{"api_key"}, Rate: 1000, Burst: 1000},
 		{ID: "try-strict", Algorithm: policy.SlidingLog, Dimensions: []string{"api_key"}, Limit: 1, Period: time.Hour, Shadow: true},
@@ -275,8 +289,7 @@ func TestShadowRule(t *testing.T) {
 		assert.False(t, res.ShadowDenied)
 		assert.Len(t, res.Decisions, 3)
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	events := rec.all()
 	var got []string
 	for _, ev := range events {
 		assert.False(t, ev.Global)
@@ -292,13 +305,8 @@ func TestShadowRule(t *testing.T) {
 
 func TestShadowPolicy(t *testing.T) {
 	t.Parallel()
-	var mu sync.Mutex
-	var events []policy.ShadowEvent
-	cfg := []policy.Option{policy.WithOnShadowDeny(func(ev policy.ShadowEvent) {
-		mu.Lock()
-		defer mu.Unlock()
-		events = append(events, ev)
-	})}
+	var rec shadowEvents
+	cfg := []policy.Option{policy.WithOnShadowDeny(rec.add)}
 	p := &policy.Policy{Shadow: true, Rules: []policy.Rule{
 		{ID: "per-key", Dimensions: []string{"api_key"}, Rate: 0.001, Burst: 1},
 		{ID: "tenant", Algorithm: policy.GCRA, Dimensions: []string{"tenant"}, Limit: 2, Period: time.Hour},
@@ -317,8 +325,7 @@ func TestShadowPolicy(t *testing.T) {
 	res := e.check(t, req("GET", "GET /", "tenant", "acme"))
 	assert.True(t, res.Allowed)
 	assert.True(t, res.ShadowDenied)
-	mu.Lock()
-	defer mu.Unlock()
+	events := rec.all()
 	require.Len(t, events, 3)
 	for _, ev := range events {
 		assert.True(t, ev.Global)
