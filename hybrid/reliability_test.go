@@ -26,6 +26,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/internal/logtest"
 	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/outcome"
 )
@@ -558,7 +559,7 @@ func TestSlowRedisKeepsHotKeysLocal(t *testing.T) {
 	}
 	p, rdb := behindProxy(t)
 	const latency = 150 * time.Millisecond
-	rec := &logRecorder{}
+	rec := &logtest.Recorder{}
 	lim := newLimiter(t, rdb, hybrid.WithLogger(slog.New(rec))) // the default timeouts: check 5ms, flush 500ms
 	// About 250 decisions/s per hot key: a lease (at most the burst plus a second of demand) lasts
 	// about a second, so it is renewed a few times while Redis is slow.
@@ -571,7 +572,7 @@ func TestSlowRedisKeepsHotKeysLocal(t *testing.T) {
 	hl := &loader{lim: lim, keys: hotKeys, limit: hot, pace: 500 * time.Microsecond}
 	hl.start(2)
 	time.Sleep(200 * time.Millisecond)
-	logFrom := rec.len()
+	logFrom := rec.Len()
 	p.SetLatency(latency)
 	// New keys, one every 5ms: three tokens of a key this node has never seen are more than its
 	// cold-start credit, so each decision needs a synchronous check, which times out.
@@ -610,7 +611,7 @@ func TestSlowRedisKeepsHotKeysLocal(t *testing.T) {
 	s1, elapsed := lim.Stats(), time.Since(start)
 	close(stop)
 	wg.Wait()
-	lines := rec.lines(logFrom)
+	lines := rec.Lines(logFrom)
 	hl.halt()
 	p.SetLatency(0)
 	flushed(t, lim, 5*time.Second)
