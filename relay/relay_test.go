@@ -38,6 +38,16 @@ func newRelay(t testing.TB, rdb redis.UniversalClient, prefix, node string, opts
 	return r
 }
 
+// clockedRelay returns a relay named "relay" under prefix, with opts, on a fresh redis-server (and
+// a client of it), on a clock the test moves.
+func clockedRelay(t *testing.T, prefix string, opts ...relay.Option) (*redistest.Server, *redis.Client, *relay.Relay, *fakeClock) {
+	t.Helper()
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	clk := &fakeClock{}
+	return srv, rdb, newRelay(t, rdb, prefix, "relay", append([]relay.Option{relay.WithClock(clk.now)}, opts...)...), clk
+}
+
 // runRelays runs the relays' loops until the test ends: they stop in t.Cleanup, after what the
 // test registers later (its children) is closed.
 func runRelays(t *testing.T, relays ...*relay.Relay) {
@@ -175,10 +185,7 @@ func TestRelayHoldsTheLimitAcrossItsChildren(t *testing.T) {
 // share, a replayed call granting nothing twice, a late call from a replaced incarnation, one-off
 // takes from the pool, and what is counted in Redis.
 func TestRelayAnswers(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	clk := &fakeClock{}
-	r := newRelay(t, rdb, "rt2", "relay", relay.WithClock(clk.now), relay.WithFleet(func() int64 { return 2 }))
+	_, rdb, r, clk := clockedRelay(t, "rt2", relay.WithFleet(func() int64 { return 2 }))
 	ctx := context.Background()
 	// A synchronous call for 1 with a want of 8: the pool is empty, so the relay asks Redis.
 	u := central.Update{Key: "k", Limit: lim, Inc: 1, Demand: 2, Want: 8, N: 1}
@@ -255,10 +262,7 @@ func TestRelayAnswers(t *testing.T) {
 // TestRelayMaxKeys: at the cap, a new key is refused with ErrFull and counted; an idle key is
 // dropped after ActiveWindow and makes room.
 func TestRelayMaxKeys(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	clk := &fakeClock{}
-	r := newRelay(t, rdb, "rt3", "relay", relay.WithClock(clk.now), relay.WithMaxKeys(1), relay.WithActiveWindow(time.Second), relay.WithLeaseLife(500*time.Millisecond))
+	_, _, r, clk := clockedRelay(t, "rt3", relay.WithMaxKeys(1), relay.WithActiveWindow(time.Second), relay.WithLeaseLife(500*time.Millisecond))
 	ctx := context.Background()
 	if _, err := r.Take(ctx, "a", central.Update{Key: "one", Limit: lim, N: 1}); err != nil {
 		t.Fatal(err)
@@ -288,10 +292,7 @@ func TestRelayMaxKeys(t *testing.T) {
 // failure policy decides), the relay's round fails without losing what it must report, and once
 // Redis is back everything reaches it.
 func TestRelayRedisDown(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	clk := &fakeClock{}
-	r := newRelay(t, rdb, "rt4", "relay", relay.WithClock(clk.now))
+	srv, _, r, clk := clockedRelay(t, "rt4")
 	ctx := context.Background()
 	for range 3 {
 		if _, err := r.Take(ctx, "a", central.Update{Key: "k", Limit: lim, N: 1}); err != nil {
@@ -335,10 +336,7 @@ func TestRelayRedisDown(t *testing.T) {
 // life holds no pool: once its pool is spent or written off, a one-off take goes to Redis as a
 // one-off take (take.lua), counted there at once.
 func TestRelayForwardsRareKeys(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	clk := &fakeClock{}
-	r := newRelay(t, rdb, "rt5", "relay", relay.WithClock(clk.now))
+	_, _, r, clk := clockedRelay(t, "rt5")
 	ctx := context.Background()
 	take := func() central.State {
 		t.Helper()
@@ -367,12 +365,9 @@ func TestRelayForwardsRareKeys(t *testing.T) {
 // keys seen once costs Redis a central bucket's call each, not reconcile.lua and a round); a key
 // asked for again within its first second gets a pool, and takes after that are served from it.
 func TestRelayNewKeysGoDirect(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	clk := &fakeClock{}
 	// An owner relay (children shard keys over relays); these takes are not vetted against a ban
 	// list, so none is admitted on the cold credit: each goes to Redis.
-	r := newRelay(t, rdb, "rt7", "relay", relay.WithClock(clk.now), relay.WithColdCredit(1))
+	srv, _, r, clk := clockedRelay(t, "rt7", relay.WithColdCredit(1))
 	ctx := context.Background()
 	if _, err := r.Take(ctx, "a", central.Update{Key: "warm-up", Limit: lim, N: 1}); err != nil {
 		t.Fatal(err) // loads take.lua (EVALSHA, then EVAL on NOSCRIPT)
@@ -415,10 +410,7 @@ func TestRelayNewKeysGoDirect(t *testing.T) {
 // a new node id) leaves the key's records once it can hold nothing, so a long-lived key does not
 // collect a record per pod ever seen.
 func TestRelayPrunesDepartedChildren(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	clk := &fakeClock{}
-	r := newRelay(t, rdb, "rt6", "relay", relay.WithClock(clk.now))
+	_, _, r, clk := clockedRelay(t, "rt6")
 	ctx := context.Background()
 	for i := range 50 {
 		if _, err := r.Take(ctx, fmt.Sprintf("pod-%d", i), central.Update{Key: "k", Limit: lim, Inc: 1, Demand: 1, Want: 1, N: 1}); err != nil {
@@ -448,11 +440,8 @@ func TestRelayPrunesDepartedChildren(t *testing.T) {
 // a key whose bucket does not refill within the active window, or a take larger than the credit,
 // goes to Redis as before.
 func TestRelayColdCredit(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	clk := &fakeClock{}
 	const prefix = "rt8"
-	r := newRelay(t, rdb, prefix, "relay", relay.WithClock(clk.now), relay.WithColdCredit(1))
+	srv, rdb, r, clk := clockedRelay(t, prefix, relay.WithColdCredit(1))
 	ctx := context.Background()
 	if _, err := r.Take(ctx, "a", central.Update{Key: "warm-up", Limit: lim, N: 2}); err != nil {
 		t.Fatal(err) // over the credit: a one-off take (and take.lua loads)
@@ -530,11 +519,8 @@ func TestRelayColdCredit(t *testing.T) {
 // get StatusBanned with the ban's remaining time (a child denies the key locally until then),
 // whatever their own copies of the ban list hold, and a child's report is still applied.
 func TestRelayBanReachesItsPool(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	clk := &fakeClock{}
 	const prefix = "rt9"
-	r := newRelay(t, rdb, prefix, "relay", relay.WithClock(clk.now))
+	_, rdb, r, clk := clockedRelay(t, prefix)
 	ctx := context.Background()
 	// Child a leases from the relay, which refills its pool from Redis.
 	st, err := r.Take(ctx, "a", central.Update{Key: "k", Limit: lim, Inc: 1, Want: 4, N: 1, Demand: 5})
