@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"testing"
 	"time"
 )
 
@@ -19,6 +20,17 @@ const defaultCmdTimeout = 5 * time.Second
 type replyError string
 
 func (e replyError) Error() string { return string(e) }
+
+// do runs cmd(args) within defaultCmdTimeout and returns its reply; an error fails tb, naming
+// where (the server's address).
+func do(tb testing.TB, where string, cmd func(ctx context.Context, args ...any) (any, error), args []any) any {
+	tb.Helper()
+	v, err := cmd(context.Background(), args...)
+	if err != nil {
+		tb.Fatalf("redistest: %v on %s: %v", args, where, err)
+	}
+	return v
+}
 
 // command sends one command on a new connection to addr (over TLS with
 // tlsConfig when it is not nil) and returns the

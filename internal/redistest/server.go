@@ -361,11 +361,7 @@ func (s *Server) ResetStats(tb testing.TB) {
 // Do does not use go-redis, so it sends nothing but the command (and AUTH).
 func (s *Server) Do(tb testing.TB, args ...any) any {
 	tb.Helper()
-	v, err := s.command(context.Background(), args...)
-	if err != nil {
-		tb.Fatalf("redistest: %v on %s: %v", args, s.Addr, err)
-	}
-	return v
+	return do(tb, s.Addr, s.command, args)
 }
 
 // command is Do without a testing.TB.

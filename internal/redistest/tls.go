@@ -110,11 +110,7 @@ func (s *TLSServer) URL() string { return "rediss://" + s.Addr }
 // reply, a network error or no reply within 5s fails the test.
 func (s *TLSServer) Do(tb testing.TB, args ...any) any {
 	tb.Helper()
-	v, err := s.command(context.Background(), args...)
-	if err != nil {
-		tb.Fatalf("redistest: %v on %s (TLS): %v", args, s.Addr, err)
-	}
-	return v
+	return do(tb, s.Addr+" (TLS)", s.command, args)
 }
 
 // command is Do without a testing.TB.
