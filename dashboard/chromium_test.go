@@ -16,8 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
@@ -26,6 +24,7 @@ import (
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/browsertest"
 	"github.com/hybridrate/hybridrate/internal/metrictest"
+	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/observe"
 	"github.com/hybridrate/hybridrate/policy"
 	"github.com/hybridrate/hybridrate/policy/policytest"
@@ -69,9 +68,7 @@ rules:
 // screenshot (-screenshot FILE).
 func TestDashboardInChromium(t *testing.T) {
 	browsertest.Binary(t)
-	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
+	_, rdb := redistest.Mini(t)
 	metrics := metrictest.New(t)
 	enf := policytest.NewEnforcer(t, rdb,
 		policy.WithStrictTimeout(time.Second),

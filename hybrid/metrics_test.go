@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -14,13 +13,12 @@ import (
 
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/metrictest"
+	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/outcome"
 )
 
 func TestMetricsDecisionsBySourceWithStableInstance(t *testing.T) {
-	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
+	_, rdb := redistest.Mini(t)
 	metrics := metrictest.New(t)
 	lim, err := hybrid.New(rdb, hybrid.WithMeterProvider(metrics.Provider), hybrid.WithInstance("pod-7"),
 		hybrid.WithCheckTimeout(time.Second), hybrid.WithSyncInterval(time.Millisecond))
@@ -66,9 +64,7 @@ func TestMetricsDecisionsBySourceWithStableInstance(t *testing.T) {
 }
 
 func TestMetricsRedisErrorsAndBreakerState(t *testing.T) {
-	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
-	t.Cleanup(func() { _ = rdb.Close() })
+	mr, rdb := redistest.Mini(t, func(o *redis.Options) { o.MaxRetries = -1 })
 	metrics := metrictest.New(t)
 	lim, err := hybrid.New(rdb, hybrid.WithMeterProvider(metrics.Provider), hybrid.WithFailurePolicy(outcome.FailOpen), hybrid.WithoutColdStart(),
 		hybrid.WithCheckTimeout(100*time.Millisecond), hybrid.WithSyncInterval(time.Minute), hybrid.WithFlushTimeout(100*time.Millisecond))
@@ -114,9 +110,7 @@ func TestMetricsRedisErrorsAndBreakerState(t *testing.T) {
 }
 
 func TestWithInstanceRejectsEmpty(t *testing.T) {
-	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
+	_, rdb := redistest.Mini(t)
 	_, err := hybrid.New(rdb, hybrid.WithInstance(""))
 	assert.ErrorIs(t, err, hybrid.ErrBadOption)
 }

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/metrictest"
+	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/middleware"
 	"github.com/hybridrate/hybridrate/observe"
 	"github.com/hybridrate/hybridrate/outcome"
@@ -61,9 +61,7 @@ type fixture struct {
 // unless opts name another, and its meter provider the fixture's reader's.
 func newFixture(t *testing.T, opts []observe.Option) *fixture {
 	t.Helper()
-	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
+	_, rdb := redistest.Mini(t)
 	metrics := metrictest.New(t)
 	enf := policytest.NewEnforcer(t, rdb,
 		policy.WithStrictTimeout(time.Second),
@@ -275,9 +273,7 @@ func (fakeChecker) Check(context.Context, *policy.Request) (policy.Result, error
 }
 
 func TestStrictAndBreakerHealthWhenRedisIsDown(t *testing.T) {
-	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
-	t.Cleanup(func() { _ = rdb.Close() })
+	mr, rdb := redistest.Mini(t, func(o *redis.Options) { o.MaxRetries = -1 })
 	metrics := metrictest.New(t)
 	enf := policytest.NewEnforcer(t, rdb,
 		policy.WithStrictTimeout(100*time.Millisecond),

@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -557,8 +556,7 @@ func TestStrictWindowBoundary(t *testing.T) {
 
 func TestStrictValidation(t *testing.T) {
 	t.Parallel()
-	m := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	m, rdb := redistest.Mini(t)
 	s := newTestStrict(t, rdb)
 	ctx := context.Background()
 	ok := Rule{Name: "r", Algorithm: TokenBucket, Limit: 10, Period: time.Second}
