@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/internal/metrictest"
 	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/observe"
 	"github.com/hybridrate/hybridrate/policy"
@@ -19,8 +19,7 @@ import (
 // with a manual reader, the window, labels): the Observer's cost per check.
 func BenchmarkCheck(b *testing.B) {
 	_, rdb := redistest.Mini(b)
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
-	b.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	mp := metrictest.New(b).Provider
 	enf, err := policy.NewEnforcer(rdb, policy.WithHybridOptions(hybrid.WithCheckTimeout(time.Second)))
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = enf.Close(context.Background()) })

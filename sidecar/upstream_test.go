@@ -39,10 +39,7 @@ func newUpstreamServer(t *testing.T, headers *sidecar.HeaderNames, now time.Time
 	srv := redistest.Start(t)
 	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
 	enf := policytest.NewEnforcer(t, rdb, policy.WithStrictTimeout(time.Second))
-	f, err := policy.ParseUpstream([]byte(upstreamYAML), "config/rl.yaml")
-	require.NoError(t, err)
-	cfg, err := policy.NewUpstreamConfig([]*policy.UpstreamFile{f})
-	require.NoError(t, err)
+	cfg := policytest.Upstream(t, "config/rl.yaml", upstreamYAML)
 	require.NoError(t, enf.SetPolicy(cfg.Policy()))
 	s, err := sidecar.New(
 		enf,

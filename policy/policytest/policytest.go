@@ -1,4 +1,4 @@
-// Package policytest builds the [policy.Enforcer] and [policy.Policy] values that tests of policy's
+// Package policytest builds the [policy.Enforcer], [policy.Policy] and [policy.UpstreamConfig] values that tests of policy's
 // users (observe, sidecar, the dashboard, hybridrated) start from, as net/http/httptest does for
 // servers: each function fails the test on an error instead of returning it.
 package policytest
@@ -50,4 +50,19 @@ func SetPolicy(tb testing.TB, s Setter, doc, name string) *policy.Policy {
 		tb.Fatalf("SetPolicy %s: %v", name, err)
 	}
 	return p
+}
+
+// Upstream returns the configuration of one upstream (envoyproxy/ratelimit) file, doc named name,
+// built with opts; it fails tb on an error of policy.ParseUpstream or policy.NewUpstreamConfig.
+func Upstream(tb testing.TB, name, doc string, opts ...policy.UpstreamOption) *policy.UpstreamConfig {
+	tb.Helper()
+	f, err := policy.ParseUpstream([]byte(doc), name)
+	if err != nil {
+		tb.Fatalf("policy.ParseUpstream %s: %v", name, err)
+	}
+	cfg, err := policy.NewUpstreamConfig([]*policy.UpstreamFile{f}, opts...)
+	if err != nil {
+		tb.Fatalf("policy.NewUpstreamConfig %s: %v", name, err)
+	}
+	return cfg
 }
