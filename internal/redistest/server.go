@@ -326,6 +326,19 @@ func (s *Server) Resume(tb testing.TB) {
 	s.paused = false
 }
 
+// Hung pauses s ([Server.Pause]: a hung host, which accepts connections and
+// answers nothing), calls call(i) for i from 0 to n-1, failing tb for each
+// call that takes bound or longer (see [Timed]; "what i on a hung Redis"
+// names it), then resumes s.
+func (s *Server) Hung(tb testing.TB, what string, n int, bound time.Duration, call func(i int)) {
+	tb.Helper()
+	s.Pause(tb)
+	for i := range n {
+		Timed(tb, fmt.Sprintf("%s %d on a hung Redis", what, i), bound, func() { call(i) })
+	}
+	s.Resume(tb)
+}
+
 // CommandStats returns the number of calls per command from INFO
 // commandstats, keyed by lower-case command name without the "cmdstat_"
 // prefix: "evalsha", "set", and subcommands such as "script|load".
