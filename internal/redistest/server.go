@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -398,28 +397,10 @@ func (s *Server) live() bool {
 }
 
 // logTail returns the last n lines of the server's log.
-func (s *Server) logTail(n int) string {
-	b, err := os.ReadFile(s.logPath)
-	if err != nil {
-		return fmt.Sprintf("(no log: %v)", err)
-	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
+func (s *Server) logTail(n int) string { return tailFile(s.logPath, n) }
 
-// logSince returns the log written after offset off.
-func (s *Server) logSince(off int64) string {
-	f, err := os.Open(s.logPath)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	b, _ := io.ReadAll(io.NewSectionReader(f, off, 1<<20))
-	return string(b)
-}
+// logSince returns up to 1 MiB of the log written after offset off.
+func (s *Server) logSince(off int64) string { return readFrom(s.logPath, off) }
 
 // parseCommandStats parses the reply of INFO commandstats, whose lines look
 // like "cmdstat_evalsha:calls=3,usec=42,usec_per_call=14.00,...".
