@@ -1,5 +1,6 @@
-// Package logtest records, in tests, what the code under test logs through log/slog: give
-// slog.New(rec) to a WithLogger option, then read the lines with [Recorder.Lines].
+// Package logtest records, in tests, what the code under test logs: through log/slog (give
+// slog.New(rec) to a WithLogger option, then read the lines with [Recorder.Lines]), or as text
+// written to an io.Writer, such as a child process's stderr ([Buffer]).
 package logtest
 
 import (
@@ -56,4 +57,26 @@ func (r *Recorder) Lines(from int) []string {
 		out = append(out, b.String())
 	}
 	return out
+}
+
+// Buffer is an io.Writer that keeps what is written, for a log sink that one goroutine (or process)
+// writes while the test reads it. The zero Buffer is empty and ready to use; it is safe for
+// concurrent use.
+type Buffer struct {
+	mu sync.Mutex
+	b  strings.Builder // guarded by mu
+}
+
+// Write appends p; it never fails.
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+// String returns everything written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
