@@ -279,6 +279,20 @@ func warm(t *testing.T, lim *hybrid.Limiter, keys []string, limit hybrid.Limit) 
 	}
 }
 
+// allowLocally asks lim n times for each of keys under limit, requiring each decision to be made
+// locally (from the keys' allowances, see warm).
+func allowLocally(t *testing.T, lim *hybrid.Limiter, keys []string, limit hybrid.Limit, n int) {
+	t.Helper()
+	ctx := context.Background()
+	for _, k := range keys {
+		for range n {
+			d, err := lim.Allow(ctx, k, limit)
+			require.NoError(t, err)
+			require.Equal(t, outcome.SourceLocal, d.Source, "key %s", k)
+		}
+	}
+}
+
 // TestRedisHung is issue #4 item 2: Redis is stopped with SIGSTOP for 3.5s, longer than every
 // timeout (sync check 20ms, flush 100ms, the client's 1s read timeout). Decisions on keys with local
 // allowance keep their microsecond latency; decisions that need Redis return after about the sync
@@ -436,13 +450,7 @@ func TestRestartLosesScriptCacheWhileReconcileIsDue(t *testing.T) {
 	flushed(t, lim, 5*time.Second)
 	ctx := context.Background()
 	const perKey = 5
-	for _, k := range keys {
-		for range perKey {
-			d, err := lim.Allow(ctx, k, limit)
-			require.NoError(t, err)
-			require.Equal(t, outcome.SourceLocal, d.Source)
-		}
-	}
+	allowLocally(t, lim, keys, limit, perKey)
 	require.EqualValues(t, len(keys), lim.Stats().Pending, "every key's reconcile is due")
 
 	srv.Restart(t)
@@ -808,13 +816,7 @@ func TestReplayedBatchIsAppliedOnce(t *testing.T) {
 	flushed(t, lim, 5*time.Second)
 	ctx := context.Background()
 	const perKey = 7
-	for _, k := range keys {
-		for range perKey {
-			d, err := lim.Allow(ctx, k, limit)
-			require.NoError(t, err)
-			require.Equal(t, outcome.SourceLocal, d.Source)
-		}
-	}
+	allowLocally(t, lim, keys, limit, perKey)
 	want := consumed(t, direct, keys)
 	for i := range want {
 		want[i] += perKey
