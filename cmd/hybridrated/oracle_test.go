@@ -3,10 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"maps"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -318,12 +316,8 @@ func TestOracleUpstreamAnswersEqual(t *testing.T) {
 		require.Equal(t, want, got)
 		require.Greater(t, len(want), 100, "every case's limits")
 		for _, url := range []string{"http://" + o.upProm + "/metrics", "http://" + o.oursHTTP[0] + "/metrics"} {
-			resp, err := http.Get(url)
-			require.NoError(t, err)
-			body, err := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			require.NoError(t, err)
-			require.Contains(t, string(body), "\nratelimit_service_config_load_success 1\n", url)
+			_, body := get(t, url)
+			require.Contains(t, body, "\nratelimit_service_config_load_success 1\n", url)
 		}
 	})
 
@@ -555,13 +549,9 @@ func leaseCases() []oracleCase {
 // promSum returns the sum of the series of a metric name that url exports.
 func promSum(t *testing.T, url, name string) float64 {
 	t.Helper()
-	resp, err := http.Get(url)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
+	_, body := get(t, url)
 	sum := 0.0
-	for _, line := range strings.Split(string(body), "\n") {
+	for _, line := range strings.Split(body, "\n") {
 		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
 			continue
 		}
@@ -577,13 +567,9 @@ func promSum(t *testing.T, url, name string) float64 {
 // requests' domain, which only upstream saw.
 func scrapeUpstreamNames(t *testing.T, url string) map[string]float64 {
 	t.Helper()
-	resp, err := http.Get(url)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
+	_, body := get(t, url)
 	out := map[string]float64{}
-	for _, line := range strings.Split(string(body), "\n") {
+	for _, line := range strings.Split(body, "\n") {
 		if !strings.HasPrefix(line, "ratelimit_service_rate_limit_") || strings.Contains(line, "warmup") {
 			continue
 		}
