@@ -36,18 +36,17 @@ func TestAccuracySixtyFourNodes(t *testing.T) {
 func accuracyFleet(t *testing.T, nodes int, d time.Duration, opts ...hybrid.Option) {
 	srv, rdb := startRedis(t)
 	f := newFleet(t, srv.Addr, nodes, opts...)
-	// Traffic starts once every node knows its fleet's size, as a readiness check that waits for
-	// FleetSize would let it: before its first heartbeat is answered, a node grants cold-start credit
-	// as a fleet of one would (docs/accuracy.md, "Assumptions"), and 64 nodes starting at once under
-	// a loaded test run could overdraw a burst-20 key into debt its honest load then pays for.
+	// Traffic starts once every node is Ready, as a readiness check would let it: until a node has
+	// counted its fleet (a second heartbeat for a node that finds others at its first), a new key's
+	// first decision goes to Redis (docs/accuracy.md, "Assumptions").
 	require.Eventually(t, func() bool {
 		for _, l := range f.lims {
-			if l.FleetSize() < 1 {
+			if !l.Ready() {
 				return false
 			}
 		}
 		return true
-	}, 10*time.Second, 5*time.Millisecond, "every node's first heartbeat is answered")
+	}, 10*time.Second, 5*time.Millisecond, "every node is ready")
 
 	over := []workload{
 		{keys: []string{"over:80:a", "over:80:b"}, limit: hybrid.Limit{Rate: 80, Burst: 80}},

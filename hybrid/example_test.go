@@ -33,9 +33,9 @@ func Example() {
 		panic(err)
 	}
 	defer lim.Close(ctx)
-	// A new limiter reads the ban list first (milliseconds); until then a new key's first decision
-	// goes to Redis, which knows its bans.
-	for !lim.BansLoaded() {
+	// A new limiter reads the ban list and counts its fleet first (milliseconds); until then a new
+	// key's first decision goes to Redis, which knows its bans.
+	for !lim.Ready() {
 		time.Sleep(time.Millisecond)
 	}
 
@@ -75,7 +75,7 @@ func ExampleLimiter_AllowN() {
 	}
 	ctx := context.Background()
 	defer lim.Close(ctx)
-	for !lim.BansLoaded() { // see Example
+	for !lim.Ready() { // see Example
 		time.Sleep(time.Millisecond)
 	}
 

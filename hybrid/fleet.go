@@ -78,6 +78,27 @@ func (l *Limiter) stepFleet(ctx context.Context) {
 	l.fleetW.nextBeat = now + int64(l.beatEvery(l.fleetSize.Load()))
 }
 
+// fleetKnown reports whether the fleet's size is known well enough to size what the node grants
+// itself (coldCredit): a heartbeat has been answered, and either it found this node alone or it
+// did not find the fleet more than a quarter larger than the one before (fleetGrew). A node that
+// finds others at its first heartbeat, or a fleet still growing fast, waits for the next heartbeat
+// (fleetQuickBeat later): in a fleet that starts at once the k-th node to register counts k, and
+// credits sized for those counts added up to 1.5 to 2 bursts per key instead of one.
+// The node that counts 1 grants itself at most one node's credit meanwhile.
+func (l *Limiter) fleetKnown() bool {
+	n := l.fleetSize.Load()
+	return n == 1 || n > 1 && !l.fleetGrew.Load()
+}
+
+// Ready reports whether a key this limiter has not seen can be answered from its cold-start
+// credit, without a round trip to Redis: the ban list has been read and fits the local copy
+// (BansLoaded, Stats.BanListSize), and the fleet's size is known: a heartbeat has been answered,
+// and found this limiter alone or not still growing (a limiter that finds others at its first
+// heartbeat waits for a second one, 500 ms later). Until then each new key's first decision goes to
+// Redis. A process that wants its first decisions local can wait for it before serving. It does
+// no I/O.
+func (l *Limiter) Ready() bool { return l.bansComplete() && l.fleetKnown() }
+
 // FleetSize returns how many limiters sharing this one's key prefix were live at its last
 // heartbeat (itself included), or 0 before the first answer from Redis.
 func (l *Limiter) FleetSize() int64 { return l.fleetSize.Load() }

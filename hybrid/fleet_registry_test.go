@@ -30,7 +30,7 @@ func TestFleetRegistryCountsLiveLimiters(t *testing.T) {
 	require.Eventually(t, func() bool {
 		for _, l := range lims {
 			// The ban list read too: no cold-start credit before it (issue 23, item 6).
-			if l.FleetSize() != n || !l.BansLoaded() {
+			if l.FleetSize() != n || !l.Ready() {
 				return false
 			}
 		}
@@ -95,4 +95,34 @@ func TestFleetStartingAtOnceIsCountedQuickly(t *testing.T) {
 		}
 		return true
 	}, 5*time.Second, 5*time.Millisecond, "every limiter counts the whole fleet after a quick second heartbeat")
+}
+
+// TestNoColdCreditUntilTheFleetIsCounted (issue 21): a limiter that finds others at its first
+// heartbeat is not Ready, and answers a new key from Redis, until a second heartbeat finds the fleet
+// no longer growing; a limiter alone is Ready at its first. In a fleet that starts at once, the k-th
+// node's first heartbeat counts k, and credit sized for that count over-admitted Zipf keys.
+func TestNoColdCreditUntilTheFleetIsCounted(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	limit := hybrid.Limit{Rate: 10, Burst: 20} // a credit of 2 tokens on a fleet of up to 10
+	first := newLimiter(t, srv.Client(t), hybrid.WithFleetBeat(time.Minute))
+	require.Eventually(t, first.Ready, 5*time.Second, time.Millisecond, "a limiter alone is ready at its first heartbeat")
+	d, err := first.Allow(ctx, "a", limit)
+	require.NoError(t, err)
+	assert.Equal(t, outcome.SourceLocal, d.Source, "the first limiter answers a new key from its credit")
+
+	second := newLimiter(t, srv.Client(t), hybrid.WithFleetBeat(time.Minute))
+	require.Eventually(t, func() bool { return second.BansLoaded() && second.FleetSize() == 2 }, 5*time.Second,
+		time.Millisecond, "the second limiter's first heartbeat finds two")
+	assert.False(t, second.Ready(), "a limiter that found others at its first heartbeat is not ready")
+	d, err = second.Allow(ctx, "b", limit)
+	require.NoError(t, err)
+	assert.True(t, d.Allowed)
+	assert.Equal(t, outcome.SourceCentral, d.Source, "no credit: the new key's first decision goes to Redis")
+
+	// The quick second heartbeat (500 ms later; the minute-long period never comes) finds two again.
+	require.Eventually(t, second.Ready, 5*time.Second, 5*time.Millisecond, "ready after a second heartbeat")
+	d, err = second.Allow(ctx, "c", limit)
+	require.NoError(t, err)
+	assert.Equal(t, outcome.SourceLocal, d.Source, "credit once the fleet is counted")
 }

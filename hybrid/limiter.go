@@ -459,20 +459,17 @@ const starvedTrust = time.Second
 // Burst/F) tokens, rounded down, with F the live limiters of the fleet registry, so that the
 // fleet's cold-start credits on one key add up to one burst at most whatever the fleet's size
 // (docs/accuracy.md); 0 when that is under a token (the key's first request here asks Redis), in
-// strict mode or WithoutColdStart, and while the local copy of the ban list is not known to hold
-// every ban (bansComplete: not read yet, or Redis holds more bans than it keeps), so that a banned
-// key's first decision goes to Redis. Before the registry's first answer (a node's first
-// milliseconds, or Redis down at start) F is the largest number of nodes Redis's answers showed
-// sharing a key, at least 1. Two tokens let the first requests of a new key (a client's first call
-// is often followed by a second at once) be answered before its first reconcile on small fleets.
+// strict mode or WithoutColdStart, and until the limiter is Ready: while the local copy of the ban
+// list is not known to hold every ban (bansComplete), so that a banned key's first decision goes to
+// Redis, and while the fleet's size is not known (fleetKnown), so that the nodes of a fleet that
+// starts at once do not each size their credit for the part of the fleet that registered before
+// them. Two tokens let the first requests of a new key (a client's first call is often followed by
+// a second at once) be answered before its first reconcile on small fleets.
 func (l *Limiter) coldCredit(limit Limit) int64 {
-	if l.opts.drift == 0 || !l.opts.coldStart || !l.bansComplete() {
+	if l.opts.drift == 0 || !l.opts.coldStart || !l.bansComplete() || !l.fleetKnown() {
 		return 0
 	}
 	f := l.fleetSize.Load()
-	if f < 1 {
-		f = max(l.fleet.Load(), 1)
-	}
 	return min(limit.Burst/f, max(2, int64(l.opts.drift*float64(limit.Burst)/float64(f))))
 }
 

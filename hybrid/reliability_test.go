@@ -48,7 +48,7 @@ func newLimiter(t *testing.T, rdb redis.UniversalClient, opts ...hybrid.Option) 
 // awaitBans waits until lim has read the ban list, from when it grants new keys cold-start credit.
 func awaitBans(t testing.TB, lim *hybrid.Limiter) {
 	t.Helper()
-	require.Eventually(t, lim.BansLoaded, 5*time.Second, time.Millisecond, "the ban list is read")
+	require.Eventually(t, lim.Ready, 5*time.Second, time.Millisecond, "the ban list is read and the fleet counted")
 }
 
 // flushed flushes lim until nothing is pending (a breaker may need a cooldown after an outage).

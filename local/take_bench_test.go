@@ -2,6 +2,7 @@ package local
 
 import (
 	"hash/maphash"
+	"math/rand/v2"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -86,3 +87,36 @@ func BenchmarkTake(b *testing.B) {
 }
 
 var sinkU64 atomic.Uint64
+
+// BenchmarkTakeMany measures the store's share of a local decision on 262,144 keys taken in a
+// random order, where the table's slots and the entries are mostly cache misses (the tables are
+// about half full: a lookup loads about half an entry besides its own, docs/benchmarks.md's fifth
+// issue-24 pass). Its instructions and misses per decision: run it under cachegrind at two
+// -test.benchtime counts and take the difference.
+//
+//	go test -run '^$' -bench BenchmarkTakeMany -benchmem -count 6 ./local/
+func BenchmarkTakeMany(b *testing.B) {
+	const n = 1 << 18
+	s, err := New(Config{MaxKeys: 1 << 20})
+	if err != nil {
+		b.Fatal(err)
+	}
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = "user:" + strconv.Itoa(i*7919)
+		s.Insert(keys[i], s.Hash(keys[i]), 1e9, 1e9, 1<<62)
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	seq := make([]int32, 1<<20)
+	for i := range seq {
+		seq[i] = int32(r.IntN(n))
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		k := keys[seq[i&(len(seq)-1)]]
+		if s.Take(k, s.Hash(k), 1e9, 1e9, 1) == nil {
+			b.Fatal("not taken")
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 	"unsafe"
 
@@ -21,32 +22,100 @@ const (
 	hdrContentType = "Content-Type"
 )
 
-// headerValues is the storage of one response's rate-limit header values, part of the request's
-// state (one allocation per request for everything): the five values' bytes and the five one-value
-// slices the header map holds.
-type headerValues struct {
-	vals [5]string
-	buf  [256]byte // the values' bytes; never written again once the strings point into it
+// draftPolicy is a RateLimit-Policy value the middleware formatted for a list of counters, with the
+// X-RateLimit-Limit value of one of them: kept to be reused while requests meet the same counters
+// (their quotas change only with the policy), so that these values cost neither formatting nor room
+// in the request's state. It is never written once published.
+type draftPolicy struct {
+	keys       []policyKey // the enforced decisions' counters, in order
+	value      string      // their RateLimit-Policy value
+	limit      int64       // a primary decision's Limit
+	limitValue string      // limit, formatted
 }
 
-// writeHeaders sets the selected rate-limit headers of res on h, building every value in one string
-// held in hv: no allocation unless the values outgrow hv.buf (many counters with long names).
-func writeHeaders(h http.Header, set HeaderSet, res *policy.Result, hv *headerValues) {
+// policyKey is what a counter's part of the RateLimit-Policy value depends on.
+type policyKey struct {
+	unit   string
+	limit  int64
+	window time.Duration
+}
+
+// matches reports whether ds's enforced decisions are the counters of c, in the same order.
+func (c *draftPolicy) matches(ds []policy.Decision) bool {
+	i := 0
+	for k := range ds {
+		d := &ds[k]
+		if d.Shadow {
+			continue
+		}
+		if i == len(c.keys) || c.keys[i] != (policyKey{unit: d.Unit, limit: d.Limit, window: d.Window}) {
+			return false
+		}
+		i++
+	}
+	return i == len(c.keys)
+}
+
+// newDraftPolicy returns the cache entry for ds's RateLimit-Policy value and the primary p's limit.
+func newDraftPolicy(ds []policy.Decision, value string, p *policy.Decision) *draftPolicy {
+	c := &draftPolicy{value: strings.Clone(value), limit: p.Limit, limitValue: strconv.FormatInt(p.Limit, 10)}
+	for i := range ds {
+		if d := &ds[i]; !d.Shadow {
+			c.keys = append(c.keys, policyKey{unit: d.Unit, limit: d.Limit, window: d.Window})
+		}
+	}
+	return c
+}
+
+// policyRefresh is how many requests whose counters miss the cached RateLimit-Policy value (a
+// policy whose requests meet different counters, by tier or route) format it before one replaces
+// the cache, which allocates: at most one allocation per policyRefresh such requests.
+const policyRefresh = 64
+
+// writeHeaders sets the selected rate-limit headers of res on h. The values are in one string over
+// buf (a request state's room for them, empty), except the RateLimit-Policy and X-RateLimit-Limit
+// values when m.policy holds them, and the five one-value slices the map holds are in vals: no
+// allocation unless the values outgrow buf (many counters with long names) or the cache is
+// replaced (see policyRefresh).
+func (m *Middleware) writeHeaders(h http.Header, set HeaderSet, res *policy.Result, vals *[5]string, buf []byte) {
 	p := res.Primary()
 	if p == nil {
 		return
 	}
-	b := hv.buf[:0]
-	var ends [5]int // ends of the values in b: limit, remaining, reset, policy, ratelimit
+	pc := m.policy.Load()
+	b := buf
+	// The values formatted into b, by index (limit, remaining, reset, policy, ratelimit): their
+	// bounds in b; the ones taken from pc (bits of cached) are set in vals directly.
+	var (
+		start, end [5]int
+		cached     uint8
+	)
 	if set&XRateLimitHeaders != 0 {
-		b = strconv.AppendInt(b, p.Limit, 10)
-		ends[0] = len(b)
+		if pc != nil && pc.limit == p.Limit {
+			vals[0], cached = pc.limitValue, 1<<0
+		} else {
+			b = strconv.AppendInt(b, p.Limit, 10)
+			end[0] = len(b)
+		}
+		start[1] = len(b)
 		b = strconv.AppendInt(b, max(p.Remaining, 0), 10)
-		ends[1] = len(b)
+		end[1] = len(b)
+		start[2] = len(b)
 		b = strconv.AppendInt(b, p.ResetSeconds(), 10)
-		ends[2] = len(b)
+		end[2] = len(b)
 	}
 	if set&DraftHeaders != 0 {
+		if pc != nil && pc.matches(res.Decisions) {
+			vals[3], cached = pc.value, cached|1<<3
+		} else {
+			start[3] = len(b)
+			b = appendPolicy(b, res.Decisions)
+			end[3] = len(b)
+			if pc == nil || m.policyMisses.Add(1)%policyRefresh == 0 {
+				m.policy.Store(newDraftPolicy(res.Decisions, string(b[start[3]:end[3]]), p))
+			}
+		}
+		start[4] = len(b)
 		first := true
 		for i := range res.Decisions {
 			d := &res.Decisions[i]
@@ -58,44 +127,55 @@ func writeHeaders(h http.Header, set HeaderSet, res *policy.Result, hv *headerVa
 			}
 			first = false
 			b = appendSFString(b, d.Unit)
-			b = append(b, ";q="...)
-			b = strconv.AppendInt(b, d.Limit, 10)
-			b = append(b, ";w="...)
-			b = strconv.AppendInt(b, max(policy.CeilSeconds(d.Window), 1), 10)
-		}
-		ends[3] = len(b)
-		first = true
-		for i := range res.Decisions {
-			d := &res.Decisions[i]
-			if d.Shadow {
+			b = append(b, ";r="...)
+			if d == p && set&XRateLimitHeaders != 0 { // the same numbers as X-RateLimit-Remaining and -Reset
+				b = append(b, b[start[1]:end[1]]...)
+				b = append(b, ";t="...)
+				b = append(b, b[start[2]:end[2]]...)
 				continue
 			}
-			if !first {
-				b = append(b, ", "...)
-			}
-			first = false
-			b = appendSFString(b, d.Unit)
-			b = append(b, ";r="...)
 			b = strconv.AppendInt(b, max(d.Remaining, 0), 10)
 			b = append(b, ";t="...)
 			b = strconv.AppendInt(b, d.ResetSeconds(), 10)
 		}
-		ends[4] = len(b)
+		end[4] = len(b)
 	}
-	// The string aliases b's bytes, hv.buf or (if the values outgrew it) the array append allocated;
-	// neither is written again, and the strings keep hv (the request's state) alive.
+	// The strings alias b's bytes, buf's array or (if the values outgrew it) the one append
+	// allocated; neither is written again, and the strings keep buf's array (the request's state)
+	// alive.
 	s := unsafe.String(unsafe.SliceData(b), len(b))
-	vals := hv.vals[:]
-	start := 0
+	for i := range vals {
+		if cached&(1<<i) == 0 {
+			vals[i] = s[start[i]:end[i]]
+		}
+	}
 	if set&XRateLimitHeaders != 0 {
-		vals[0], vals[1], vals[2] = s[:ends[0]], s[ends[0]:ends[1]], s[ends[1]:ends[2]]
 		h[hdrLimit], h[hdrRemaining], h[hdrReset] = vals[0:1:1], vals[1:2:2], vals[2:3:3]
-		start = ends[2]
 	}
 	if set&DraftHeaders != 0 {
-		vals[3], vals[4] = s[start:ends[3]], s[ends[3]:ends[4]]
 		h[hdrPolicy], h[hdrRateLimit] = vals[3:4:4], vals[4:5:5]
 	}
+}
+
+// appendPolicy appends the RateLimit-Policy value of ds's enforced decisions.
+func appendPolicy(b []byte, ds []policy.Decision) []byte {
+	first := true
+	for i := range ds {
+		d := &ds[i]
+		if d.Shadow {
+			continue
+		}
+		if !first {
+			b = append(b, ", "...)
+		}
+		first = false
+		b = appendSFString(b, d.Unit)
+		b = append(b, ";q="...)
+		b = strconv.AppendInt(b, d.Limit, 10)
+		b = append(b, ";w="...)
+		b = strconv.AppendInt(b, max(policy.CeilSeconds(d.Window), 1), 10)
+	}
+	return b
 }
 
 // writeDenied answers 429 with Retry-After and the stable JSON body

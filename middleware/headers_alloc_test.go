@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/hybridrate/hybridrate/middleware"
 	"github.com/hybridrate/hybridrate/policy"
@@ -61,5 +62,108 @@ func TestHeaderValuesOutliveTheRequest(t *testing.T) {
 	}
 	if got, want := first.Header().Get("X-Ratelimit-Remaining"), "12"; got != want {
 		t.Errorf("X-RateLimit-Remaining = %q, want %q", got, want)
+	}
+}
+
+// appending is a Checker that fills req.Decisions' storage as the policy does (and allocates only
+// when it is too small), with n copies of a one-rule decision.
+type appending struct{ n int }
+
+var units = []string{"r0", "r1", "r2"}
+
+func (a *appending) Check(_ context.Context, req *policy.Request) (policy.Result, error) {
+	res := policy.Result{Allowed: true, Decisions: req.Decisions[:0]}
+	for i := range a.n {
+		res.Decisions = append(res.Decisions, policy.Decision{Rule: "r", Unit: units[i%len(units)], Allowed: true,
+			Limit: 100, Window: time.Second, Remaining: 99})
+	}
+	return res, nil
+}
+
+// TestStateHoldsThePolicysDecisions checks that a request with three decisions costs, once the
+// middleware has seen one, no more allocations than a request with one: the request's state grows
+// to hold them (it starts with room for one decision).
+func TestStateHoldsThePolicysDecisions(t *testing.T) {
+	r := httptest.NewRequest("GET", "/items/1", nil)
+	allocs := func(n int) float64 {
+		m, err := middleware.New(&appending{n: n})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got int
+		h := m.Handler(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+			res, _ := middleware.FromContext(r.Context())
+			got = len(res.Decisions)
+		}))
+		w := &sink{h: http.Header{}}
+		a := testing.AllocsPerRun(1000, func() { h.ServeHTTP(w, r) })
+		if got != n {
+			t.Errorf("%d decisions in the request's context, want %d", got, n)
+		}
+		return a
+	}
+	one, three := allocs(1), allocs(3)
+	if three != one {
+		t.Errorf("allocations per request: %v with three decisions, %v with one; want the same", three, one)
+	}
+}
+
+// TestPolicyValueCache checks that requests meeting different counters in turn (two tiers, say) get
+// each their own RateLimit-Policy and X-RateLimit-Limit values, which the middleware caches for
+// one list of counters at a time, and that the cache costs at most one allocation per
+// 64 requests that miss it.
+func TestPolicyValueCache(t *testing.T) {
+	tier := func(unit string, limit int64, window time.Duration) policy.Result {
+		return policy.Result{Allowed: true, Decisions: []policy.Decision{
+			{Rule: "global", Unit: "global", Allowed: true, Limit: 10000, Window: 2 * time.Second, Remaining: 9000},
+			{Rule: unit, Unit: unit, Allowed: true, Limit: limit, Window: window, Remaining: limit / 2, ResetAfter: window / 2},
+		}}
+	}
+	results := []policy.Result{
+		tier("free", 60, time.Minute), tier("pro", 600, time.Minute), tier("pro", 600, time.Hour), tier("pro", 600, time.Hour),
+	}
+	want := make([]http.Header, len(results))
+	for i, res := range results { // each from a middleware of its own, whose first request formats every value
+		m, err := middleware.New(&fixed{res: res})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := httptest.NewRecorder()
+		m.Handler(nil).ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+		want[i] = w.Header()
+	}
+	if got := want[1].Get("RateLimit-Policy"); got != `"global";q=10000;w=2, "pro";q=600;w=60` {
+		t.Fatalf("RateLimit-Policy = %q", got)
+	}
+	f := &fixed{}
+	m, err := middleware.New(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := m.Handler(nil)
+	for i := range 300 {
+		k := (i * 7 / 3) % len(results)
+		f.res = results[k]
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest("GET", "/", nil))
+		for _, name := range []string{"X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Ratelimit-Reset", "Ratelimit-Policy", "Ratelimit"} {
+			if got, want := w.Header()[name], want[k][name]; len(got) != 1 || got[0] != want[0] {
+				t.Fatalf("request %d (result %d): %s = %q, want %q", i, k, name, got, want)
+			}
+		}
+	}
+	r := httptest.NewRequest("GET", "/items/1", nil)
+	w := &sink{h: http.Header{}}
+	f.res = results[0]
+	h.ServeHTTP(w, r)
+	hit := testing.AllocsPerRun(640, func() { h.ServeHTTP(w, r) })
+	i := 0
+	missing := testing.AllocsPerRun(640, func() { // results 0 and 1 in turn: the cache holds one of them
+		f.res = results[i%2]
+		i++
+		h.ServeHTTP(w, r)
+	})
+	if missing > hit+1.0/32 {
+		t.Errorf("allocations per request: %v when the counters alternate, %v when they repeat", missing, hit)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"sync/atomic"
 
 	"github.com/hybridrate/hybridrate/internal/option"
 	"github.com/hybridrate/hybridrate/policy"
@@ -17,6 +18,12 @@ import (
 type Middleware struct {
 	c policy.Checker
 	o options
+	// wide is set once a request had more decisions than a narrow state holds: every later request
+	// gets a wide one (see newState). It is never cleared.
+	wide atomic.Bool
+	// policy caches the RateLimit-Policy and X-RateLimit-Limit values (see writeHeaders).
+	policy       atomic.Pointer[draftPolicy]
+	policyMisses atomic.Uint64 // requests whose counters missed policy
 }
 
 // New returns a middleware that asks c about every request. Options are applied in order; New
@@ -48,23 +55,76 @@ func FromContext(ctx context.Context) (policy.Result, bool) {
 	return st.res, true
 }
 
-// state is everything the middleware keeps per request, in one allocation. It is also the context
-// the next handler sees: the request's context plus the result, without a separate context.WithValue.
+// state is everything the middleware keeps per request, in one allocation with the storage of the
+// result's decisions and of the header values (newState). It is also the context the next handler
+// sees: the request's context plus the result, without a separate context.WithValue.
 type state struct {
 	context.Context // the request's context
 	req             policy.Request
 	dims            dims
 	res             policy.Result
-	decs            [3]policy.Decision // storage for res.Decisions
 }
 
-// stateHeaders is a state with room for the rate-limit header values, allocated instead of a bare
-// state when headers are sent: one allocation either way, and none of its bytes when they are not.
-// The header map's values point into hdr, so they keep the whole request state alive while they
-// are referenced.
-type stateHeaders struct {
-	state
-	hdr headerValues
+// The request states newState allocates: one decision or three (more than three come from an
+// allocation in the policy), with or without room for the header values. Each is one allocation;
+// the header map's values point into its buffer, so they keep the whole request state alive while
+// they are referenced. Their sizes (TestStateSizes) keep the one-rule states in the 448- and
+// 640-byte size classes, where one state of every kind took 1,024 bytes.
+type (
+	stateNarrow struct {
+		state
+		decs [1]policy.Decision
+	}
+	stateNarrowHeaders struct {
+		state
+		decs [1]policy.Decision
+		vals [5]string
+		buf  [narrowHeaderBytes]byte
+	}
+	stateWide struct {
+		state
+		decs [3]policy.Decision
+	}
+	stateWideHeaders struct {
+		state
+		decs [3]policy.Decision
+		vals [5]string
+		buf  [wideHeaderBytes]byte
+	}
+)
+
+// The room for header values in a state: one decision's five values take about 70 bytes with
+// 10-digit limits and a 7-byte rule name, about 40 once the RateLimit-Policy and X-RateLimit-Limit
+// values are cached (writeHeaders), leaving room for longer names; values that outgrow it are still
+// written, in an array of their own.
+const (
+	narrowHeaderBytes = 128
+	wideHeaderBytes   = 256
+)
+
+// newState returns a zeroed request state whose req.Decisions has room for the decisions the
+// policy is expected to return, and, when headers are sent, the storage of their values. A
+// middleware starts with narrow states (one decision) and switches to wide ones (three) for good
+// after the first request with more than one decision, which pays one allocation in the policy.
+func (m *Middleware) newState(headers bool) (st *state, vals *[5]string, buf []byte) {
+	switch wide := m.wide.Load(); {
+	case !wide && headers:
+		s := &stateNarrowHeaders{}
+		s.req.Decisions = s.decs[:0]
+		return &s.state, &s.vals, s.buf[:0]
+	case !wide:
+		s := &stateNarrow{}
+		s.req.Decisions = s.decs[:0]
+		return &s.state, nil, nil
+	case headers:
+		s := &stateWideHeaders{}
+		s.req.Decisions = s.decs[:0]
+		return &s.state, &s.vals, s.buf[:0]
+	default:
+		s := &stateWide{}
+		s.req.Decisions = s.decs[:0]
+		return &s.state, nil, nil
+	}
 }
 
 // Value returns the state for ctxKey{} and defers to the request's context for other keys.
@@ -101,18 +161,9 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		var (
-			st *state
-			hv *headerValues
-		)
-		if m.o.headers != NoHeaders {
-			sh := &stateHeaders{}
-			st, hv = &sh.state, &sh.hdr
-		} else {
-			st = &state{}
-		}
+		st, vals, buf := m.newState(m.o.headers != NoHeaders)
 		st.dims = dims{m: m, r: r}
-		st.req = policy.Request{Method: r.Method, Dims: &st.dims, HTTP: r, Decisions: st.decs[:0]}
+		st.req.Method, st.req.Dims, st.req.HTTP = r.Method, &st.dims, r
 		if m.o.tier != nil {
 			st.req.Tier = m.o.tier(r)
 		}
@@ -121,12 +172,15 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			m.o.onError(w, r, err)
 			return
 		}
+		if len(res.Decisions) > cap(st.req.Decisions) && !m.wide.Load() {
+			m.wide.Store(true)
+		}
 		if !res.Allowed && res.MissingKey {
 			writeMissing(w, m.o.missingStatus, res.Rule)
 			return
 		}
 		if m.o.headers != NoHeaders {
-			writeHeaders(w.Header(), m.o.headers, &res, hv)
+			m.writeHeaders(w.Header(), m.o.headers, &res, vals, buf)
 		}
 		if !res.Allowed {
 			if res.Unavailable {

@@ -78,12 +78,12 @@ func newChildren(t *testing.T, rdb redis.UniversalClient, prefix, name string, n
 	return kids
 }
 
-// awaitBans waits (up to 5s each) until every child has read the ban list. Children that have not
-// yet give new keys no cold-start credit (issue 23): a test starts its load once they have, as a
-// service would.
-func awaitBans(kids []*hybrid.Limiter) {
+// awaitReady waits (up to 5s each) until every child is Ready: it has read the ban list and
+// counted the fleet. Children that are not yet give new keys no cold-start credit (issue 23): a
+// test starts its load once they are, as a service would.
+func awaitReady(kids []*hybrid.Limiter) {
 	for _, l := range kids {
-		for deadline := time.Now().Add(5 * time.Second); !l.BansLoaded() && time.Now().Before(deadline); {
+		for deadline := time.Now().Add(5 * time.Second); !l.Ready() && time.Now().Before(deadline); {
 			time.Sleep(time.Millisecond)
 		}
 	}
@@ -149,7 +149,7 @@ func TestRelayHoldsTheLimitAcrossItsChildren(t *testing.T) {
 	kids := newChildren(t, rdb, prefix, "child", 8, []hybrid.Upstream{relays[0], relays[1]})
 	// (Children without cold-start credit on this key, WithoutColdStart, were admitted 82–120 of 120
 	// here on main at ec135b0 too.)
-	awaitBans(kids)
+	awaitReady(kids)
 	limit := hybrid.Limit{Rate: 50, Burst: 20}
 	var admitted, denied atomic.Int64
 	// 25 requests/s per child, 200/s in all: four times the rate.

@@ -164,7 +164,7 @@ func TestShardedChildrenOnRealRedis(t *testing.T) {
 		t.Fatal(err)
 	}
 	kids := newChildren(t, rdb, prefix, "child", 6, []hybrid.Upstream{s})
-	awaitBans(kids) // as TestRelayHoldsTheLimitAcrossItsChildren: cold-start credit from the start
+	awaitReady(kids) // as TestRelayHoldsTheLimitAcrossItsChildren: cold-start credit from the start
 	limit := hybrid.Limit{Rate: 20, Burst: 10}
 	keys := []string{"user:1", "user:2", "user:3", "user:4", "user:5", "user:6", "user:7", "user:8"}
 	admitted := make([]int, len(keys))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"time"
 
 	"github.com/go-redis/redis_rate/v10"
@@ -85,6 +86,23 @@ func (f *fleet) newNode(mode string, c *config, rdb redis.UniversalClient, names
 		return &xrateNode{x: peers.NewXRate(c.rate, c.burst), keys: names, cost: c.cost}, nil
 	}
 	return nil, fmt.Errorf("unknown mode %q", mode)
+}
+
+// awaitReady waits, at most within, until every hybrid limiter is Ready (ban list read, fleet
+// counted), as a service's readiness check would before it takes traffic: until then a new key's
+// first decision goes to Redis (docs/operations.md, "Readiness"). Nodes of a fleet started at once
+// are ready within about a second. It says so on stderr, and goes on, if they are not.
+func (f *fleet) awaitReady(ctx context.Context, within time.Duration) {
+	deadline := time.Now().Add(within)
+	for _, l := range f.lims {
+		for !l.Ready() {
+			if ctx.Err() != nil || time.Now().After(deadline) {
+				fmt.Fprintf(os.Stderr, "loadgen: hybrid nodes not ready after %v; starting anyway (new keys' first decisions go to Redis)\n", within)
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
 }
 
 // close closes the limiters (flushing hybrid's pending consumption) and then the clients.

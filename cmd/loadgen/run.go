@@ -199,6 +199,7 @@ func runMode(ctx context.Context, c *config, mode string, o runOptions) (report.
 	if err != nil {
 		return res, err
 	}
+	f.awaitReady(ctx, 5*time.Second)
 
 	workers := make([]*worker, c.concurrency)
 	var shared *sharedTally

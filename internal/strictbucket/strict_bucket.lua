@@ -29,8 +29,11 @@ local now = tonumber(ARGV[4])
 if ARGV[4] ~= nil and (now == nil or now ~= now or now < 1 or now > 1e17) then
   return redis.error_reply('ERR strict_bucket: bad time')
 end
+-- TIME is called under a time override too: a central bucket in production reads Redis's clock on
+-- every call, and the fleet simulator, which passes its virtual time here, compares this script's
+-- Redis CPU with hybridrate's scripts, which read TIME on every call as well (for their TTLs).
+local t = redis.call('TIME')
 if now == nil then
-  local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local cap = burst * 1000000
