@@ -7,10 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
-	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
+
+	"github.com/hybridrate/hybridrate/internal/redistest"
+	"github.com/hybridrate/hybridrate/outcome"
 )
 
 func TestFallbackSemaphore(t *testing.T) {
@@ -173,9 +174,7 @@ func TestOptions(t *testing.T) {
 }
 
 func TestHeldLeasesAreSwept(t *testing.T) {
-	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	defer rdb.Close()
+	_, rdb := redistest.Mini(t)
 	lim, err := New(rdb, WithTimeout(time.Second)) // a loaded machine must not send a take to the fallback
 	if err != nil {
 		t.Fatal(err)

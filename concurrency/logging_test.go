@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,32 +11,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/hybridrate/hybridrate/concurrency"
+	"github.com/hybridrate/hybridrate/internal/logtest"
 	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/outcome"
 )
-
-// logRecorder is a slog.Handler that keeps every record as "LEVEL message".
-type logRecorder struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (r *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
-func (r *logRecorder) WithAttrs([]slog.Attr) slog.Handler       { return r }
-func (r *logRecorder) WithGroup(string) slog.Handler            { return r }
-
-func (r *logRecorder) Handle(_ context.Context, rec slog.Record) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.lines = append(r.lines, rec.Level.String()+" "+rec.Message)
-	return nil
-}
-
-func (r *logRecorder) all() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]string(nil), r.lines...)
-}
 
 // TestOutageLogsStateChanges (issue 26): an outage long enough for several breaker probes (one per
 // 500ms cooldown) costs two lines, the breaker opening (with its cause) and closing, not a line
@@ -45,7 +22,7 @@ func (r *logRecorder) all() []string {
 func TestOutageLogsStateChanges(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	rec := &logRecorder{}
+	rec := &logtest.Recorder{}
 	lim := newLimiter(t, srv, concurrency.WithTimeout(100*time.Millisecond), concurrency.WithLogger(slog.New(rec)))
 	ctx := context.Background()
 	var held []*concurrency.Lease
@@ -80,7 +57,7 @@ func TestOutageLogsStateChanges(t *testing.T) {
 		return err == nil && ls.Source() == outcome.SourceCentral && ls.Release(ctx) == nil
 	}, 10*time.Second, 20*time.Millisecond)
 
-	lines := rec.all()
+	lines := rec.Lines(0)
 	t.Logf("%d calls reached the dead Redis; %d log lines:\n%s", probes, len(lines), strings.Join(lines, "\n"))
 	// The releases and the first two tries open the breaker; each call after that is a probe.
 	require.GreaterOrEqual(t, probes, 4, "the breaker probed several times")

@@ -16,19 +16,18 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/hybridrate/hybridrate/dashboard"
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/browsertest"
+	"github.com/hybridrate/hybridrate/internal/metrictest"
+	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/observe"
 	"github.com/hybridrate/hybridrate/policy"
+	"github.com/hybridrate/hybridrate/policy/policytest"
 )
 
 var (
@@ -64,52 +63,22 @@ rules:
     shadow: true
 `
 
-// requestsTotal sums hybridrate.requests points with the given outcome, read through the SDK.
-func requestsTotal(t *testing.T, reader *sdkmetric.ManualReader, outcome string) int64 {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, reader.Collect(context.Background(), &rm))
-	var n int64
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != "hybridrate.requests" {
-				continue
-			}
-			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-				if v, ok := dp.Attributes.Value(attribute.Key("outcome")); ok && v.AsString() == outcome {
-					n += dp.Value
-				}
-			}
-		}
-	}
-	return n
-}
-
 // TestDashboardInChromium loads the dashboard in a real headless Chromium while traffic runs, then
 // checks that the numbers it shows are the metrics' (read through the OTel SDK), and takes a
 // screenshot (-screenshot FILE).
 func TestDashboardInChromium(t *testing.T) {
 	browsertest.Binary(t)
-	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	enf, err := policy.NewEnforcer(
-		rdb,
+	_, rdb := redistest.Mini(t)
+	metrics := metrictest.New(t)
+	enf := policytest.NewEnforcer(t, rdb,
 		policy.WithStrictTimeout(time.Second),
 		policy.WithHybridOptions(
-			hybrid.WithCheckTimeout(time.Second), hybrid.WithMeterProvider(mp), hybrid.WithInstance("demo-pod-1")),
+			hybrid.WithCheckTimeout(time.Second), hybrid.WithMeterProvider(metrics.Provider), hybrid.WithInstance("demo-pod-1")),
 	)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = enf.Close(context.Background()) })
-	obs, err := observe.New(enf, observe.WithMeterProvider(mp), observe.WithInstance("demo-pod-1"))
+	obs, err := observe.New(enf, observe.WithMeterProvider(metrics.Provider), observe.WithInstance("demo-pod-1"))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = obs.Close() })
-	p, err := policy.Parse([]byte(browserPolicy), "browser.yaml")
-	require.NoError(t, err)
-	require.NoError(t, obs.SetPolicy(p))
+	policytest.SetPolicy(t, obs, browserPolicy, "browser.yaml")
 	srv := httptest.NewServer(http.StripPrefix("/dashboard", dashboard.Handler(obs)))
 	t.Cleanup(srv.Close)
 
@@ -174,8 +143,12 @@ func TestDashboardInChromium(t *testing.T) {
 	stoppedAt := time.Now()
 
 	// Once traffic stopped, the page settles on exactly the metrics' numbers.
-	denied := requestsTotal(t, reader, "denied")
-	allowed := requestsTotal(t, reader, "allowed") + requestsTotal(t, reader, "shadow_denied")
+	requests := func(t *testing.T, outcome string) int64 { // hybridrate.requests, read through the SDK
+		t.Helper()
+		return metrics.Sum(t, "hybridrate.requests", attribute.String("outcome", outcome))
+	}
+	denied := requests(t, "denied")
+	allowed := requests(t, "allowed") + requests(t, "shadow_denied")
 	require.Positive(t, denied, "the abusers were denied (%d checks admitted; window: %+v)", allowed, obs.Snapshot(time.Minute).Sum)
 	waitFor("a refresh after the traffic stopped", `document.body.dataset.updated`, func(v string) bool {
 		at, err := time.Parse(time.RFC3339Nano, v)
@@ -190,7 +163,7 @@ func TestDashboardInChromium(t *testing.T) {
 	assert.Equal(t, allowed+denied, num(checks), "checks in span")
 	shadow, err := page.Eval(ctx, `document.getElementById("sum-shadow").textContent`)
 	require.NoError(t, err)
-	assert.Equal(t, requestsTotal(t, reader, "shadow_denied"), num(shadow), "shadow would-deny")
+	assert.Equal(t, requests(t, "shadow_denied"), num(shadow), "shadow would-deny")
 
 	// The tables agree with the window the metrics were counted in.
 	snap := obs.Snapshot(time.Minute)

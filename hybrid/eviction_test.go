@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/internal/logtest"
 	"github.com/hybridrate/hybridrate/internal/redistest"
 )
 
@@ -30,9 +31,9 @@ func count(lines []string, sub ...string) int {
 }
 
 // policyLines returns the log lines about the maxmemory-policy.
-func policyLines(rec *logRecorder) []string {
+func policyLines(rec *logtest.Recorder) []string {
 	var out []string
-	for _, line := range rec.lines(0) {
+	for _, line := range rec.Lines(0) {
 		if strings.Contains(line, "maxmemory-policy") {
 			out = append(out, line)
 		}
@@ -45,7 +46,7 @@ func policyLines(rec *logRecorder) []string {
 // the hybridrate.redis.eviction_policy_unsafe gauge, observed from Stats).
 func TestEvictionPolicyWarning(t *testing.T) {
 	srv := redistest.Start(t)
-	rec := &logRecorder{}
+	rec := &logtest.Recorder{}
 	gauges := newGaugeReader()
 	lim := newLimiter(t, srv.Client(t), hybrid.WithLogger(slog.New(rec)), hybrid.WithEvictionCheckInterval(20*time.Millisecond),
 		hybrid.WithMeterProvider(gauges))
@@ -84,7 +85,7 @@ func TestEvictionPolicyWithoutConfig(t *testing.T) {
 	srv.Do(t, append(append([]any{"ACL", "SETUSER", "info"}, limiterACL...), "+info")...)
 	srv.Do(t, append([]any{"ACL", "SETUSER", "lim"}, limiterACL...)...)
 	for _, tc := range []struct{ user, want string }{{"info", "allkeys-lfu"}, {"lim", ""}} {
-		rec := &logRecorder{}
+		rec := &logtest.Recorder{}
 		rdb := srv.Client(t, func(o *redis.Options) { o.Username, o.Password, o.MaxRetries = tc.user, "pw", -1 })
 		lim := newLimiter(t, rdb, hybrid.WithLogger(slog.New(rec)), hybrid.WithEvictionCheckInterval(20*time.Millisecond))
 		require.Eventually(t, func() bool { return len(policyLines(rec)) > 0 }, 5*time.Second, 5*time.Millisecond)

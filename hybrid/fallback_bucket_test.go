@@ -5,10 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/go-redis/v9"
 	"golang.org/x/time/rate"
 
+	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/local"
 )
 
@@ -72,9 +71,7 @@ func TestFallbackBucketCharges(t *testing.T) {
 // burst 60 and 50/s: larger than what Redis lends of the key (60 + 50·1s), so a node's share of it
 // at the uniform spread is under a token. The rule is local (no Redis call), so miniredis serves.
 func TestDirectRule(t *testing.T) {
-	m := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
+	_, rdb := redistest.Mini(t)
 	lim, err := New(rdb, WithoutColdStart())
 	if err != nil {
 		t.Fatal(err)

@@ -101,6 +101,29 @@ func newTally() *tally {
 		keySources: map[string]map[outcome.Source]int64{}}
 }
 
+// addLocked adds o's counts (admitted, demanded, sources by key and in all, errors) to tl's; the
+// caller holds tl.mu, and o is no longer written.
+func (tl *tally) addLocked(o *tally) {
+	for k, v := range o.admitted {
+		tl.admitted[k] += v
+	}
+	for k, v := range o.demanded {
+		tl.demanded[k] += v
+	}
+	for s, v := range o.sources {
+		tl.sources[s] += v
+	}
+	for k, m := range o.keySources {
+		if tl.keySources[k] == nil {
+			tl.keySources[k] = map[outcome.Source]int64{}
+		}
+		for s, v := range m {
+			tl.keySources[k][s] += v
+		}
+	}
+	tl.errors += o.errors
+}
+
 // run drives the workloads on every node until stop is closed. Each node has one goroutine that, every
 // 2ms, issues the requests that are due for each key (see the virtual clock below).
 func (f *fleet) run(t *testing.T, stop <-chan struct{}, tl *tally, ws ...workload) *sync.WaitGroup {
@@ -131,24 +154,7 @@ func (f *fleet) run(t *testing.T, stop <-chan struct{}, tl *tally, ws ...workloa
 				select {
 				case <-stop:
 					tl.mu.Lock()
-					for k, v := range local.admitted {
-						tl.admitted[k] += v
-					}
-					for k, v := range local.demanded {
-						tl.demanded[k] += v
-					}
-					for k, v := range local.sources {
-						tl.sources[k] += v
-					}
-					for k, m := range local.keySources {
-						if tl.keySources[k] == nil {
-							tl.keySources[k] = map[outcome.Source]int64{}
-						}
-						for s, v := range m {
-							tl.keySources[k][s] += v
-						}
-					}
-					tl.errors += local.errors
+					tl.addLocked(local)
 					tl.maxLatency = max(tl.maxLatency, maxLat)
 					tl.mu.Unlock()
 					return

@@ -8,10 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/go-redis/v9"
-
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/internal/redistest"
 )
 
 // validLimit is Limit.Validate's documented contract, written out independently.
@@ -52,8 +50,7 @@ func FuzzLimitValidate(f *testing.F) {
 // every bad input (ErrInvalidKey, ErrInvalidLimit, ErrInvalidCost), and otherwise a decision with no
 // error and sane fields. It runs its seeds in a plain go test.
 func FuzzAllowN(f *testing.F) {
-	m := miniredis.RunT(f)
-	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	_, rdb := redistest.Mini(f)
 	lim, err := hybrid.New(rdb, hybrid.WithCheckTimeout(time.Second))
 	if err != nil {
 		f.Fatal(err)

@@ -14,13 +14,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/outcome"
 )
 
 func newMini(t *testing.T, opts ...hybrid.Option) (*hybrid.Limiter, *miniredis.Miniredis) {
 	t.Helper()
-	m := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	m, rdb := redistest.Mini(t)
 	// A generous sync timeout: miniredis runs Lua slowly, and a busy CI machine must not turn a
 	// decision into a fallback one. Callers' options come after and win.
 	lim, err := hybrid.New(rdb, append([]hybrid.Option{hybrid.WithCheckTimeout(time.Second)}, opts...)...)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,48 +12,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/internal/logtest"
 	"github.com/hybridrate/hybridrate/internal/redistest"
 )
-
-// logRecorder is a slog.Handler that keeps every record.
-type logRecorder struct {
-	mu   sync.Mutex
-	recs []slog.Record
-}
-
-func (r *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
-func (r *logRecorder) WithAttrs([]slog.Attr) slog.Handler       { return r }
-func (r *logRecorder) WithGroup(string) slog.Handler            { return r }
-
-func (r *logRecorder) Handle(_ context.Context, rec slog.Record) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.recs = append(r.recs, rec.Clone())
-	return nil
-}
-
-// lines returns the records from index from on, formatted as "LEVEL message k=v ...".
-func (r *logRecorder) lines(from int) []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []string
-	for _, rec := range r.recs[min(from, len(r.recs)):] {
-		var b strings.Builder
-		b.WriteString(rec.Level.String() + " " + rec.Message)
-		rec.Attrs(func(a slog.Attr) bool {
-			b.WriteString(" " + a.String())
-			return true
-		})
-		out = append(out, b.String())
-	}
-	return out
-}
-
-func (r *logRecorder) len() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.recs)
-}
 
 // TestOutageLogsStateChanges is issue 11 item 5: Redis killed for 2s under load at a 1ms sync
 // interval costs a handful of log lines (the breaker opened, with its cause; a summary of the
@@ -62,7 +22,7 @@ func (r *logRecorder) len() int {
 func TestOutageLogsStateChanges(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
-	rec := &logRecorder{}
+	rec := &logtest.Recorder{}
 	// Strict mode (drift 0): every decision asks Redis, so the outage meets the synchronous checks
 	// and the breaker at once; the failure policy's admissions are reconciled every millisecond.
 	lim := newLimiter(t, rdb, hybrid.WithSyncInterval(time.Millisecond), hybrid.WithLogger(slog.New(rec)),
@@ -79,7 +39,7 @@ func TestOutageLogsStateChanges(t *testing.T) {
 	l.start(2)
 	defer l.halt()
 	time.Sleep(100 * time.Millisecond)
-	from := rec.len()
+	from := rec.Len()
 
 	srv.Kill(t)
 	time.Sleep(2 * time.Second)
@@ -89,7 +49,7 @@ func TestOutageLogsStateChanges(t *testing.T) {
 		5*time.Second, 10*time.Millisecond, "the breaker closes once Redis is back")
 	time.Sleep(100 * time.Millisecond)
 
-	lines := rec.lines(from)
+	lines := rec.Lines(from)
 	t.Logf("%d log lines during a 2s outage (%d flush rounds so far):\n%s", len(lines), flushesDuring, strings.Join(lines, "\n"))
 	assert.LessOrEqual(t, len(lines), 8, "a handful of lines, not one per flush")
 	has := func(sub ...string) bool {

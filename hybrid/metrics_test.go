@@ -6,65 +6,21 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/internal/metrictest"
+	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/outcome"
 )
 
-// collect reads every metric of reader, by name.
-func collect(t *testing.T, reader *sdkmetric.ManualReader) map[string]metricdata.Aggregation {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, reader.Collect(context.Background(), &rm))
-	out := map[string]metricdata.Aggregation{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			out[m.Name] = m.Data
-		}
-	}
-	return out
-}
-
-// point returns the value of the data point of an int64 sum or gauge whose attributes include want.
-func point(t *testing.T, data metricdata.Aggregation, want ...attribute.KeyValue) (int64, attribute.Set) {
-	t.Helper()
-	var dps []metricdata.DataPoint[int64]
-	switch d := data.(type) {
-	case metricdata.Sum[int64]:
-		dps = d.DataPoints
-	case metricdata.Gauge[int64]:
-		dps = d.DataPoints
-	default:
-		t.Fatalf("unexpected aggregation %T", data)
-	}
-next:
-	for _, dp := range dps {
-		for _, kv := range want {
-			if v, ok := dp.Attributes.Value(kv.Key); !ok || v != kv.Value {
-				continue next
-			}
-		}
-		return dp.Value, dp.Attributes
-	}
-	t.Fatalf("no data point with %v in %+v", want, dps)
-	return 0, attribute.Set{}
-}
-
 func TestMetricsDecisionsBySourceWithStableInstance(t *testing.T) {
-	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	lim, err := hybrid.New(rdb, hybrid.WithMeterProvider(mp), hybrid.WithInstance("pod-7"),
+	_, rdb := redistest.Mini(t)
+	metrics := metrictest.New(t)
+	lim, err := hybrid.New(rdb, hybrid.WithMeterProvider(metrics.Provider), hybrid.WithInstance("pod-7"),
 		hybrid.WithCheckTimeout(time.Second), hybrid.WithSyncInterval(time.Millisecond))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = lim.Close(context.Background()) })
@@ -79,7 +35,6 @@ func TestMetricsDecisionsBySourceWithStableInstance(t *testing.T) {
 	s := lim.Stats()
 	require.Positive(t, s.LocalDenied+s.CentralDenied+s.DenyCache, "the key went over its limit")
 
-	m := collect(t, reader)
 	inst := attribute.String("hybridrate.instance", "pod-7")
 	fp := attribute.String("hybridrate.failure_policy", "local-fallback")
 	for _, c := range []struct {
@@ -90,32 +45,28 @@ func TestMetricsDecisionsBySourceWithStableInstance(t *testing.T) {
 		{"central", "allowed", s.Central}, {"central", "denied", s.CentralDenied},
 		{"deny-cache", "denied", s.DenyCache},
 	} {
-		got, _ := point(t, m["hybridrate.decisions"], inst, fp,
+		got, _ := metrics.Point(t, "hybridrate.decisions", inst, fp,
 			attribute.String("source", c.source), attribute.String("outcome", c.outcome))
 		assert.Equal(t, c.want, got, "%s/%s", c.source, c.outcome)
 	}
-	got, _ := point(t, m["hybridrate.sync.flushes"], inst)
+	got, _ := metrics.Point(t, "hybridrate.sync.flushes", inst)
 	assert.Equal(t, lim.Stats().Flushes, got)
 	assert.Positive(t, got, "reconcile rounds are counted")
-	got, _ = point(t, m["hybridrate.breaker.state"], inst, attribute.String("state", "closed"))
+	got, _ = metrics.Point(t, "hybridrate.breaker.state", inst, attribute.String("state", "closed"))
 	assert.EqualValues(t, 1, got)
-	got, _ = point(t, m["hybridrate.breaker.checks.open"], inst)
+	got, _ = metrics.Point(t, "hybridrate.breaker.checks.open", inst)
 	assert.Zero(t, got)
-	got, _ = point(t, m["hybridrate.redis.errors"], inst, attribute.String("class", "error"))
+	got, _ = metrics.Point(t, "hybridrate.redis.errors", inst, attribute.String("class", "error"))
 	assert.Zero(t, got)
-	_, attrs := point(t, m["hybridrate.keys"], inst)
+	_, attrs := metrics.Point(t, "hybridrate.keys", inst)
 	_, ok := attrs.Value("hybridrate.node")
 	assert.False(t, ok, "no per-limiter random id in metric attributes")
 }
 
 func TestMetricsRedisErrorsAndBreakerState(t *testing.T) {
-	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
-	t.Cleanup(func() { _ = rdb.Close() })
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	lim, err := hybrid.New(rdb, hybrid.WithMeterProvider(mp), hybrid.WithFailurePolicy(outcome.FailOpen), hybrid.WithoutColdStart(),
+	mr, rdb := redistest.Mini(t, func(o *redis.Options) { o.MaxRetries = -1 })
+	metrics := metrictest.New(t)
+	lim, err := hybrid.New(rdb, hybrid.WithMeterProvider(metrics.Provider), hybrid.WithFailurePolicy(outcome.FailOpen), hybrid.WithoutColdStart(),
 		hybrid.WithCheckTimeout(100*time.Millisecond), hybrid.WithSyncInterval(time.Minute), hybrid.WithFlushTimeout(100*time.Millisecond))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = lim.Close(context.Background()) })
@@ -137,32 +88,29 @@ func TestMetricsRedisErrorsAndBreakerState(t *testing.T) {
 		require.NoError(t, err)
 	}
 	s := lim.Stats()
-	m := collect(t, reader)
 	fp := attribute.String("hybridrate.failure_policy", "fail-open")
 	inst := attribute.String("hybridrate.instance", hybrid.DefaultInstance())
-	got, _ := point(t, m["hybridrate.redis.errors"], inst, fp, attribute.String("class", "error"))
+	got, _ := metrics.Point(t, "hybridrate.redis.errors", inst, fp, attribute.String("class", "error"))
 	assert.Equal(t, s.RedisErrors, got)
 	assert.Positive(t, got)
-	got, _ = point(t, m["hybridrate.redis.errors"], inst, fp, attribute.String("class", "breaker_open"))
+	got, _ = metrics.Point(t, "hybridrate.redis.errors", inst, fp, attribute.String("class", "breaker_open"))
 	assert.Equal(t, s.RedisRejected, got)
 	assert.Positive(t, got)
-	got, _ = point(t, m["hybridrate.breaker.state"], inst, attribute.String("state", s.Breaker))
+	got, _ = metrics.Point(t, "hybridrate.breaker.state", inst, attribute.String("state", s.Breaker))
 	assert.EqualValues(t, 1, got)
-	got, _ = point(t, m["hybridrate.breaker.state"], inst, attribute.String("state", "closed"))
+	got, _ = metrics.Point(t, "hybridrate.breaker.state", inst, attribute.String("state", "closed"))
 	assert.EqualValues(t, 0, got)
-	got, _ = point(t, m["hybridrate.breaker.open"], inst)
+	got, _ = metrics.Point(t, "hybridrate.breaker.open", inst)
 	assert.EqualValues(t, 1, got)
-	got, _ = point(t, m["hybridrate.breaker.checks.open"], inst)
+	got, _ = metrics.Point(t, "hybridrate.breaker.checks.open", inst)
 	assert.EqualValues(t, 1, got, "the checks timed out: their breaker opened")
 	assert.NotEqual(t, "closed", s.CheckBreaker)
-	got, _ = point(t, m["hybridrate.decisions"], inst, attribute.String("source", "fallback"), attribute.String("outcome", "allowed"))
+	got, _ = metrics.Point(t, "hybridrate.decisions", inst, attribute.String("source", "fallback"), attribute.String("outcome", "allowed"))
 	assert.Equal(t, s.FallbackAllowed, got)
 }
 
 func TestWithInstanceRejectsEmpty(t *testing.T) {
-	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
+	_, rdb := redistest.Mini(t)
 	_, err := hybrid.New(rdb, hybrid.WithInstance(""))
 	assert.ErrorIs(t, err, hybrid.ErrBadOption)
 }

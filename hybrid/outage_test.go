@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/internal/logtest"
 	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/outcome"
 )
@@ -200,7 +201,7 @@ func TestOutageWithoutAfterEffects(t *testing.T) {
 			limit := hybrid.Limit{Rate: 50, Burst: 100}
 			const check = 100 * time.Millisecond // the bound of an Allow that needs Redis
 			var lims []*hybrid.Limiter
-			logs := &logRecorder{} // both limiters' log lines: what the operator reads
+			logs := &logtest.Recorder{} // both limiters' log lines: what the operator reads
 			for range 2 {
 				lims = append(lims, newLimiter(t, srv.Client(t), hybrid.WithFleetBeat(20*time.Millisecond),
 					hybrid.WithCheckTimeout(check), hybrid.WithFailurePolicy(outcome.LocalFallback),
@@ -234,7 +235,7 @@ func TestOutageWithoutAfterEffects(t *testing.T) {
 			time.Sleep(time.Second)
 			steady := time.Now()
 			time.Sleep(time.Second) // both keys run in steady state
-			mark := logs.len()      // the lines from here on are the outage's
+			mark := logs.Len()      // the lines from here on are the outage's
 			down := time.Now()
 			if hang {
 				srv.Pause(t)
@@ -289,7 +290,7 @@ func TestOutageWithoutAfterEffects(t *testing.T) {
 				windows, float64(hotSettledOK)/end.Sub(settled).Seconds(), settled.Sub(up).Round(time.Millisecond),
 				end.Sub(up).Round(time.Millisecond), slowest, check)
 
-			lines := logs.lines(mark)
+			lines := logs.Lines(mark)
 			t.Logf("operator: a breaker open %v after the outage began, all closed %v after recovery; up to %d keys pending; %d log lines: %q",
 				opened.Round(time.Millisecond), closed.Round(time.Millisecond), peak, len(lines), lines)
 

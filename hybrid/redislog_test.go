@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/internal/logtest"
 	"github.com/hybridrate/hybridrate/internal/redistest"
 )
 
@@ -22,7 +23,7 @@ import (
 // counting the lines it stands for.
 func TestRedisLogRateLimits(t *testing.T) {
 	t.Parallel()
-	rec := &logRecorder{}
+	rec := &logtest.Recorder{}
 	rl := hybrid.NewRedisLog(slog.New(rec), 10*time.Second)
 	t0 := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
 	now := t0
@@ -39,9 +40,9 @@ func TestRedisLogRateLimits(t *testing.T) {
 		{25 * time.Second, "WARN hybridrate: go-redis: line 5 lines=2"},
 	} {
 		now = t0.Add(step.at)
-		before := rec.len()
+		before := rec.Len()
 		rl.Printf(context.Background(), "line %d", i)
-		lines := rec.lines(before)
+		lines := rec.Lines(before)
 		if step.written == "" {
 			assert.Empty(t, lines, "step %d", i)
 		} else {
@@ -64,7 +65,7 @@ func TestRedisLogRoutesGoRedisLines(t *testing.T) {
 	t.Cleanup(func() { redistest.AwaitDialRetries(t) }) // registered first: runs after the clients are closed
 	srv := redistest.Start(t)
 	srv.Kill(t) // a port nothing listens on
-	rec := &logRecorder{}
+	rec := &logtest.Recorder{}
 	redis.SetLogger(hybrid.NewRedisLog(slog.New(rec), time.Hour))
 	t.Cleanup(func() { redis.SetLogger(stderrLog{log.New(os.Stderr, "redis: ", log.LstdFlags|log.Lshortfile)}) })
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
@@ -72,7 +73,7 @@ func TestRedisLogRoutesGoRedisLines(t *testing.T) {
 	for range 4 {
 		require.Error(t, rdb.Ping(context.Background()).Err())
 	}
-	lines := rec.lines(0)
+	lines := rec.Lines(0)
 	t.Logf("%d line(s) for 4 failed dials: %s", len(lines), strings.Join(lines, "\n"))
 	require.Len(t, lines, 1, "one line for the whole burst")
 	assert.Contains(t, lines[0], "hybridrate: go-redis:")

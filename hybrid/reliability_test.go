@@ -26,6 +26,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/internal/logtest"
 	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/outcome"
 )
@@ -278,6 +279,20 @@ func warm(t *testing.T, lim *hybrid.Limiter, keys []string, limit hybrid.Limit) 
 	}
 }
 
+// allowLocally asks lim n times for each of keys under limit, requiring each decision to be made
+// locally (from the keys' allowances, see warm).
+func allowLocally(t *testing.T, lim *hybrid.Limiter, keys []string, limit hybrid.Limit, n int) {
+	t.Helper()
+	ctx := context.Background()
+	for _, k := range keys {
+		for range n {
+			d, err := lim.Allow(ctx, k, limit)
+			require.NoError(t, err)
+			require.Equal(t, outcome.SourceLocal, d.Source, "key %s", k)
+		}
+	}
+}
+
 // TestRedisHung is issue #4 item 2: Redis is stopped with SIGSTOP for 3.5s, longer than every
 // timeout (sync check 20ms, flush 100ms, the client's 1s read timeout). Decisions on keys with local
 // allowance keep their microsecond latency; decisions that need Redis return after about the sync
@@ -435,13 +450,7 @@ func TestRestartLosesScriptCacheWhileReconcileIsDue(t *testing.T) {
 	flushed(t, lim, 5*time.Second)
 	ctx := context.Background()
 	const perKey = 5
-	for _, k := range keys {
-		for range perKey {
-			d, err := lim.Allow(ctx, k, limit)
-			require.NoError(t, err)
-			require.Equal(t, outcome.SourceLocal, d.Source)
-		}
-	}
+	allowLocally(t, lim, keys, limit, perKey)
 	require.EqualValues(t, len(keys), lim.Stats().Pending, "every key's reconcile is due")
 
 	srv.Restart(t)
@@ -558,7 +567,7 @@ func TestSlowRedisKeepsHotKeysLocal(t *testing.T) {
 	}
 	p, rdb := behindProxy(t)
 	const latency = 150 * time.Millisecond
-	rec := &logRecorder{}
+	rec := &logtest.Recorder{}
 	lim := newLimiter(t, rdb, hybrid.WithLogger(slog.New(rec))) // the default timeouts: check 5ms, flush 500ms
 	// About 250 decisions/s per hot key: a lease (at most the burst plus a second of demand) lasts
 	// about a second, so it is renewed a few times while Redis is slow.
@@ -571,7 +580,7 @@ func TestSlowRedisKeepsHotKeysLocal(t *testing.T) {
 	hl := &loader{lim: lim, keys: hotKeys, limit: hot, pace: 500 * time.Microsecond}
 	hl.start(2)
 	time.Sleep(200 * time.Millisecond)
-	logFrom := rec.len()
+	logFrom := rec.Len()
 	p.SetLatency(latency)
 	// New keys, one every 5ms: three tokens of a key this node has never seen are more than its
 	// cold-start credit, so each decision needs a synchronous check, which times out.
@@ -610,7 +619,7 @@ func TestSlowRedisKeepsHotKeysLocal(t *testing.T) {
 	s1, elapsed := lim.Stats(), time.Since(start)
 	close(stop)
 	wg.Wait()
-	lines := rec.lines(logFrom)
+	lines := rec.Lines(logFrom)
 	hl.halt()
 	p.SetLatency(0)
 	flushed(t, lim, 5*time.Second)
@@ -807,13 +816,7 @@ func TestReplayedBatchIsAppliedOnce(t *testing.T) {
 	flushed(t, lim, 5*time.Second)
 	ctx := context.Background()
 	const perKey = 7
-	for _, k := range keys {
-		for range perKey {
-			d, err := lim.Allow(ctx, k, limit)
-			require.NoError(t, err)
-			require.Equal(t, outcome.SourceLocal, d.Source)
-		}
-	}
+	allowLocally(t, lim, keys, limit, perKey)
 	want := consumed(t, direct, keys)
 	for i := range want {
 		want[i] += perKey

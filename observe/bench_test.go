@@ -6,12 +6,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/internal/metrictest"
+	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/observe"
 	"github.com/hybridrate/hybridrate/policy"
 )
@@ -19,11 +18,8 @@ import (
 // BenchmarkCheck compares a policy check on the local path with and without an Observer (OTel SDK
 // with a manual reader, the window, labels): the Observer's cost per check.
 func BenchmarkCheck(b *testing.B) {
-	mr := miniredis.RunT(b)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	b.Cleanup(func() { _ = rdb.Close() })
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
-	b.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	_, rdb := redistest.Mini(b)
+	mp := metrictest.New(b).Provider
 	enf, err := policy.NewEnforcer(rdb, policy.WithHybridOptions(hybrid.WithCheckTimeout(time.Second)))
 	require.NoError(b, err)
 	b.Cleanup(func() { _ = enf.Close(context.Background()) })

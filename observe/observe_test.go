@@ -10,19 +10,20 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/internal/metrictest"
+	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/middleware"
 	"github.com/hybridrate/hybridrate/observe"
 	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/policy"
+	"github.com/hybridrate/hybridrate/policy/policytest"
 )
 
 const testPolicy = `
@@ -51,37 +52,28 @@ rules:
 `
 
 type fixture struct {
-	obs    *observe.Observer
-	enf    *policy.Enforcer
-	reader *sdkmetric.ManualReader
+	obs     *observe.Observer
+	enf     *policy.Enforcer
+	metrics *metrictest.Reader
 }
 
 // newFixture makes an Observer with opts of an Enforcer on miniredis; its instance is "node-1"
 // unless opts name another, and its meter provider the fixture's reader's.
 func newFixture(t *testing.T, opts []observe.Option) *fixture {
 	t.Helper()
-	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	enf, err := policy.NewEnforcer(
-		rdb,
+	_, rdb := redistest.Mini(t)
+	metrics := metrictest.New(t)
+	enf := policytest.NewEnforcer(t, rdb,
 		policy.WithStrictTimeout(time.Second),
 		policy.WithHybridOptions(
-			hybrid.WithCheckTimeout(time.Second), hybrid.WithMeterProvider(mp), hybrid.WithInstance("node-1")),
+			hybrid.WithCheckTimeout(time.Second), hybrid.WithMeterProvider(metrics.Provider), hybrid.WithInstance("node-1")),
 	)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = enf.Close(context.Background()) })
-	p, err := policy.Parse([]byte(testPolicy), "test.yaml")
-	require.NoError(t, err)
-	opts = append(append([]observe.Option{observe.WithInstance("node-1")}, opts...), observe.WithMeterProvider(mp))
+	opts = append(append([]observe.Option{observe.WithInstance("node-1")}, opts...), observe.WithMeterProvider(metrics.Provider))
 	obs, err := observe.New(enf, opts...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = obs.Close() })
-	require.NoError(t, obs.SetPolicy(p))
-	return &fixture{obs: obs, enf: enf, reader: reader}
+	policytest.SetPolicy(t, obs, testPolicy, "test.yaml")
+	return &fixture{obs: obs, enf: enf, metrics: metrics}
 }
 
 func (f *fixture) check(t *testing.T, key, route, tier string) policy.Result {
@@ -95,71 +87,6 @@ func (f *fixture) check(t *testing.T, key, route, tier string) policy.Result {
 	return res
 }
 
-// sums returns, for an int64 counter, the sum of the points whose attributes include want.
-func sums(t *testing.T, reader *sdkmetric.ManualReader, name string, want ...attribute.KeyValue) int64 {
-	t.Helper()
-	var total int64
-	for _, m := range collect(t, reader, name) {
-		var dps []metricdata.DataPoint[int64]
-		switch d := m.Data.(type) {
-		case metricdata.Sum[int64]:
-			dps = d.DataPoints
-		case metricdata.Gauge[int64]:
-			dps = d.DataPoints
-		}
-		for _, dp := range dps {
-			if hasAll(dp.Attributes, want) {
-				total += dp.Value
-			}
-		}
-	}
-	return total
-}
-
-// histCount returns the number of recordings of a float64 histogram whose attributes include want.
-func histCount(t *testing.T, reader *sdkmetric.ManualReader, name string, want ...attribute.KeyValue) uint64 {
-	t.Helper()
-	var n uint64
-	for _, m := range collect(t, reader, name) {
-		h, ok := m.Data.(metricdata.Histogram[float64])
-		if !ok {
-			continue
-		}
-		for _, dp := range h.DataPoints {
-			if hasAll(dp.Attributes, want) {
-				n += dp.Count
-			}
-		}
-	}
-	return n
-}
-
-// collect reads reader and returns the metrics named name, of every scope.
-func collect(t *testing.T, reader *sdkmetric.ManualReader, name string) []metricdata.Metrics {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, reader.Collect(context.Background(), &rm))
-	var out []metricdata.Metrics
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name == name {
-				out = append(out, m)
-			}
-		}
-	}
-	return out
-}
-
-// hasAll reports whether attrs holds every attribute of want, with its value.
-func hasAll(attrs attribute.Set, want []attribute.KeyValue) bool {
-	for _, kv := range want {
-		if v, ok := attrs.Value(kv.Key); !ok || v != kv.Value {
-			return false
-		}
-	}
-	return true
-}
-
 func TestMetricsByOutcomeRuleRouteAndTier(t *testing.T) {
 	f := newFixture(t, nil)
 	for i := 0; i < 8; i++ { // burst 5: 5 admitted, 3 denied
@@ -168,29 +95,25 @@ func TestMetricsByOutcomeRuleRouteAndTier(t *testing.T) {
 	inst := attribute.String("hybridrate.instance", "node-1")
 	items := attribute.String("route", "GET /v1/items/{id}")
 	pro := attribute.String("tier", "pro")
-	assert.EqualValues(t, 5, sums(t, f.reader, "hybridrate.requests", inst, items, pro, attribute.String("outcome", "allowed")))
-	assert.EqualValues(t, 3, sums(t, f.reader, "hybridrate.requests", inst, items, pro, attribute.String("outcome", "denied")))
+	assert.EqualValues(t, 5, f.metrics.Sum(t, "hybridrate.requests", inst, items, pro, attribute.String("outcome", "allowed")))
+	assert.EqualValues(t, 3, f.metrics.Sum(t, "hybridrate.requests", inst, items, pro, attribute.String("outcome", "denied")))
 	perKey := attribute.String("rule", "per-key")
-	assert.EqualValues(t, 5, sums(t, f.reader, "hybridrate.rule.decisions", perKey, items, attribute.String("outcome", "allowed")))
-	assert.EqualValues(t, 3, sums(t, f.reader, "hybridrate.rule.decisions", perKey, items, attribute.String("outcome", "denied")))
-	assert.EqualValues(t, 8, sums(t, f.reader, "hybridrate.rule.decisions", perKey,
-		attribute.String("source", "central"))+sums(t, f.reader, "hybridrate.rule.decisions", perKey,
-		attribute.String("source", "local"))+sums(t, f.reader, "hybridrate.rule.decisions", perKey,
-		attribute.String("source", "deny-cache"))+sums(t, f.reader, "hybridrate.rule.decisions", perKey,
+	assert.EqualValues(t, 5, f.metrics.Sum(t, "hybridrate.rule.decisions", perKey, items, attribute.String("outcome", "allowed")))
+	assert.EqualValues(t, 3, f.metrics.Sum(t, "hybridrate.rule.decisions", perKey, items, attribute.String("outcome", "denied")))
+	assert.EqualValues(t, 8, f.metrics.Sum(t, "hybridrate.rule.decisions", perKey,
+		attribute.String("source", "central"))+f.metrics.Sum(t, "hybridrate.rule.decisions", perKey,
+		attribute.String("source", "local"))+f.metrics.Sum(t, "hybridrate.rule.decisions", perKey,
+		attribute.String("source", "deny-cache"))+f.metrics.Sum(t, "hybridrate.rule.decisions", perKey,
 		attribute.String("source", "memo")), "every decision has a source")
-	assert.Positive(t, sums(t, f.reader, "hybridrate.rule.near_limit", perKey), "the last admitted ones were near the limit")
-	assert.EqualValues(t, 8, histCount(t, f.reader, "hybridrate.check.duration", inst))
+	assert.Positive(t, f.metrics.Sum(t, "hybridrate.rule.near_limit", perKey), "the last admitted ones were near the limit")
+	assert.EqualValues(t, 8, f.metrics.HistogramCount(t, "hybridrate.check.duration", inst))
 
 	// An unknown tier is the policy's default tier; no raw key in any attribute.
 	f.check(t, "secret-key-2", "GET /v1/items/{id}", "bogus-tier")
-	assert.EqualValues(t, 1, sums(t, f.reader, "hybridrate.requests", attribute.String("tier", "free")))
-	assert.Zero(t, sums(t, f.reader, "hybridrate.requests", attribute.String("tier", "bogus-tier")))
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, f.reader.Collect(context.Background(), &rm))
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			assert.NotContains(t, strings.ToLower(metricdataString(m)), "secret-key", m.Name)
-		}
+	assert.EqualValues(t, 1, f.metrics.Sum(t, "hybridrate.requests", attribute.String("tier", "free")))
+	assert.Zero(t, f.metrics.Sum(t, "hybridrate.requests", attribute.String("tier", "bogus-tier")))
+	for _, m := range f.metrics.Metrics(t, "") {
+		assert.NotContains(t, strings.ToLower(metricdataString(m)), "secret-key", m.Name)
 	}
 }
 
@@ -225,19 +148,19 @@ func TestShadowWouldDenyAndRedisPathLatency(t *testing.T) {
 		assert.True(t, res.Allowed)
 	}
 	trial := attribute.String("rule", "trial")
-	assert.EqualValues(t, 2, sums(t, f.reader, "hybridrate.rule.shadow_denials", trial, attribute.String("route", "GET /v1/search")))
-	assert.EqualValues(t, 2, sums(t, f.reader, "hybridrate.rule.decisions", trial, attribute.Bool("shadow", true), attribute.String("outcome", "denied")))
-	assert.EqualValues(t, 2, sums(t, f.reader, "hybridrate.requests", attribute.String("outcome", "shadow_denied")))
+	assert.EqualValues(t, 2, f.metrics.Sum(t, "hybridrate.rule.shadow_denials", trial, attribute.String("route", "GET /v1/search")))
+	assert.EqualValues(t, 2, f.metrics.Sum(t, "hybridrate.rule.decisions", trial, attribute.Bool("shadow", true), attribute.String("outcome", "denied")))
+	assert.EqualValues(t, 2, f.metrics.Sum(t, "hybridrate.requests", attribute.String("outcome", "shadow_denied")))
 	snap := f.obs.Snapshot(time.Minute)
 	require.Len(t, snap.Denied, 1)
 	assert.Equal(t, observe.DenyCount{Route: "GET /v1/search", Rule: "trial", Tier: "free", Shadow: true, N: 2, Rate: 2.0 / 60}, snap.Denied[0])
 	assert.EqualValues(t, 2, snap.Sum.ShadowDenied)
 	assert.Zero(t, snap.Sum.Denied)
 
-	before := histCount(t, f.reader, "hybridrate.check.duration", attribute.String("path", "central"))
+	before := f.metrics.HistogramCount(t, "hybridrate.check.duration", attribute.String("path", "central"))
 	f.check(t, "k", "POST /v1/exports", "") // a strict rule: a Redis round trip
-	assert.Equal(t, before+1, histCount(t, f.reader, "hybridrate.check.duration", attribute.String("path", "central")))
-	assert.EqualValues(t, 1, sums(t, f.reader, "hybridrate.rule.decisions", attribute.String("rule", "exports"), attribute.String("source", "strict")))
+	assert.Equal(t, before+1, f.metrics.HistogramCount(t, "hybridrate.check.duration", attribute.String("path", "central")))
+	assert.EqualValues(t, 1, f.metrics.Sum(t, "hybridrate.rule.decisions", attribute.String("rule", "exports"), attribute.String("source", "strict")))
 }
 
 func TestRouteAndTierLabelsAreBounded(t *testing.T) {
@@ -245,11 +168,11 @@ func TestRouteAndTierLabelsAreBounded(t *testing.T) {
 	for _, r := range []string{"GET /a", "GET /b", "GET /c", "GET /d", "GET /a"} {
 		f.check(t, "k-"+r, r, "")
 	}
-	assert.EqualValues(t, 2, sums(t, f.reader, "hybridrate.requests", attribute.String("route", "GET /a")))
-	assert.EqualValues(t, 1, sums(t, f.reader, "hybridrate.requests", attribute.String("route", "GET /b")))
-	assert.EqualValues(t, 2, sums(t, f.reader, "hybridrate.requests", attribute.String("route", observe.Other)))
+	assert.EqualValues(t, 2, f.metrics.Sum(t, "hybridrate.requests", attribute.String("route", "GET /a")))
+	assert.EqualValues(t, 1, f.metrics.Sum(t, "hybridrate.requests", attribute.String("route", "GET /b")))
+	assert.EqualValues(t, 2, f.metrics.Sum(t, "hybridrate.requests", attribute.String("route", observe.Other)))
 	f.check(t, "no-route", "", "")
-	assert.EqualValues(t, 1, sums(t, f.reader, "hybridrate.requests", attribute.String("route", observe.None)))
+	assert.EqualValues(t, 1, f.metrics.Sum(t, "hybridrate.requests", attribute.String("route", observe.None)))
 }
 
 func TestHooksSeeEveryDecisionAndHashedDeniedKeys(t *testing.T) {
@@ -289,8 +212,8 @@ func TestSnapshotMatchesMetrics(t *testing.T) {
 		f.check(t, "cold-"+string(rune('a'+i)), "GET /v1/items/{id}", "pro")
 	}
 	s := f.obs.Snapshot(time.Minute)
-	assert.Equal(t, sums(t, f.reader, "hybridrate.requests", attribute.String("outcome", "denied")), s.Sum.Denied)
-	assert.Equal(t, sums(t, f.reader, "hybridrate.requests", attribute.String("outcome", "allowed")), s.Sum.Allowed)
+	assert.Equal(t, f.metrics.Sum(t, "hybridrate.requests", attribute.String("outcome", "denied")), s.Sum.Denied)
+	assert.Equal(t, f.metrics.Sum(t, "hybridrate.requests", attribute.String("outcome", "allowed")), s.Sum.Allowed)
 	assert.EqualValues(t, 5, s.Sum.Denied)
 	assert.Equal(t, s.Sum.Denied, s.Totals.Denied)
 	require.Len(t, s.Denied, 1)
@@ -350,20 +273,13 @@ func (fakeChecker) Check(context.Context, *policy.Request) (policy.Result, error
 }
 
 func TestStrictAndBreakerHealthWhenRedisIsDown(t *testing.T) {
-	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
-	t.Cleanup(func() { _ = rdb.Close() })
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	enf, err := policy.NewEnforcer(
-		rdb,
+	mr, rdb := redistest.Mini(t, func(o *redis.Options) { o.MaxRetries = -1 })
+	metrics := metrictest.New(t)
+	enf := policytest.NewEnforcer(t, rdb,
 		policy.WithStrictTimeout(100*time.Millisecond),
-		policy.WithHybridOptions(hybrid.WithCheckTimeout(100*time.Millisecond), hybrid.WithMeterProvider(mp)),
+		policy.WithHybridOptions(hybrid.WithCheckTimeout(100*time.Millisecond), hybrid.WithMeterProvider(metrics.Provider)),
 	)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = enf.Close(context.Background()) })
-	obs, err := observe.New(enf, observe.WithMeterProvider(mp), observe.WithInstance("n"))
+	obs, err := observe.New(enf, observe.WithMeterProvider(metrics.Provider), observe.WithInstance("n"))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = obs.Close() })
 	require.NoError(t, obs.SetPolicy(&policy.Policy{Rules: []policy.Rule{
@@ -382,12 +298,12 @@ func TestStrictAndBreakerHealthWhenRedisIsDown(t *testing.T) {
 	assert.False(t, h.OK)
 	require.NotNil(t, h.Strict)
 	assert.Positive(t, h.Strict.Errors)
-	assert.Positive(t, sums(t, reader, "hybridrate.strict.errors", attribute.String("class", "error")))
-	assert.Positive(t, sums(t, reader, "hybridrate.requests", attribute.String("outcome", "allowed")))
-	assert.Positive(t, histCount(t, reader, "hybridrate.check.duration", attribute.String("path", "fallback")),
+	assert.Positive(t, metrics.Sum(t, "hybridrate.strict.errors", attribute.String("class", "error")))
+	assert.Positive(t, metrics.Sum(t, "hybridrate.requests", attribute.String("outcome", "allowed")))
+	assert.Positive(t, metrics.HistogramCount(t, "hybridrate.check.duration", attribute.String("path", "fallback")),
 		"decisions by failure policy are timed on their own path")
-	open := sums(t, reader, "hybridrate.strict.breaker.state", attribute.String("state", "open")) +
-		sums(t, reader, "hybridrate.breaker.state", attribute.String("state", "open"))
+	open := metrics.Sum(t, "hybridrate.strict.breaker.state", attribute.String("state", "open")) +
+		metrics.Sum(t, "hybridrate.breaker.state", attribute.String("state", "open"))
 	assert.Positive(t, open, "an open breaker shows in the metrics")
 }
 
@@ -410,8 +326,8 @@ func TestBehindMiddlewareRouteIsThePattern(t *testing.T) {
 	}
 	assert.Equal(t, map[int]int{200: 5, 429: 2}, codes)
 	route := attribute.String("route", "GET /v1/items/{id}")
-	assert.EqualValues(t, 5, sums(t, f.reader, "hybridrate.requests", route, attribute.String("outcome", "allowed")))
-	assert.EqualValues(t, 2, sums(t, f.reader, "hybridrate.requests", route, attribute.String("outcome", "denied")))
+	assert.EqualValues(t, 5, f.metrics.Sum(t, "hybridrate.requests", route, attribute.String("outcome", "allowed")))
+	assert.EqualValues(t, 2, f.metrics.Sum(t, "hybridrate.requests", route, attribute.String("outcome", "denied")))
 }
 
 func TestDeniedKeysPastTheCapAreCountedNotTracked(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/policy"
+	"github.com/hybridrate/hybridrate/policy/policytest"
 )
 
 // TestStrictBreakerMinSpan: the strict rules' circuit breaker opens, like the hybrid limiter's, only
@@ -32,9 +33,7 @@ func TestStrictBreakerMinSpan(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	var now atomic.Int64 // the Enforcer's clock, ns
 	now.Store(time.Unix(1_000_000, 0).UnixNano())
-	enf, err := policy.NewEnforcer(rdb, policy.WithClock(func() time.Time { return time.Unix(0, now.Load()) }))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = enf.Close(context.Background()) })
+	enf := policytest.NewEnforcer(t, rdb, policy.WithClock(func() time.Time { return time.Unix(0, now.Load()) }))
 	require.NoError(t, enf.SetPolicy(&policy.Policy{Rules: []policy.Rule{
 		{ID: "s", Algorithm: policy.GCRA, Rate: 10, Burst: 10, OnFailure: outcome.FailOpen},
 	}}))

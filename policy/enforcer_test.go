@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -20,6 +19,7 @@ import (
 	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/policy"
+	"github.com/hybridrate/hybridrate/policy/policytest"
 )
 
 // env is one test's Redis and Enforcer.
@@ -39,13 +39,7 @@ func newEnv(t *testing.T, opts []policy.Option, p *policy.Policy) *env {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
 	opts = append([]policy.Option{policy.WithHybridOptions(exact...), policy.WithStrictTimeout(time.Second)}, opts...)
-	enf, err := policy.NewEnforcer(rdb, opts...)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = enf.Close(ctx)
-	})
+	enf := policytest.NewEnforcer(t, rdb, opts...)
 	if p != nil {
 		require.NoError(t, enf.SetPolicy(p))
 	}
@@ -258,15 +252,29 @@ func TestTiers(t *testing.T) {
 	assert.Equal(t, int64(1000), last.Decisions[1].Limit)
 }
 
+// shadowEvents records the events of policy.WithOnShadowDeny; it is safe for concurrent use.
+type shadowEvents struct {
+	mu  sync.Mutex
+	evs []policy.ShadowEvent // guarded by mu
+}
+
+func (r *shadowEvents) add(ev policy.ShadowEvent) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.evs = append(r.evs, ev)
+}
+
+// all returns a copy of the events so far.
+func (r *shadowEvents) all() []policy.ShadowEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]policy.ShadowEvent(nil), r.evs...)
+}
+
 func TestShadowRule(t *testing.T) {
 	t.Parallel()
-	var mu sync.Mutex
-	var events []policy.ShadowEvent
-	cfg := []policy.Option{policy.WithOnShadowDeny(func(ev policy.ShadowEvent) {
-		mu.Lock()
-		defer mu.Unlock()
-		events = append(events, ev)
-	})}
+	var rec shadowEvents
+	cfg := []policy.Option{policy.WithOnShadowDeny(rec.add)}
 	p := &policy.Policy{Rules: []policy.Rule{
 		{ID: "enforced", Dimensions: []string{"api_key"}, Rate: 1000, Burst: 1000},
 		{ID: "try-strict", Algorithm: policy.SlidingLog, Dimensions: []string{"api_key"}, Limit: 1, Period: time.Hour, Shadow: true},
@@ -280,8 +288,7 @@ func TestShadowRule(t *testing.T) {
 		assert.False(t, res.ShadowDenied)
 		assert.Len(t, res.Decisions, 3)
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	events := rec.all()
 	var got []string
 	for _, ev := range events {
 		assert.False(t, ev.Global)
@@ -297,13 +304,8 @@ func TestShadowRule(t *testing.T) {
 
 func TestShadowPolicy(t *testing.T) {
 	t.Parallel()
-	var mu sync.Mutex
-	var events []policy.ShadowEvent
-	cfg := []policy.Option{policy.WithOnShadowDeny(func(ev policy.ShadowEvent) {
-		mu.Lock()
-		defer mu.Unlock()
-		events = append(events, ev)
-	})}
+	var rec shadowEvents
+	cfg := []policy.Option{policy.WithOnShadowDeny(rec.add)}
 	p := &policy.Policy{Shadow: true, Rules: []policy.Rule{
 		{ID: "per-key", Dimensions: []string{"api_key"}, Rate: 0.001, Burst: 1},
 		{ID: "tenant", Algorithm: policy.GCRA, Dimensions: []string{"tenant"}, Limit: 2, Period: time.Hour},
@@ -322,8 +324,7 @@ func TestShadowPolicy(t *testing.T) {
 	res := e.check(t, req("GET", "GET /", "tenant", "acme"))
 	assert.True(t, res.Allowed)
 	assert.True(t, res.ShadowDenied)
-	mu.Lock()
-	defer mu.Unlock()
+	events := rec.all()
 	require.Len(t, events, 3)
 	for _, ev := range events {
 		assert.True(t, ev.Global)
@@ -636,23 +637,18 @@ func TestCompositeKeysAreStableAndUnambiguous(t *testing.T) {
 }
 
 func TestLimitersAndStrictHealth(t *testing.T) {
-	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
-	enf, err := policy.NewEnforcer(
-		rdb,
+	_, rdb := redistest.Mini(t)
+	enf := policytest.NewEnforcer(t, rdb,
 		policy.WithStrictTimeout(time.Second),
 		policy.WithHybridOptions(hybrid.WithCheckTimeout(time.Second)),
 	)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = enf.Close(context.Background()) })
 	assert.Nil(t, enf.Limiter(), "no limiter before a policy needs one")
 	require.NoError(t, enf.SetPolicy(&policy.Policy{Rules: []policy.Rule{
 		{ID: "h", Rate: 10, Burst: 10},
 		{ID: "s", Algorithm: policy.GCRA, Rate: 10, Burst: 10, OnFailure: outcome.FailOpen},
 	}}))
 	assert.NotNil(t, enf.Limiter())
-	_, err = enf.Check(context.Background(), &policy.Request{})
+	_, err := enf.Check(context.Background(), &policy.Request{})
 	require.NoError(t, err)
 	h := enf.StrictHealth()
 	assert.Positive(t, h.Calls)

@@ -13,6 +13,7 @@ import (
 	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/outcome"
 	"github.com/hybridrate/hybridrate/policy"
+	"github.com/hybridrate/hybridrate/policy/policytest"
 )
 
 // TestHungRedisBounded (issue 26): on a redis-server stopped with SIGSTOP (it accepts connections
@@ -25,27 +26,15 @@ func TestHungRedisBounded(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t) // go-redis defaults: the deadline of a call is not applied to the socket
 	const timeout = 50 * time.Millisecond
-	enf, err := policy.NewEnforcer(rdb, policy.WithStrictTimeout(timeout))
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = enf.Close(ctx)
-	})
+	enf := policytest.NewEnforcer(t, rdb, policy.WithStrictTimeout(timeout))
 	setHungPolicy(t, enf)
 	ctx := context.Background()
 
-	srv.Pause(t)
-	const bound = 4 * timeout
-	for i := range 6 { // through the strict breaker's opening and beyond
-		redistest.Timed(t, fmt.Sprintf("Check %d on a hung Redis", i), bound, func() {
-			res, err := enf.Check(ctx, &policy.Request{})
-			require.NoError(t, err)
-			assert.True(t, res.Allowed, "fail open")
-		})
-	}
-
-	srv.Resume(t)
+	srv.Hung(t, "Check", 6, 4*timeout, func(int) { // 6: through the strict breaker's opening and beyond
+		res, err := enf.Check(ctx, &policy.Request{})
+		require.NoError(t, err)
+		assert.True(t, res.Allowed, "fail open")
+	})
 	require.Eventually(t, func() bool {
 		_, err := enf.Check(ctx, &policy.Request{})
 		return err == nil && enf.StrictHealth().Breaker == "closed"

@@ -8,29 +8,34 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/hybridrate/hybridrate/policy"
 )
 
-const messaging = `
-domain: messaging
-descriptors:
-  # Only allow 5 marketing messages a day
-  - key: message_type
-    value: marketing
-    descriptors:
-      - key: to_number
-        rate_limit:
-          unit: day
-          requests_per_unit: 5
+// readmeExample returns the file name of testdata/upstream-readme: one of upstream's README
+// examples, unchanged (cmd/hybridrated's oracle test runs them all against upstream).
+func readmeExample(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", "upstream-readme", name))
+	require.NoError(t, err)
+	return string(b)
+}
 
-  # Only allow 100 messages a day to any unique phone number
-  - key: to_number
-    rate_limit:
-      unit: day
-      requests_per_unit: 100
-`
+// TestUpstreamReadmeExamplesLoad: upstream's README examples, unchanged, load as one configuration
+// of their 13 domains (cmd/hybridrated's oracle test compares the answers with upstream's).
+func TestUpstreamReadmeExamplesLoad(t *testing.T) {
+	ents, err := os.ReadDir(filepath.Join("testdata", "upstream-readme"))
+	require.NoError(t, err)
+	var docs []string
+	for _, e := range ents {
+		docs = append(docs, readmeExample(t, e.Name()))
+	}
+	c := upstreamConfig(t, nil, docs...)
+	assert.Len(t, c.Domains(), 13)
+	assert.True(t, c.HasDomain("example10_wildcard"))
+}
 
 const edgeProxy = `
 domain: edge_proxy_per_ip
@@ -104,7 +109,7 @@ func entries(kv ...string) []policy.DescriptorEntry {
 }
 
 func TestUpstreamLookupMatchesAsGetLimit(t *testing.T) {
-	c := upstreamConfig(t, nil, messaging, edgeProxy)
+	c := upstreamConfig(t, nil, readmeExample(t, "01-messaging.yaml"), edgeProxy)
 	type want struct {
 		rpu    uint32
 		unit   string

@@ -38,6 +38,103 @@ func newRelay(t testing.TB, rdb redis.UniversalClient, prefix, node string, opts
 	return r
 }
 
+// clockedRelay returns a relay named "relay" under prefix, with opts, on a fresh redis-server (and
+// a client of it), on a clock the test moves.
+func clockedRelay(t *testing.T, prefix string, opts ...relay.Option) (*redistest.Server, *redis.Client, *relay.Relay, *fakeClock) {
+	t.Helper()
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	clk := &fakeClock{}
+	return srv, rdb, newRelay(t, rdb, prefix, "relay", append([]relay.Option{relay.WithClock(clk.now)}, opts...)...), clk
+}
+
+// runRelays runs the relays' loops until the test ends: they stop in t.Cleanup, after what the
+// test registers later (its children) is closed.
+func runRelays(t *testing.T, relays ...*relay.Relay) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, r := range relays {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.Run(ctx) }()
+	}
+	t.Cleanup(func() { cancel(); wg.Wait() })
+}
+
+// newChildren returns n limiters on rdb under prefix, child i with upstream ups[i%len(ups)], node
+// ID name-i and opts; they are closed in t.Cleanup.
+func newChildren(t *testing.T, rdb redis.UniversalClient, prefix, name string, n int, ups []hybrid.Upstream, opts ...hybrid.Option) []*hybrid.Limiter {
+	t.Helper()
+	kids := make([]*hybrid.Limiter, n)
+	for i := range kids {
+		l, err := hybrid.New(rdb, append([]hybrid.Option{hybrid.WithKeyPrefix(prefix), hybrid.WithUpstream(ups[i%len(ups)]),
+			hybrid.WithNodeID(fmt.Sprintf("%s-%d", name, i))}, opts...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close(context.Background()) })
+		kids[i] = l
+	}
+	return kids
+}
+
+// awaitReady waits (up to 5s each) until every child is Ready: it has read the ban list and
+// counted the fleet. Children that are not yet give new keys no cold-start credit (issue 23): a
+// test starts its load once they are, as a service would.
+func awaitReady(kids []*hybrid.Limiter) {
+	for _, l := range kids {
+		for deadline := time.Now().Add(5 * time.Second); !l.Ready() && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+		}
+	}
+}
+
+// drive has every child ask for each of keys under limit once every `every`, from a goroutine of
+// its own, until run has passed, and calls count (concurrently) with each decision and its key's
+// index; a failed call fails t and stops its child. It returns the seconds that passed.
+func drive(t *testing.T, kids []*hybrid.Limiter, every, run time.Duration, keys []string, limit hybrid.Limit, count func(key int, d hybrid.Decision)) float64 {
+	t.Helper()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for _, l := range kids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tick := time.NewTicker(every)
+			defer tick.Stop()
+			for ; time.Since(start) < run; <-tick.C {
+				for i, k := range keys {
+					d, err := l.Allow(context.Background(), k, limit)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					count(i, d)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return time.Since(start).Seconds()
+}
+
+// nodeRecords returns the nodes whose records Redis's bucket of key holds, sorted.
+func nodeRecords(t *testing.T, rdb redis.UniversalClient, prefix, key string) []string {
+	t.Helper()
+	fields, err := rdb.HKeys(context.Background(), central.BucketKey(prefix, key)).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nodes []string
+	for _, f := range fields {
+		if n, ok := strings.CutPrefix(f, "n:"); ok {
+			nodes = append(nodes, n)
+		}
+	}
+	slices.Sort(nodes)
+	return nodes
+}
+
 var lim = central.Limit{Rate: 10, Burst: 20}
 
 // TestRelayHoldsTheLimitAcrossItsChildren: eight limiters behind two relays share one key at four
@@ -47,62 +144,22 @@ func TestRelayHoldsTheLimitAcrossItsChildren(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	const prefix = "rt1"
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
 	relays := []*relay.Relay{newRelay(t, rdb, prefix, "relay-a"), newRelay(t, rdb, prefix, "relay-b")}
-	for _, r := range relays {
-		wg.Add(1)
-		go func() { defer wg.Done(); r.Run(ctx) }()
-	}
-	defer func() { cancel(); wg.Wait() }()
-	var kids []*hybrid.Limiter
-	for i := range 8 {
-		l, err := hybrid.New(rdb, hybrid.WithKeyPrefix(prefix), hybrid.WithUpstream(relays[i%2]),
-			hybrid.WithNodeID(fmt.Sprintf("child-%d", i)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		kids = append(kids, l)
-	}
-	defer func() {
-		for _, l := range kids {
-			_ = l.Close(context.Background())
-		}
-	}()
-	// Children that have not read the ban list yet give new keys no cold-start credit (issue 23):
-	// start the load once they have, as a service would. (Children without cold-start credit on
-	// this key, WithoutColdStart, were admitted 82–120 of 120 here on main at ec135b0 too.)
-	for _, l := range kids {
-		for deadline := time.Now().Add(5 * time.Second); !l.Ready() && time.Now().Before(deadline); {
-			time.Sleep(time.Millisecond)
-		}
-	}
+	runRelays(t, relays...)
+	kids := newChildren(t, rdb, prefix, "child", 8, []hybrid.Upstream{relays[0], relays[1]})
+	// (Children without cold-start credit on this key, WithoutColdStart, were admitted 82–120 of 120
+	// here on main at ec135b0 too.)
+	awaitReady(kids)
 	limit := hybrid.Limit{Rate: 50, Burst: 20}
-	const run = 2 * time.Second
 	var admitted, denied atomic.Int64
-	start := time.Now()
-	var cw sync.WaitGroup
-	for _, l := range kids {
-		cw.Add(1)
-		go func() {
-			defer cw.Done()
-			// 25 requests/s per child, 200/s in all: four times the rate.
-			for tick := time.NewTicker(40 * time.Millisecond); time.Since(start) < run; <-tick.C {
-				d, err := l.Allow(ctx, "shared", limit)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				if d.Allowed {
-					admitted.Add(1)
-				} else {
-					denied.Add(1)
-				}
-			}
-		}()
-	}
-	cw.Wait()
-	el := time.Since(start).Seconds()
+	// 25 requests/s per child, 200/s in all: four times the rate.
+	el := drive(t, kids, 40*time.Millisecond, 2*time.Second, []string{"shared"}, limit, func(_ int, d hybrid.Decision) {
+		if d.Allowed {
+			admitted.Add(1)
+		} else {
+			denied.Add(1)
+		}
+	})
 	exact := float64(limit.Burst) + limit.Rate*el
 	got := float64(admitted.Load())
 	t.Logf("admitted %v, denied %d, exact bucket %.0f over %.2fs", got, denied.Load(), exact, el)
@@ -118,17 +175,7 @@ func TestRelayHoldsTheLimitAcrossItsChildren(t *testing.T) {
 	if got < 0.8*limit.Rate*el {
 		t.Errorf("admitted %v < 80%% of the refill (%.0f): the relays starve their children", got, limit.Rate*el)
 	}
-	fields, err := rdb.HKeys(ctx, central.BucketKey(prefix, "shared")).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var nodes []string
-	for _, f := range fields {
-		if n, ok := strings.CutPrefix(f, "n:"); ok {
-			nodes = append(nodes, n)
-		}
-	}
-	slices.Sort(nodes)
+	nodes := nodeRecords(t, rdb, prefix, "shared")
 	if !slices.Equal(nodes, []string{"relay-a", "relay-b"}) {
 		t.Errorf("Redis's bucket has the records of %v, want the two relays only", nodes)
 	}
@@ -138,10 +185,7 @@ func TestRelayHoldsTheLimitAcrossItsChildren(t *testing.T) {
 // share, a replayed call granting nothing twice, a late call from a replaced incarnation, one-off
 // takes from the pool, and what is counted in Redis.
 func TestRelayAnswers(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	clk := &fakeClock{}
-	r := newRelay(t, rdb, "rt2", "relay", relay.WithClock(clk.now), relay.WithFleet(func() int64 { return 2 }))
+	_, rdb, r, clk := clockedRelay(t, "rt2", relay.WithFleet(func() int64 { return 2 }))
 	ctx := context.Background()
 	// A synchronous call for 1 with a want of 8: the pool is empty, so the relay asks Redis.
 	u := central.Update{Key: "k", Limit: lim, Inc: 1, Demand: 2, Want: 8, N: 1}
@@ -218,10 +262,7 @@ func TestRelayAnswers(t *testing.T) {
 // TestRelayMaxKeys: at the cap, a new key is refused with ErrFull and counted; an idle key is
 // dropped after ActiveWindow and makes room.
 func TestRelayMaxKeys(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	clk := &fakeClock{}
-	r := newRelay(t, rdb, "rt3", "relay", relay.WithClock(clk.now), relay.WithMaxKeys(1), relay.WithActiveWindow(time.Second), relay.WithLeaseLife(500*time.Millisecond))
+	_, _, r, clk := clockedRelay(t, "rt3", relay.WithMaxKeys(1), relay.WithActiveWindow(time.Second), relay.WithLeaseLife(500*time.Millisecond))
 	ctx := context.Background()
 	if _, err := r.Take(ctx, "a", central.Update{Key: "one", Limit: lim, N: 1}); err != nil {
 		t.Fatal(err)
@@ -251,10 +292,7 @@ func TestRelayMaxKeys(t *testing.T) {
 // failure policy decides), the relay's round fails without losing what it must report, and once
 // Redis is back everything reaches it.
 func TestRelayRedisDown(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	clk := &fakeClock{}
-	r := newRelay(t, rdb, "rt4", "relay", relay.WithClock(clk.now))
+	srv, _, r, clk := clockedRelay(t, "rt4")
 	ctx := context.Background()
 	for range 3 {
 		if _, err := r.Take(ctx, "a", central.Update{Key: "k", Limit: lim, N: 1}); err != nil {
@@ -298,10 +336,7 @@ func TestRelayRedisDown(t *testing.T) {
 // life holds no pool: once its pool is spent or written off, a one-off take goes to Redis as a
 // one-off take (take.lua), counted there at once.
 func TestRelayForwardsRareKeys(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	clk := &fakeClock{}
-	r := newRelay(t, rdb, "rt5", "relay", relay.WithClock(clk.now))
+	_, _, r, clk := clockedRelay(t, "rt5")
 	ctx := context.Background()
 	take := func() central.State {
 		t.Helper()
@@ -330,12 +365,9 @@ func TestRelayForwardsRareKeys(t *testing.T) {
 // keys seen once costs Redis a central bucket's call each, not reconcile.lua and a round); a key
 // asked for again within its first second gets a pool, and takes after that are served from it.
 func TestRelayNewKeysGoDirect(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	clk := &fakeClock{}
 	// An owner relay (children shard keys over relays); these takes are not vetted against a ban
 	// list, so none is admitted on the cold credit: each goes to Redis.
-	r := newRelay(t, rdb, "rt7", "relay", relay.WithClock(clk.now), relay.WithColdCredit(1))
+	srv, _, r, clk := clockedRelay(t, "rt7", relay.WithColdCredit(1))
 	ctx := context.Background()
 	if _, err := r.Take(ctx, "a", central.Update{Key: "warm-up", Limit: lim, N: 1}); err != nil {
 		t.Fatal(err) // loads take.lua (EVALSHA, then EVAL on NOSCRIPT)
@@ -378,10 +410,7 @@ func TestRelayNewKeysGoDirect(t *testing.T) {
 // a new node id) leaves the key's records once it can hold nothing, so a long-lived key does not
 // collect a record per pod ever seen.
 func TestRelayPrunesDepartedChildren(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	clk := &fakeClock{}
-	r := newRelay(t, rdb, "rt6", "relay", relay.WithClock(clk.now))
+	_, _, r, clk := clockedRelay(t, "rt6")
 	ctx := context.Background()
 	for i := range 50 {
 		if _, err := r.Take(ctx, fmt.Sprintf("pod-%d", i), central.Update{Key: "k", Limit: lim, Inc: 1, Demand: 1, Want: 1, N: 1}); err != nil {
@@ -411,11 +440,8 @@ func TestRelayPrunesDepartedChildren(t *testing.T) {
 // a key whose bucket does not refill within the active window, or a take larger than the credit,
 // goes to Redis as before.
 func TestRelayColdCredit(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	clk := &fakeClock{}
 	const prefix = "rt8"
-	r := newRelay(t, rdb, prefix, "relay", relay.WithClock(clk.now), relay.WithColdCredit(1))
+	srv, rdb, r, clk := clockedRelay(t, prefix, relay.WithColdCredit(1))
 	ctx := context.Background()
 	if _, err := r.Take(ctx, "a", central.Update{Key: "warm-up", Limit: lim, N: 2}); err != nil {
 		t.Fatal(err) // over the credit: a one-off take (and take.lua loads)
@@ -493,11 +519,8 @@ func TestRelayColdCredit(t *testing.T) {
 // get StatusBanned with the ban's remaining time (a child denies the key locally until then),
 // whatever their own copies of the ban list hold, and a child's report is still applied.
 func TestRelayBanReachesItsPool(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	clk := &fakeClock{}
 	const prefix = "rt9"
-	r := newRelay(t, rdb, prefix, "relay", relay.WithClock(clk.now))
+	_, rdb, r, clk := clockedRelay(t, prefix)
 	ctx := context.Background()
 	// Child a leases from the relay, which refills its pool from Redis.
 	st, err := r.Take(ctx, "a", central.Update{Key: "k", Limit: lim, Inc: 1, Want: 4, N: 1, Demand: 5})

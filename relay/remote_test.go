@@ -4,11 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"math"
 	"net/http"
 	"net/http/httptest"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -27,55 +25,23 @@ func TestRemoteChildren(t *testing.T) {
 	rdb := srv.Client(t)
 	const prefix = "rr1"
 	r := newRelay(t, rdb, prefix, "relay-http")
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); r.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	runRelays(t, r)
 	hs := httptest.NewServer(r.Handler())
-	defer hs.Close()
+	t.Cleanup(hs.Close) // after the children's final flush
 	remote := relay.Dial(hs.URL, hs.Client())
-	var kids []*hybrid.Limiter
-	for i := range 4 {
-		// A check timeout that covers an HTTP round trip on a loaded test machine.
-		l, err := hybrid.New(rdb, hybrid.WithKeyPrefix(prefix), hybrid.WithUpstream(remote),
-			hybrid.WithNodeID(fmt.Sprintf("http-child-%d", i)), hybrid.WithCheckTimeout(100*time.Millisecond))
-		if err != nil {
-			t.Fatal(err)
-		}
-		kids = append(kids, l)
-	}
-	defer func() {
-		for _, l := range kids {
-			_ = l.Close(context.Background())
-		}
-	}()
+	// A check timeout that covers an HTTP round trip on a loaded test machine.
+	kids := newChildren(t, rdb, prefix, "http-child", 4, []hybrid.Upstream{remote}, hybrid.WithCheckTimeout(100*time.Millisecond))
 	limit := hybrid.Limit{Rate: 40, Burst: 20}
 	var admitted, fallback atomic.Int64
-	start := time.Now()
-	const run = 1500 * time.Millisecond
-	var wg sync.WaitGroup
-	for _, l := range kids {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			// 40 requests/s per child: four times the rate in all.
-			for tick := time.NewTicker(25 * time.Millisecond); time.Since(start) < run; <-tick.C {
-				d, err := l.Allow(ctx, "k", limit)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				if d.Allowed {
-					admitted.Add(1)
-				}
-				if d.Source == outcome.SourceFallback {
-					fallback.Add(1)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	el := time.Since(start).Seconds()
+	// 40 requests/s per child: four times the rate in all.
+	el := drive(t, kids, 25*time.Millisecond, 1500*time.Millisecond, []string{"k"}, limit, func(_ int, d hybrid.Decision) {
+		if d.Allowed {
+			admitted.Add(1)
+		}
+		if d.Source == outcome.SourceFallback {
+			fallback.Add(1)
+		}
+	})
 	exact := float64(limit.Burst) + limit.Rate*el
 	lendable := float64(limit.Burst) + limit.Rate*hybrid.LeaseAdvance.Seconds()
 	got := float64(admitted.Load())

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -158,82 +157,33 @@ func TestShardedChildrenOnRealRedis(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	const prefix = "rs1"
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
 	r0, r1 := newRelay(t, rdb, prefix, "relay-0"), newRelay(t, rdb, prefix, "relay-1")
-	for _, r := range []*relay.Relay{r0, r1} {
-		wg.Add(1)
-		go func() { defer wg.Done(); r.Run(ctx) }()
-	}
-	defer func() { cancel(); wg.Wait() }()
+	runRelays(t, r0, r1)
 	s, err := relay.NewSharded(map[string]relay.Upstream{"relay-0": r0, "relay-1": r1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var kids []*hybrid.Limiter
-	for i := range 6 {
-		l, err := hybrid.New(rdb, hybrid.WithKeyPrefix(prefix), hybrid.WithUpstream(s), hybrid.WithNodeID(fmt.Sprintf("child-%d", i)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		kids = append(kids, l)
-	}
-	defer func() {
-		for _, l := range kids {
-			_ = l.Close(context.Background())
-		}
-	}()
-	for _, l := range kids { // as TestRelayHoldsTheLimitAcrossItsChildren: cold-start credit from the start
-		for deadline := time.Now().Add(5 * time.Second); !l.Ready() && time.Now().Before(deadline); {
-			time.Sleep(time.Millisecond)
-		}
-	}
+	kids := newChildren(t, rdb, prefix, "child", 6, []hybrid.Upstream{s})
+	awaitReady(kids) // as TestRelayHoldsTheLimitAcrossItsChildren: cold-start credit from the start
 	limit := hybrid.Limit{Rate: 20, Burst: 10}
 	keys := []string{"user:1", "user:2", "user:3", "user:4", "user:5", "user:6", "user:7", "user:8"}
-	const run = 1500 * time.Millisecond
 	admitted := make([]int, len(keys))
 	var mu sync.Mutex
-	start := time.Now()
-	var cw sync.WaitGroup
-	for _, l := range kids {
-		cw.Add(1)
-		go func() {
-			defer cw.Done()
-			// Every child sends every key 10 requests/s: 60/s a key, three times its rate.
-			for tick := time.NewTicker(100 * time.Millisecond); time.Since(start) < run; <-tick.C {
-				for i, k := range keys {
-					d, err := l.Allow(ctx, k, limit)
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					if d.Allowed {
-						mu.Lock()
-						admitted[i]++
-						mu.Unlock()
-					}
-				}
-			}
-		}()
-	}
-	cw.Wait()
-	el := time.Since(start).Seconds()
+	// Every child sends every key 10 requests/s: 60/s a key, three times its rate.
+	el := drive(t, kids, 100*time.Millisecond, 1500*time.Millisecond, keys, limit, func(i int, d hybrid.Decision) {
+		if d.Allowed {
+			mu.Lock()
+			admitted[i]++
+			mu.Unlock()
+		}
+	})
 	exact := float64(limit.Burst) + limit.Rate*el
 	lendable := float64(limit.Burst) + limit.Rate*hybrid.LeaseAdvance.Seconds()
 	for i, k := range keys {
 		if got := float64(admitted[i]); got > exact+lendable || got < 0.6*limit.Rate*el {
 			t.Errorf("key %s: admitted %v, exact bucket %.0f (+ %.0f lendable)", k, got, exact, lendable)
 		}
-		fields, err := rdb.HKeys(ctx, central.BucketKey(prefix, k)).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var nodes []string
-		for _, f := range fields {
-			if n, ok := strings.CutPrefix(f, "n:"); ok {
-				nodes = append(nodes, n)
-			}
-		}
+		nodes := nodeRecords(t, rdb, prefix, k)
 		if len(nodes) != 1 || nodes[0] != s.Owner(k) {
 			t.Errorf("key %s: node records %v, want its owner %s's only", k, nodes, s.Owner(k))
 		}

@@ -2,7 +2,6 @@ package sidecar_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/policy"
+	"github.com/hybridrate/hybridrate/policy/policytest"
 	"github.com/hybridrate/hybridrate/sidecar"
 )
 
@@ -41,16 +41,8 @@ func TestHungRedisBounded(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t) // go-redis defaults: the deadline of a call is not applied to the socket
 	const timeout = 50 * time.Millisecond
-	enf, err := policy.NewEnforcer(rdb, policy.WithStrictTimeout(timeout))
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = enf.Close(ctx)
-	})
-	p, err := policy.Parse([]byte(hungPolicy), "hung.yaml")
-	require.NoError(t, err)
-	require.NoError(t, enf.SetPolicy(p))
+	enf := policytest.NewEnforcer(t, rdb, policy.WithStrictTimeout(timeout))
+	policytest.SetPolicy(t, enf, hungPolicy, "hung.yaml")
 	side, err := sidecar.New(enf)
 	require.NoError(t, err)
 	ctx := context.Background()
@@ -61,17 +53,11 @@ func TestHungRedisBounded(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, rlsv3.RateLimitResponse_OK, resp.OverallCode)
 
-	srv.Pause(t)
-	const bound = 4 * timeout
-	for i := range 6 { // through the strict breaker's opening and beyond
-		redistest.Timed(t, fmt.Sprintf("ShouldRateLimit %d on a hung Redis", i), bound, func() {
-			resp, err := side.ShouldRateLimit(ctx, req)
-			require.NoError(t, err)
-			assert.Equal(t, rlsv3.RateLimitResponse_OK, resp.OverallCode, "fail open")
-		})
-	}
-
-	srv.Resume(t)
+	srv.Hung(t, "ShouldRateLimit", 6, 4*timeout, func(int) { // 6: through the strict breaker's opening and beyond
+		resp, err := side.ShouldRateLimit(ctx, req)
+		require.NoError(t, err)
+		assert.Equal(t, rlsv3.RateLimitResponse_OK, resp.OverallCode, "fail open")
+	})
 	require.Eventually(t, func() bool {
 		resp, err := side.ShouldRateLimit(ctx, req)
 		return err == nil && resp.OverallCode == rlsv3.RateLimitResponse_OK && enf.StrictHealth().Breaker == "closed"

@@ -15,15 +15,15 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/internal/metrictest"
 	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/policy"
+	"github.com/hybridrate/hybridrate/policy/policytest"
 	"github.com/hybridrate/hybridrate/sidecar"
 )
 
@@ -33,18 +33,13 @@ func newRealServer(t *testing.T, yaml string) *sidecar.Server {
 	t.Helper()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
-	enf, err := policy.NewEnforcer(
-		rdb,
+	enf := policytest.NewEnforcer(t, rdb,
 		policy.WithStrictTimeout(time.Second),
 		policy.WithHybridOptions(hybrid.WithDriftThreshold(0), hybrid.WithCheckTimeout(time.Second)),
 		policy.WithDimensions("domain"),
 		policy.WithCostFuncs(map[string]policy.CostFunc{sidecar.HitsCostName: sidecar.HitsCost}),
 	)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = enf.Close(context.Background()) })
-	p, err := policy.Parse([]byte(yaml), "policy.yaml")
-	require.NoError(t, err)
-	require.NoError(t, enf.SetPolicy(p))
+	policytest.SetPolicy(t, enf, yaml, "policy.yaml")
 	s, err := sidecar.New(enf, sidecar.WithInstance("t"))
 	require.NoError(t, err)
 	return s
@@ -124,10 +119,10 @@ rules:
 }
 
 // sidecarCodes returns hybridrate.sidecar.requests by "api/code".
-func sidecarCodes(t *testing.T, reader *sdkmetric.ManualReader) map[string]int64 {
+func sidecarCodes(t *testing.T, metrics *metrictest.Reader) map[string]int64 {
 	t.Helper()
 	got := map[string]int64{}
-	for _, dp := range sidecarPoints(t, reader) {
+	for _, dp := range metrics.Points(t, "hybridrate.sidecar.requests") {
 		api, _ := dp.Attributes.Value("api")
 		code, _ := dp.Attributes.Value("code")
 		got[api.AsString()+"/"+code.AsString()] = dp.Value
@@ -135,44 +130,21 @@ func sidecarCodes(t *testing.T, reader *sdkmetric.ManualReader) map[string]int64
 	return got
 }
 
-// sidecarPoints returns the points of hybridrate.sidecar.requests, an int64 sum.
-func sidecarPoints(t *testing.T, reader *sdkmetric.ManualReader) []metricdata.DataPoint[int64] {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, reader.Collect(context.Background(), &rm))
-	var dps []metricdata.DataPoint[int64]
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name == "hybridrate.sidecar.requests" {
-				dps = append(dps, m.Data.(metricdata.Sum[int64]).DataPoints...)
-			}
-		}
-	}
-	return dps
-}
-
 // TestBadRequestsGiveTheirReasonAndTheirOwnCode: 400 answers said only "bad_request", and the
 // metric's code="error" mixed bad requests with limiter failures (issue 23).
 func TestBadRequestsGiveTheirReasonAndTheirOwnCode(t *testing.T) {
 	t.Parallel()
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	metrics := metrictest.New(t)
 	srv := redistest.Start(t)
 	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
-	enf, err := policy.NewEnforcer(
-		rdb,
+	enf := policytest.NewEnforcer(t, rdb,
 		policy.WithStrictTimeout(time.Second),
 		policy.WithHybridOptions(hybrid.WithCheckTimeout(time.Second)),
 	)
+	policytest.SetPolicy(t, enf, "version: 1\ndomain: api\nmissing_key: skip\nrules:\n  - {id: per-key, dimensions: [api_key], rate: 1, burst: 5}\n", "p.yaml")
+	s, err := sidecar.New(enf, sidecar.WithMeterProvider(metrics.Provider), sidecar.WithInstance("t"))
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = enf.Close(context.Background()) })
-	p, err := policy.Parse([]byte("version: 1\ndomain: api\nmissing_key: skip\nrules:\n  - {id: per-key, dimensions: [api_key], rate: 1, burst: 5}\n"), "p.yaml")
-	require.NoError(t, err)
-	require.NoError(t, enf.SetPolicy(p))
-	s, err := sidecar.New(enf, sidecar.WithMeterProvider(mp), sidecar.WithInstance("t"))
-	require.NoError(t, err)
-	failed, err := sidecar.New(failing{}, sidecar.WithMeterProvider(mp), sidecar.WithInstance("t"))
+	failed, err := sidecar.New(failing{}, sidecar.WithMeterProvider(metrics.Provider), sidecar.WithInstance("t"))
 	require.NoError(t, err)
 
 	post := func(h http.Handler, body string) (int, map[string]string) {
@@ -205,7 +177,7 @@ func TestBadRequestsGiveTheirReasonAndTheirOwnCode(t *testing.T) {
 	assert.Equal(t, codes.InvalidArgument, status.Code(err))
 	assert.Contains(t, status.Convert(err).Message(), "unknown domain")
 
-	assert.Equal(t, map[string]int64{"http/bad_request": 5, "grpc/bad_request": 1, "http/error": 1}, sidecarCodes(t, reader))
+	assert.Equal(t, map[string]int64{"http/bad_request": 5, "grpc/bad_request": 1, "http/error": 1}, sidecarCodes(t, metrics))
 }
 
 // TestLongDescriptorValuesAreLimited: a 300-byte descriptor value counted as missing and, under the

@@ -11,14 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -26,7 +23,10 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/internal/metrictest"
+	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/policy"
+	"github.com/hybridrate/hybridrate/policy/policytest"
 	"github.com/hybridrate/hybridrate/sidecar"
 )
 
@@ -59,33 +59,24 @@ rules:
 `
 
 type env struct {
-	srv    *sidecar.Server
-	client rlsv3.RateLimitServiceClient
-	reader *sdkmetric.ManualReader
-	http   *httptest.Server
+	srv     *sidecar.Server
+	client  rlsv3.RateLimitServiceClient
+	metrics *metrictest.Reader
+	http    *httptest.Server
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
-	enf, err := policy.NewEnforcer(
-		rdb,
+	_, rdb := redistest.Mini(t)
+	enf := policytest.NewEnforcer(t, rdb,
 		policy.WithHybridOptions(hybrid.WithCheckTimeout(time.Second)),
 		policy.WithStrictTimeout(time.Second),
 		policy.WithCostFuncs(map[string]policy.CostFunc{sidecar.HitsCostName: sidecar.HitsCost}),
 	)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = enf.Close(context.Background()) })
-	p, err := policy.Parse([]byte(sidecarPolicy), "sidecar.yaml")
-	require.NoError(t, err)
-	require.NoError(t, enf.SetPolicy(p))
+	policytest.SetPolicy(t, enf, sidecarPolicy, "sidecar.yaml")
 
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	srv, err := sidecar.New(enf, sidecar.WithMeterProvider(mp), sidecar.WithInstance("sc-1"))
+	metrics := metrictest.New(t)
+	srv, err := sidecar.New(enf, sidecar.WithMeterProvider(metrics.Provider), sidecar.WithInstance("sc-1"))
 	require.NoError(t, err)
 
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -99,7 +90,7 @@ func newEnv(t *testing.T) *env {
 	t.Cleanup(func() { _ = conn.Close() })
 	hs := httptest.NewServer(srv.CheckHandler())
 	t.Cleanup(hs.Close)
-	return &env{srv: srv, client: rlsv3.NewRateLimitServiceClient(conn), reader: reader, http: hs}
+	return &env{srv: srv, client: rlsv3.NewRateLimitServiceClient(conn), metrics: metrics, http: hs}
 }
 
 func desc(kv ...string) *rlv3.RateLimitDescriptor {
@@ -236,11 +227,11 @@ func TestCheckOverHTTPJSON(t *testing.T) {
 	assert.Equal(t, http.StatusMethodNotAllowed, r.StatusCode)
 
 	// The sidecar layer's metrics, read through the SDK.
-	for _, dp := range sidecarPoints(t, e.reader) {
+	for _, dp := range e.metrics.Points(t, "hybridrate.sidecar.requests") {
 		inst, _ := dp.Attributes.Value("hybridrate.instance")
 		assert.Equal(t, attribute.StringValue("sc-1"), inst)
 	}
-	got := sidecarCodes(t, e.reader)
+	got := sidecarCodes(t, e.metrics)
 	assert.Equal(t, map[string]int64{"http/OK": 3, "http/OVER_LIMIT": 1, "http/bad_request": 2}, got,
 		"bad requests are not limiter failures")
 }

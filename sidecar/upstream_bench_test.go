@@ -10,12 +10,13 @@ import (
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/hybridrate/hybridrate/internal/cputime"
+	"github.com/hybridrate/hybridrate/internal/metrictest"
 	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/observe"
 	"github.com/hybridrate/hybridrate/policy"
+	"github.com/hybridrate/hybridrate/policy/policytest"
 	"github.com/hybridrate/hybridrate/sidecar"
 )
 
@@ -42,29 +43,17 @@ func upstreamBenchServer(b *testing.B, observed bool) (*sidecar.Server, *policy.
 	b.Helper()
 	srv := redistest.Start(b)
 	rdb := srv.Client(b, func(o *redis.Options) { o.MaxRetries = -1 })
-	enf, err := policy.NewEnforcer(rdb,
+	enf := policytest.NewEnforcer(b, rdb,
 		policy.WithStrictTimeout(time.Second),
 		policy.WithWindowLeases(10*time.Second),
 		policy.WithDimensions("domain"),
 	)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = enf.Close(context.Background()) })
-	f, err := policy.ParseUpstream([]byte("domain: bench\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 100000000}\n"), "bench.yaml")
-	if err != nil {
-		b.Fatal(err)
-	}
-	cfg, err := policy.NewUpstreamConfig([]*policy.UpstreamFile{f})
-	if err != nil {
-		b.Fatal(err)
-	}
+	cfg := policytest.Upstream(b, "bench.yaml", "domain: bench\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 100000000}\n")
 	var checker policy.Checker = enf
 	sopts := []sidecar.Option{sidecar.WithUpstream(func() *policy.UpstreamConfig { return cfg })}
 	var target interface{ SetPolicy(*policy.Policy) error } = enf
 	if observed {
-		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
-		b.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+		mp := metrictest.New(b).Provider
 		obs, err := observe.New(enf, observe.WithMeterProvider(mp), observe.WithInstance("bench"), observe.WithWindow(15*time.Minute))
 		if err != nil {
 			b.Fatal(err)

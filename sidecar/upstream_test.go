@@ -15,6 +15,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/policy"
+	"github.com/hybridrate/hybridrate/policy/policytest"
 	"github.com/hybridrate/hybridrate/sidecar"
 )
 
@@ -37,13 +38,8 @@ func newUpstreamServer(t *testing.T, headers *sidecar.HeaderNames, now time.Time
 	t.Helper()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
-	enf, err := policy.NewEnforcer(rdb, policy.WithStrictTimeout(time.Second))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = enf.Close(context.Background()) })
-	f, err := policy.ParseUpstream([]byte(upstreamYAML), "config/rl.yaml")
-	require.NoError(t, err)
-	cfg, err := policy.NewUpstreamConfig([]*policy.UpstreamFile{f})
-	require.NoError(t, err)
+	enf := policytest.NewEnforcer(t, rdb, policy.WithStrictTimeout(time.Second))
+	cfg := policytest.Upstream(t, "config/rl.yaml", upstreamYAML)
 	require.NoError(t, enf.SetPolicy(cfg.Policy()))
 	s, err := sidecar.New(
 		enf,

@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -81,6 +80,29 @@ func assertStrictPTTL(t *testing.T, rdb redis.UniversalClient, key string, want 
 	assert.Greater(t, got, want-200*time.Millisecond, "TTL of %s", key)
 }
 
+// assertStrictState checks the state a scenario left under key: a hash's fields (want is a
+// map[string]string) or a string's value (want is a string), and, for a non-zero ttl, its expiry
+// (see assertStrictPTTL).
+func assertStrictState(t *testing.T, rdb redis.UniversalClient, key string, want any, ttl time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	var got any
+	var err error
+	switch want.(type) {
+	case map[string]string:
+		got, err = rdb.HGetAll(ctx, key).Result()
+	case string:
+		got, err = rdb.Get(ctx, key).Result()
+	default:
+		t.Fatalf("state of %s: want %T, not a hash or a string", key, want)
+	}
+	require.NoError(t, err)
+	assert.Equal(t, want, got, "state of %s", key)
+	if ttl != 0 {
+		assertStrictPTTL(t, rdb, key, ttl)
+	}
+}
+
 // A token bucket and GCRA with the same limit and period give the same answers; only the state differs.
 var strictBucketSteps = []strictStep{ // limit 10 per 10s: one token per second
 	{at: 0, n: 1, allowed: true, remaining: 9, reset: time.Second},                                         // first request
@@ -95,31 +117,59 @@ var strictBucketSteps = []strictStep{ // limit 10 per 10s: one token per second
 	{at: 51_000_000, n: 1, allowed: true, remaining: 0, reset: 10 * time.Second},
 }
 
-func TestStrictTokenBucket(t *testing.T) {
-	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
-		s := newTestStrict(t, rdb)
-		rule := Rule{Name: "api", Algorithm: TokenBucket, Limit: 10, Period: 10 * time.Second}
-		runStrictSteps(t, s, rule, "alice", strictBucketSteps)
-		key := "t:v1:{alice}:api:tb"
-		h, err := rdb.HGetAll(context.Background(), key).Result()
-		require.NoError(t, err)
-		assert.Equal(t, map[string]string{"tk": "0", "ts": strconv.FormatInt(strictT0+51_000_000, 10)}, h,
-			"ts keeps all 16 digits")
-		assertStrictPTTL(t, rdb, key, 10_001*ms) // time to full refill, rounded up, +1strictMS
-	})
-}
-
-func TestStrictGCRA(t *testing.T) {
-	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
-		s := newTestStrict(t, rdb)
-		rule := Rule{Name: "api", Algorithm: GCRA, Limit: 10, Period: 10 * time.Second}
-		runStrictSteps(t, s, rule, "alice", strictBucketSteps)
-		key := "t:v1:{alice}:api:gcra"
-		v, err := rdb.Get(context.Background(), key).Result()
-		require.NoError(t, err)
-		assert.Equal(t, strconv.FormatInt(strictT0+51_000_000, 10)+" 10000000", v, "one string: ts and TAT−ts")
-		assertStrictPTTL(t, rdb, key, 10_001*ms)
-	})
+// TestStrictScenarios runs each algorithm's scenario (limit 10 per 10s for "alice"), then checks
+// the state it leaves in Redis: a hash's fields or a string, and the key's TTL.
+func TestStrictScenarios(t *testing.T) {
+	sec := time.Second
+	for _, c := range []struct {
+		name      string
+		algorithm Algorithm
+		steps     []strictStep
+		suffix    string        // of the state's key, "t:v1:{alice}:api:<suffix>"
+		state     any           // a hash's fields (map[string]string) or a string's value
+		ttl       time.Duration // of the state's key
+	}{
+		// ts keeps all 16 digits; the TTL is the time to full refill, rounded up, +1ms.
+		{"token bucket", TokenBucket, strictBucketSteps, "tb",
+			map[string]string{"tk": "0", "ts": strconv.FormatInt(strictT0+51_000_000, 10)}, 10_001 * ms},
+		// One string: ts and TAT−ts.
+		{"GCRA", GCRA, strictBucketSteps, "gcra", strconv.FormatInt(strictT0+51_000_000, 10) + " 10000000", 10_001 * ms},
+		// The TTL was set when the window's count started, at +25s: until its end.
+		{"fixed window", FixedWindow, []strictStep{
+			{at: 0, n: 1, allowed: true, remaining: 9, reset: 10 * sec},
+			{at: 5_000_000, n: 9, allowed: true, remaining: 0, reset: 5 * sec},
+			{at: 5_000_000, n: 1, allowed: false, remaining: 0, retry: 5 * sec, reset: 5 * sec},
+			{at: 9_999_999, n: 1, allowed: false, remaining: 0, retry: us, reset: us},
+			{at: 10_000_000, n: 10, allowed: true, remaining: 0, reset: 10 * sec}, // the next window
+			{at: 12_000_000, n: 1, allowed: false, remaining: 0, retry: 8 * sec, reset: 8 * sec},
+			{at: 25_000_000, n: 4, allowed: true, remaining: 6, reset: 5 * sec},
+			{at: 26_000_000, n: 7, allowed: false, remaining: 6, retry: 4 * sec, reset: 4 * sec},
+			{at: 26_000_000, n: 6, allowed: true, remaining: 0, reset: 4 * sec},
+			{at: 15_000_000, n: 1, allowed: false, remaining: 0, retry: 15 * sec, reset: 15 * sec}, // clock went back
+		}, "fw", map[string]string{"w": strconv.FormatInt(strictT0+20_000_000, 10), "c": "10"}, 5001 * ms},
+		// The TTL lasts until the end of the next window.
+		{"sliding window", SlidingWindow, []strictStep{
+			{at: 0, n: 10, allowed: true, remaining: 0, reset: 20 * sec},
+			// Not in this window; in the next one 10·(1 − e/10s) + 1 ≤ 10 from e = 1s.
+			{at: 5_000_000, n: 1, allowed: false, remaining: 0, retry: 6 * sec, reset: 15 * sec},
+			{at: 11_000_000, n: 1, allowed: true, remaining: 0, reset: 19 * sec}, // 9 + 1
+			{at: 11_000_000, n: 1, allowed: false, remaining: 0, retry: sec, reset: 19 * sec},
+			{at: 11_999_999, n: 1, allowed: false, remaining: 0, retry: us, reset: 18_000_001 * us},
+			{at: 12_000_000, n: 1, allowed: true, remaining: 0, reset: 18 * sec},                      // 8 + 1 + 1
+			{at: 14_500_000, n: 3, allowed: false, remaining: 2, retry: 500 * ms, reset: 15_500 * ms}, // 5.5 + 2 + 3
+			{at: 15_000_000, n: 3, allowed: true, remaining: 0, reset: 15 * sec},                      // 5 + 2 + 3
+			{at: 35_000_000, n: 10, allowed: true, remaining: 0, reset: 15 * sec},                     // two windows on: nothing weighs
+		}, "sw", map[string]string{"w": strconv.FormatInt(strictT0+30_000_000, 10), "c": "10", "p": "0"}, 15_001 * ms},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
+				s := newTestStrict(t, rdb)
+				rule := Rule{Name: "api", Algorithm: c.algorithm, Limit: 10, Period: 10 * sec}
+				runStrictSteps(t, s, rule, "alice", c.steps)
+				assertStrictState(t, rdb, "t:v1:{alice}:api:"+c.suffix, c.state, c.ttl)
+			})
+		})
+	}
 }
 
 func TestStrictGCRAFractionalInterval(t *testing.T) {
@@ -156,31 +206,6 @@ func TestStrictGCRAFractionalInterval(t *testing.T) {
 	})
 }
 
-func TestStrictFixedWindow(t *testing.T) {
-	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
-		s := newTestStrict(t, rdb)
-		rule := Rule{Name: "api", Algorithm: FixedWindow, Limit: 10, Period: 10 * time.Second}
-		sec := time.Second
-		runStrictSteps(t, s, rule, "alice", []strictStep{
-			{at: 0, n: 1, allowed: true, remaining: 9, reset: 10 * sec},
-			{at: 5_000_000, n: 9, allowed: true, remaining: 0, reset: 5 * sec},
-			{at: 5_000_000, n: 1, allowed: false, remaining: 0, retry: 5 * sec, reset: 5 * sec},
-			{at: 9_999_999, n: 1, allowed: false, remaining: 0, retry: us, reset: us},
-			{at: 10_000_000, n: 10, allowed: true, remaining: 0, reset: 10 * sec}, // the next window
-			{at: 12_000_000, n: 1, allowed: false, remaining: 0, retry: 8 * sec, reset: 8 * sec},
-			{at: 25_000_000, n: 4, allowed: true, remaining: 6, reset: 5 * sec},
-			{at: 26_000_000, n: 7, allowed: false, remaining: 6, retry: 4 * sec, reset: 4 * sec},
-			{at: 26_000_000, n: 6, allowed: true, remaining: 0, reset: 4 * sec},
-			{at: 15_000_000, n: 1, allowed: false, remaining: 0, retry: 15 * sec, reset: 15 * sec}, // clock went back
-		})
-		key := "t:v1:{alice}:api:fw"
-		h, err := rdb.HGetAll(context.Background(), key).Result()
-		require.NoError(t, err)
-		assert.Equal(t, map[string]string{"w": strconv.FormatInt(strictT0+20_000_000, 10), "c": "10"}, h)
-		assertStrictPTTL(t, rdb, key, 5001*ms) // set when the window's count started, at +25s: until its end
-	})
-}
-
 func TestStrictUpstreamWindow(t *testing.T) {
 	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
 		s := newTestStrict(t, rdb)
@@ -203,10 +228,7 @@ func TestStrictUpstreamWindow(t *testing.T) {
 		r, err = s.AllowN(context.Background(), rule, "alice", 0)
 		require.NoError(t, err)
 		assert.Equal(t, int64(2), r.Excess)
-		key := "t:v1:{alice}:api:uw"
-		h, err := rdb.HGetAll(context.Background(), key).Result()
-		require.NoError(t, err)
-		assert.Equal(t, map[string]string{"w": strconv.FormatInt(strictT0+20_000_000, 10), "c": "5"}, h)
+		assertStrictState(t, rdb, "t:v1:{alice}:api:uw", map[string]string{"w": strconv.FormatInt(strictT0+20_000_000, 10), "c": "5"}, 0)
 	})
 }
 
@@ -222,31 +244,6 @@ func TestStrictUpstreamWindowCountsWhenAnotherRuleRefuses(t *testing.T) {
 			assert.Equal(t, want, m.Allowed, "call %d", i)
 			assert.Equal(t, int64(10-1-i), m.Decisions[0].Remaining, "call %d: the upstream window counts either way", i)
 		}
-	})
-}
-
-func TestStrictSlidingWindow(t *testing.T) {
-	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
-		s := newTestStrict(t, rdb)
-		rule := Rule{Name: "api", Algorithm: SlidingWindow, Limit: 10, Period: 10 * time.Second}
-		sec := time.Second
-		runStrictSteps(t, s, rule, "alice", []strictStep{
-			{at: 0, n: 10, allowed: true, remaining: 0, reset: 20 * sec},
-			// Not in this window; in the next one 10·(1 − e/10s) + 1 ≤ 10 from e = 1s.
-			{at: 5_000_000, n: 1, allowed: false, remaining: 0, retry: 6 * sec, reset: 15 * sec},
-			{at: 11_000_000, n: 1, allowed: true, remaining: 0, reset: 19 * sec}, // 9 + 1
-			{at: 11_000_000, n: 1, allowed: false, remaining: 0, retry: sec, reset: 19 * sec},
-			{at: 11_999_999, n: 1, allowed: false, remaining: 0, retry: us, reset: 18_000_001 * us},
-			{at: 12_000_000, n: 1, allowed: true, remaining: 0, reset: 18 * sec},                      // 8 + 1 + 1
-			{at: 14_500_000, n: 3, allowed: false, remaining: 2, retry: 500 * ms, reset: 15_500 * ms}, // 5.5 + 2 + 3
-			{at: 15_000_000, n: 3, allowed: true, remaining: 0, reset: 15 * sec},                      // 5 + 2 + 3
-			{at: 35_000_000, n: 10, allowed: true, remaining: 0, reset: 15 * sec},                     // two windows on: nothing weighs
-		})
-		key := "t:v1:{alice}:api:sw"
-		h, err := rdb.HGetAll(context.Background(), key).Result()
-		require.NoError(t, err)
-		assert.Equal(t, map[string]string{"w": strconv.FormatInt(strictT0+30_000_000, 10), "c": "10", "p": "0"}, h)
-		assertStrictPTTL(t, rdb, key, 15_001*ms) // until the end of the next window
 	})
 }
 
@@ -274,11 +271,8 @@ func TestStrictSlidingLog(t *testing.T) {
 			{Score: float64(strictT0 + 10_000_000), Member: "3:2"},
 			{Score: float64(strictT0 + 12_000_000), Member: "4:4"},
 		}, members)
-		hash, err := rdb.HGetAll(ctx, h).Result()
-		require.NoError(t, err)
-		assert.Equal(t, map[string]string{"s": "6", "q": "4"}, hash)
+		assertStrictState(t, rdb, h, map[string]string{"s": "6", "q": "4"}, 10_001*ms)
 		assertStrictPTTL(t, rdb, z, 10_001*ms)
-		assertStrictPTTL(t, rdb, h, 10_001*ms)
 	})
 }
 
@@ -562,8 +556,7 @@ func TestStrictWindowBoundary(t *testing.T) {
 
 func TestStrictValidation(t *testing.T) {
 	t.Parallel()
-	m := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	m, rdb := redistest.Mini(t)
 	s := newTestStrict(t, rdb)
 	ctx := context.Background()
 	ok := Rule{Name: "r", Algorithm: TokenBucket, Limit: 10, Period: time.Second}

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/hybridrate/hybridrate/internal/browsertest"
+	"github.com/hybridrate/hybridrate/internal/logtest"
 	"github.com/hybridrate/hybridrate/internal/redistest"
 )
 
@@ -40,7 +41,7 @@ rules:
 type sidecarProcess struct {
 	cmd    *exec.Cmd
 	base   string // http://host:port
-	stderr *syncBuffer
+	stderr *logtest.Buffer
 	exited chan error
 }
 
@@ -50,7 +51,7 @@ func startProcess(t *testing.T, bin string, env []string, args ...string) *sidec
 	t.Helper()
 	cmd := exec.Command(bin, append([]string{"-grpc", "127.0.0.1:0", "-http", "127.0.0.1:0", "-log-format", "json"}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
-	p := &sidecarProcess{cmd: cmd, stderr: &syncBuffer{}, exited: make(chan error, 1)}
+	p := &sidecarProcess{cmd: cmd, stderr: &logtest.Buffer{}, exited: make(chan error, 1)}
 	cmd.Stderr = p.stderr
 	require.NoError(t, cmd.Start())
 	go func() { p.exited <- cmd.Wait() }()

@@ -11,14 +11,15 @@ import (
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/hybridrate/hybridrate/internal/cputime"
+	"github.com/hybridrate/hybridrate/internal/metrictest"
 	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/observe"
 	"github.com/hybridrate/hybridrate/policy"
+	"github.com/hybridrate/hybridrate/policy/policytest"
 	"github.com/hybridrate/hybridrate/sidecar"
 )
 
@@ -49,31 +50,19 @@ func BenchmarkGRPC(b *testing.B) {
 func benchSidecar(b *testing.B) rlsv3.RateLimitServiceServer {
 	srv := redistest.Start(b)
 	rdb := srv.Client(b, func(o *redis.Options) { o.MaxRetries = -1 })
-	enf, err := policy.NewEnforcer(rdb,
+	enf := policytest.NewEnforcer(b, rdb,
 		policy.WithStrictTimeout(time.Second),
 		policy.WithWindowLeases(10*time.Second),
 		policy.WithDimensions("domain"),
 		policy.WithCostFuncs(map[string]policy.CostFunc{sidecar.HitsCostName: sidecar.HitsCost}),
 	)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = enf.Close(context.Background()) })
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
-	b.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	mp := metrictest.New(b).Provider
 	obs, err := observe.New(enf, observe.WithMeterProvider(mp), observe.WithInstance("bench"), observe.WithWindow(15*time.Minute))
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = obs.Close() })
-	f, err := policy.ParseUpstream([]byte("domain: bench\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 100000000}\n"), "bench.yaml")
-	if err != nil {
-		b.Fatal(err)
-	}
-	cfg, err := policy.NewUpstreamConfig([]*policy.UpstreamFile{f})
-	if err != nil {
-		b.Fatal(err)
-	}
+	cfg := policytest.Upstream(b, "bench.yaml", "domain: bench\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 100000000}\n")
 	if err := obs.SetPolicy(cfg.Policy()); err != nil {
 		b.Fatal(err)
 	}

@@ -20,7 +20,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -28,6 +27,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/hybridrate/hybridrate/internal/logtest"
 	"github.com/hybridrate/hybridrate/internal/redistest"
 )
 
@@ -53,24 +53,6 @@ func admitted(t *testing.T, base, key string, n int) int {
 	return ok
 }
 
-// syncBuffer is a bytes.Buffer safe for the process's writer and the test's reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestProcessSignalsReloadsAndLogs runs the built binary on a real redis-server: JSON logs at the
 // chosen level; SIGHUP reloads the policy (it used to kill the process); reloads are counted in the
 // metrics and reported in /readyz's body, failures included; SIGTERM keeps serving for the grace
@@ -86,7 +68,7 @@ func TestProcessSignalsReloadsAndLogs(t *testing.T) {
 	cmd := exec.Command(bin, "-redis", srv.Addr, "-policy", path, "-reload", "1h", "-grpc", "127.0.0.1:0",
 		"-http", "127.0.0.1:0", "-shutdown-grace", "1500ms", "-log-level", "debug")
 	cmd.Env = append(os.Environ(), "HYBRIDRATED_LOG_FORMAT=json")
-	var stderr syncBuffer
+	var stderr logtest.Buffer
 	cmd.Stderr = &stderr
 	require.NoError(t, cmd.Start())
 	exited := make(chan error, 1)

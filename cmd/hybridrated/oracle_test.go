@@ -3,10 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"maps"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -248,8 +246,8 @@ func TestOracleUpstreamAnswersEqual(t *testing.T) {
 	bin := upstreamBinary(t)
 	srv := redistest.Start(t)
 	files := map[string]string{"oracle.yaml": oracleConfig}
-	for i, c := range readmeExamples {
-		files["readme"+strconv.Itoa(i)+".yaml"] = c
+	for name, c := range readmeExamples(t) {
+		files["readme-"+name] = c
 	}
 	o := startOracle(t, bin, srv, files, map[string]string{"LIMIT_RESPONSE_HEADERS_ENABLED": "true"})
 
@@ -318,12 +316,8 @@ func TestOracleUpstreamAnswersEqual(t *testing.T) {
 		require.Equal(t, want, got)
 		require.Greater(t, len(want), 100, "every case's limits")
 		for _, url := range []string{"http://" + o.upProm + "/metrics", "http://" + o.oursHTTP[0] + "/metrics"} {
-			resp, err := http.Get(url)
-			require.NoError(t, err)
-			body, err := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			require.NoError(t, err)
-			require.Contains(t, string(body), "\nratelimit_service_config_load_success 1\n", url)
+			_, body := get(t, url)
+			require.Contains(t, body, "\nratelimit_service_config_load_success 1\n", url)
 		}
 	})
 
@@ -366,178 +360,24 @@ func TestOracleStopIncrementWhenOverLimit(t *testing.T) {
 	})
 }
 
-// readmeExamples are the configurations of upstream's README, examples 1 to 11, unchanged (one
-// file per domain).
-var readmeExamples = []string{`domain: mongo_cps
-descriptors:
-  - key: database
-    value: users
-    rate_limit:
-      unit: second
-      requests_per_unit: 500
+// readmeDir holds the configurations of upstream's README, examples 1 to 11, unchanged (one file
+// per domain); policy's tests read them too.
+const readmeDir = "../../policy/testdata/upstream-readme"
 
-  - key: database
-    value: default
-    rate_limit:
-      unit: second
-      requests_per_unit: 500
-`, `domain: messaging
-descriptors:
-  # Only allow 5 marketing messages a day
-  - key: message_type
-    value: marketing
-    descriptors:
-      - key: to_number
-        rate_limit:
-          unit: day
-          requests_per_unit: 5
-
-  # Only allow 100 messages a day to any unique phone number
-  - key: to_number
-    rate_limit:
-      unit: day
-      requests_per_unit: 100
-`, `domain: edge_proxy_per_ip
-descriptors:
-  - key: remote_address
-    rate_limit:
-      unit: second
-      requests_per_unit: 10
-
-  # Black list IP
-  - key: remote_address
-    value: 50.0.0.5
-    rate_limit:
-      unit: second
-      requests_per_unit: 0
-`, `domain: example4
-descriptors:
-  - key: key
-    value: value
-    descriptors:
-      - key: subkey
-        rate_limit:
-          requests_per_unit: 300
-          unit: second
-`, `domain: internal
-descriptors:
-  - key: ldap
-    rate_limit:
-      unlimited: true
-
-  - key: azure
-    rate_limit:
-      unit: minute
-      requests_per_unit: 100
-`, `domain: example6
-descriptors:
-  - key: service
-    descriptors:
-      - key: user
-        value: user-a
-        rate_limit:
-          requests_per_unit: 10
-          unit: second
-        shadow_mode: true
-      - key: user
-        value: user-b
-        rate_limit:
-          requests_per_unit: 20
-          unit: second
-`, `domain: example7
-descriptors:
-  - key: key_1
-    value: value_1
-    descriptors:
-      - key: user
-        value: bkthomps
-        rate_limit:
-          name: specific_limit
-          requests_per_unit: 5
-          unit: second
-  - key: key_2
-    value: value_2
-    descriptors:
-      - key: user
-        value: bkthomps
-        rate_limit:
-          replaces:
-            - name: specific_limit
-          requests_per_unit: 10
-          unit: second
-`, `domain: example8
-descriptors:
-  - key: key1
-    detailed_metric: true
-    rate_limit:
-      unit: minute
-      requests_per_unit: 10
-  - key: key1
-    value: value1
-    rate_limit:
-      unit: minute
-      requests_per_unit: 20
-`, `domain: example9
-descriptors:
-  - key: key1
-    value: value*
-    rate_limit:
-      unit: minute
-      requests_per_unit: 20
-`, `domain: example10
-descriptors:
-  - key: route
-    value_to_metric: true
-    descriptors:
-      - key: http_method
-        value_to_metric: true
-        descriptors:
-          - key: subject_id
-            rate_limit:
-              unit: minute
-              requests_per_unit: 60
-`, `domain: example10_wildcard
-descriptors:
-  - key: user
-    value_to_metric: true
-    descriptors:
-      - key: action
-        value: read*
-        value_to_metric: true
-        descriptors:
-          - key: resource
-            rate_limit:
-              unit: minute
-              requests_per_unit: 100
-`, `domain: example11
-descriptors:
-  # With share_threshold: true, all files/* matches share the same threshold
-  - key: files
-    value: files/*
-    share_threshold: true
-    rate_limit:
-      unit: hour
-      requests_per_unit: 10
-
-  # Without share_threshold, each files_no_share/* match has its own isolated threshold
-  - key: files_no_share
-    value: files_no_share/*
-    share_threshold: false
-    rate_limit:
-      unit: hour
-      requests_per_unit: 10
-`, `domain: example11_metrics
-descriptors:
-  - key: route
-    value: api/*
-    share_threshold: true
-    value_to_metric: true
-    descriptors:
-      - key: method
-        rate_limit:
-          unit: minute
-          requests_per_unit: 60
-`}
+// readmeExamples returns the files of readmeDir by name.
+func readmeExamples(t *testing.T) map[string]string {
+	t.Helper()
+	ents, err := os.ReadDir(readmeDir)
+	require.NoError(t, err)
+	out := make(map[string]string, len(ents))
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(readmeDir, e.Name()))
+		require.NoError(t, err)
+		out[e.Name()] = string(b)
+	}
+	require.Len(t, out, 13, "the README's examples")
+	return out
+}
 
 // readmeCases are the requests the README's examples describe, run through the limits.
 func readmeCases() []oracleCase {
@@ -709,13 +549,9 @@ func leaseCases() []oracleCase {
 // promSum returns the sum of the series of a metric name that url exports.
 func promSum(t *testing.T, url, name string) float64 {
 	t.Helper()
-	resp, err := http.Get(url)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
+	_, body := get(t, url)
 	sum := 0.0
-	for _, line := range strings.Split(string(body), "\n") {
+	for _, line := range strings.Split(body, "\n") {
 		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
 			continue
 		}
@@ -731,13 +567,9 @@ func promSum(t *testing.T, url, name string) float64 {
 // requests' domain, which only upstream saw.
 func scrapeUpstreamNames(t *testing.T, url string) map[string]float64 {
 	t.Helper()
-	resp, err := http.Get(url)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
+	_, body := get(t, url)
 	out := map[string]float64{}
-	for _, line := range strings.Split(string(body), "\n") {
+	for _, line := range strings.Split(body, "\n") {
 		if !strings.HasPrefix(line, "ratelimit_service_rate_limit_") || strings.Contains(line, "warmup") {
 			continue
 		}

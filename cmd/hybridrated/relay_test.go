@@ -19,17 +19,7 @@ import (
 // record, not the other sidecar's.
 func TestRelayMode(t *testing.T) {
 	srv := redistest.Start(t)
-	const pol = `
-version: 1
-domain: api
-missing_key: skip
-rules:
-  - id: per-key
-    dimensions: [api_key]
-    rate: 0.01
-    burst: 5
-`
-	path := writePolicy(t, t.TempDir(), pol)
+	path := perKeyPolicy(t, 5)
 	ra, stopA := start(t, config{redisAddr: srv.Addr, policyPath: path, relay: true})
 	rb, stopB := start(t, config{redisAddr: srv.Addr, policyPath: path, upstream: "http://" + ra.http,
 		checkTimeout: 200 * time.Millisecond})
@@ -42,21 +32,17 @@ rules:
 	}
 	require.NoError(t, stopB())
 	require.NoError(t, stopA())
-	rdb := srv.Client(t)
-	ctx := context.Background()
-	keys, err := rdb.Keys(ctx, "*:b:*").Result()
-	require.NoError(t, err)
-	require.NotEmpty(t, keys, "the bucket is in Redis")
-	for _, k := range keys {
-		fields, err := rdb.HKeys(ctx, k).Result()
-		require.NoError(t, err)
-		for _, f := range fields {
-			if strings.HasPrefix(f, "n:") && !strings.HasPrefix(f, "n:relay-") {
-				t.Errorf("bucket %q holds %q: the sidecar behind the relay reached Redis itself", k, f)
+	buckets := bucketRecords(t, srv)
+	require.NotEmpty(t, buckets, "the bucket is in Redis")
+	for k, nodes := range buckets {
+		for _, n := range nodes {
+			if !strings.HasPrefix(n, "relay-") {
+				t.Errorf("bucket %q holds the record of %q: the sidecar behind the relay reached Redis itself", k, n)
 			}
 		}
 	}
-	_, err = parseConfig([]string{"-upstream", "ftp://x"}, func(string) string { return "" }, io.Discard)
+	ctx := context.Background()
+	_, err := parseConfig([]string{"-upstream", "ftp://x"}, func(string) string { return "" }, io.Discard)
 	require.NoError(t, err) // the URL is checked when the sidecar starts
 	ec := make(chan error, 1)
 	go func() {
@@ -75,17 +61,7 @@ rules:
 // over both relays; the limit holds per key.
 func TestShardedUpstream(t *testing.T) {
 	srv := redistest.Start(t)
-	const pol = `
-version: 1
-domain: api
-missing_key: skip
-rules:
-  - id: per-key
-    dimensions: [api_key]
-    rate: 0.01
-    burst: 3
-`
-	path := writePolicy(t, t.TempDir(), pol)
+	path := perKeyPolicy(t, 3)
 	ra, stopA := start(t, config{redisAddr: srv.Addr, policyPath: path, relay: true, relayOwner: true})
 	rb, stopB := start(t, config{redisAddr: srv.Addr, policyPath: path, relay: true, relayOwner: true})
 	rc, stopC := start(t, config{redisAddr: srv.Addr, policyPath: path,
@@ -101,21 +77,10 @@ rules:
 	require.NoError(t, stopC())
 	require.NoError(t, stopB())
 	require.NoError(t, stopA())
-	rdb := srv.Client(t)
-	ctx := context.Background()
-	keys, err := rdb.Keys(ctx, "*:b:*").Result()
-	require.NoError(t, err)
-	require.Len(t, keys, 12, "one bucket per key")
+	buckets := bucketRecords(t, srv)
+	require.Len(t, buckets, 12, "one bucket per key")
 	owners := map[string]int{}
-	for _, k := range keys {
-		fields, err := rdb.HKeys(ctx, k).Result()
-		require.NoError(t, err)
-		var nodes []string
-		for _, f := range fields {
-			if n, ok := strings.CutPrefix(f, "n:"); ok {
-				nodes = append(nodes, n)
-			}
-		}
+	for k, nodes := range buckets {
 		if len(nodes) != 1 || !strings.HasPrefix(nodes[0], "relay-") {
 			t.Errorf("bucket %q holds the records of %v, want one relay's", k, nodes)
 			continue
@@ -125,8 +90,46 @@ rules:
 	if len(owners) != 2 {
 		t.Errorf("keys per relay: %v, want both relays to own some", owners)
 	}
-	_, err = parseConfig([]string{"-upstream", "http://a:1,http://a:1"}, func(string) string { return "" }, io.Discard)
+	_, err := parseConfig([]string{"-upstream", "http://a:1,http://a:1"}, func(string) string { return "" }, io.Discard)
 	require.NoError(t, err) // the URLs are checked when the sidecar starts
 	_, err = parseConfig([]string{"-relay-owner"}, func(string) string { return "" }, io.Discard)
 	require.ErrorContains(t, err, "-relay-owner needs -relay")
+}
+
+// perKeyPolicy writes a policy of one hybrid rule, per api_key at 0.01/s with burst, in a temporary
+// directory, and returns its path.
+func perKeyPolicy(t *testing.T, burst int) string {
+	t.Helper()
+	return writePolicy(t, t.TempDir(), fmt.Sprintf(`
+version: 1
+domain: api
+missing_key: skip
+rules:
+  - id: per-key
+    dimensions: [api_key]
+    rate: 0.01
+    burst: %d
+`, burst))
+}
+
+// bucketRecords returns, for each hybrid bucket in srv's Redis, the nodes whose records it holds.
+func bucketRecords(t *testing.T, srv *redistest.Server) map[string][]string {
+	t.Helper()
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	keys, err := rdb.Keys(ctx, "*:b:*").Result()
+	require.NoError(t, err)
+	out := make(map[string][]string, len(keys))
+	for _, k := range keys {
+		fields, err := rdb.HKeys(ctx, k).Result()
+		require.NoError(t, err)
+		nodes := []string{}
+		for _, f := range fields {
+			if n, ok := strings.CutPrefix(f, "n:"); ok {
+				nodes = append(nodes, n)
+			}
+		}
+		out[k] = nodes
+	}
+	return out
 }

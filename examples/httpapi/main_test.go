@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -20,23 +19,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/hybridrate/hybridrate/internal/logtest"
 	"github.com/hybridrate/hybridrate/internal/redistest"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
-
-// lockedBuffer is a concurrency-safe log sink.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-func (l *lockedBuffer) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
 
 // serve runs the example service's handler on a real loopback listener and returns its base URL.
 func serve(t *testing.T, cfg config, log io.Writer) string {
@@ -180,7 +167,7 @@ func TestHotReloadOverHTTP(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	path := copyPolicy(t)
-	var log lockedBuffer
+	var log logtest.Buffer
 	base := serve(t, config{redisAddr: srv.Addr, policyPath: path, reloadInterval: 10 * time.Millisecond, maxInFlight: 512}, &log)
 	client := &http.Client{Timeout: 10 * time.Second}
 	t.Cleanup(client.CloseIdleConnections)
@@ -219,7 +206,7 @@ func TestHotReloadOverHTTP(t *testing.T) {
 
 func TestEmbeddedRedisByDefault(t *testing.T) {
 	t.Parallel()
-	var log lockedBuffer
+	var log logtest.Buffer
 	base := serve(t, config{policyPath: copyPolicy(t), reloadInterval: time.Second, maxInFlight: 512}, &log)
 	assert.Contains(t, log.String(), "no -redis address given: using an embedded")
 	client := &http.Client{Timeout: 10 * time.Second}
@@ -257,7 +244,7 @@ func TestRunServesUntilCancelled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	addrc := make(chan string, 1)
 	errc := make(chan error, 1)
-	var log lockedBuffer
+	var log logtest.Buffer
 	go func() {
 		errc <- run(ctx, config{addr: "127.0.0.1:0", policyPath: copyPolicy(t), reloadInterval: time.Second, maxInFlight: 8}, &log,
 			func(addr string) { addrc <- addr })

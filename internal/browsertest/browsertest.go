@@ -16,10 +16,11 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hybridrate/hybridrate/internal/logtest"
 )
 
 // Binary returns the path of chromium, or skips tb (fails it when CI is "true").
@@ -43,7 +44,7 @@ func Binary(tb testing.TB) string {
 type Page struct {
 	c       *cdp
 	session string
-	stderr  *lockedBuffer
+	stderr  *logtest.Buffer
 }
 
 // Start launches a headless Chromium with a fresh profile and opens one blank tab of width × height
@@ -64,7 +65,7 @@ func Start(ctx context.Context, tb testing.TB, width, height int) *Page {
 		"--user-data-dir="+tb.TempDir(), "--remote-debugging-pipe", fmt.Sprintf("--window-size=%d,%d", width, height),
 		"--hide-scrollbars", "about:blank")
 	cmd.ExtraFiles = []*os.File{toBrowser, fromBrowser} // the browser's fd 3 (commands) and fd 4 (answers)
-	stderr := &lockedBuffer{}
+	stderr := &logtest.Buffer{}
 	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		tb.Fatalf("chromium: %v", err)
@@ -166,24 +167,6 @@ func (p *Page) Screenshot(ctx context.Context) ([]byte, error) {
 // Close asks the browser to close (the cleanup kills it in any case).
 func (p *Page) Close(ctx context.Context) error {
 	return p.c.call(ctx, "", "Browser.close", map[string]any{}, nil)
-}
-
-// lockedBuffer holds the browser's stderr, for failure messages.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder // guarded by mu
-}
-
-func (l *lockedBuffer) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(b)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // cdp is a minimal Chrome DevTools Protocol client over --remote-debugging-pipe: NUL-terminated

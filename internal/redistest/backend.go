@@ -14,12 +14,24 @@ import (
 func ForEachBackend(t *testing.T, fn func(t *testing.T, rdb redis.UniversalClient, real bool)) {
 	t.Helper()
 	t.Run("miniredis", func(t *testing.T) {
-		m := miniredis.RunT(t)
-		rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
-		t.Cleanup(func() { _ = rdb.Close() })
+		_, rdb := Mini(t)
 		fn(t, rdb, false)
 	})
 	t.Run("redis", func(t *testing.T) {
 		fn(t, Start(t).Client(t), true)
 	})
+}
+
+// Mini starts an in-process miniredis (stopped in tb.Cleanup, as by miniredis.RunT) and returns it
+// with a client of it, closed in tb.Cleanup. Each opt edits the client's options.
+func Mini(tb testing.TB, opt ...func(*redis.Options)) (*miniredis.Miniredis, *redis.Client) {
+	tb.Helper()
+	m := miniredis.RunT(tb)
+	o := &redis.Options{Addr: m.Addr()}
+	for _, f := range opt {
+		f(o)
+	}
+	rdb := redis.NewClient(o)
+	tb.Cleanup(func() { _ = rdb.Close() })
+	return m, rdb
 }

@@ -3,11 +3,13 @@ package redistest
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"strconv"
+	"testing"
 	"time"
 )
 
@@ -19,7 +21,19 @@ type replyError string
 
 func (e replyError) Error() string { return string(e) }
 
-// command sends one command on a new connection to addr and returns the
+// do runs cmd(args) within defaultCmdTimeout and returns its reply; an error fails tb, naming
+// where (the server's address).
+func do(tb testing.TB, where string, cmd func(ctx context.Context, args ...any) (any, error), args []any) any {
+	tb.Helper()
+	v, err := cmd(context.Background(), args...)
+	if err != nil {
+		tb.Fatalf("redistest: %v on %s: %v", args, where, err)
+	}
+	return v
+}
+
+// command sends one command on a new connection to addr (over TLS with
+// tlsConfig when it is not nil) and returns the
 // decoded RESP2 reply: string for simple and bulk strings, int64 for integers,
 // []any for arrays and nil for null replies. An error reply is returned as an
 // error of type replyError; errors nested inside arrays stay in the array.
@@ -27,13 +41,20 @@ func (e replyError) Error() string { return string(e) }
 // It is deliberately not go-redis: it sends no HELLO or CLIENT SETINFO, so
 // the harness adds nothing to CommandStats but its own command (and AUTH when
 // password is set), and it starts no goroutines.
-func command(ctx context.Context, addr, password string, args ...any) (any, error) {
+func command(ctx context.Context, addr, password string, tlsConfig *tls.Config, args ...any) (any, error) {
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		deadline = time.Now().Add(defaultCmdTimeout)
 	}
-	d := net.Dialer{Deadline: deadline}
-	conn, err := d.DialContext(ctx, "tcp", addr)
+	var conn net.Conn
+	var err error
+	if tlsConfig != nil {
+		d := tls.Dialer{NetDialer: &net.Dialer{Deadline: deadline}, Config: tlsConfig}
+		conn, err = d.DialContext(ctx, "tcp", addr)
+	} else {
+		d := net.Dialer{Deadline: deadline}
+		conn, err = d.DialContext(ctx, "tcp", addr)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -216,8 +215,7 @@ func (s *Server) launchLocked() error {
 	}
 	s.proc, s.paused = p, false
 
-	ask := func(ctx context.Context, args ...any) (any, error) { return command(ctx, s.Addr, s.password, args...) }
-	if err := waitReady(p, s.Port, "", ask); err != nil {
+	if err := waitReady(p, s.Port, "", s.command); err != nil {
 		if stopErr := s.stopLocked(); stopErr != nil {
 			return errors.Join(err, stopErr)
 		}
@@ -327,6 +325,19 @@ func (s *Server) Resume(tb testing.TB) {
 	s.paused = false
 }
 
+// Hung pauses s ([Server.Pause]: a hung host, which accepts connections and
+// answers nothing), calls call(i) for i from 0 to n-1, failing tb for each
+// call that takes bound or longer (see [Timed]; "what i on a hung Redis"
+// names it), then resumes s.
+func (s *Server) Hung(tb testing.TB, what string, n int, bound time.Duration, call func(i int)) {
+	tb.Helper()
+	s.Pause(tb)
+	for i := range n {
+		Timed(tb, fmt.Sprintf("%s %d on a hung Redis", what, i), bound, func() { call(i) })
+	}
+	s.Resume(tb)
+}
+
 // CommandStats returns the number of calls per command from INFO
 // commandstats, keyed by lower-case command name without the "cmdstat_"
 // prefix: "evalsha", "set", and subcommands such as "script|load".
@@ -362,16 +373,12 @@ func (s *Server) ResetStats(tb testing.TB) {
 // Do does not use go-redis, so it sends nothing but the command (and AUTH).
 func (s *Server) Do(tb testing.TB, args ...any) any {
 	tb.Helper()
-	v, err := s.command(context.Background(), args...)
-	if err != nil {
-		tb.Fatalf("redistest: %v on %s: %v", args, s.Addr, err)
-	}
-	return v
+	return do(tb, s.Addr, s.command, args)
 }
 
 // command is Do without a testing.TB.
 func (s *Server) command(ctx context.Context, args ...any) (any, error) {
-	return command(ctx, s.Addr, s.password, args...)
+	return command(ctx, s.Addr, s.password, nil, args...)
 }
 
 // live reports whether the process is running and not paused.
@@ -390,28 +397,10 @@ func (s *Server) live() bool {
 }
 
 // logTail returns the last n lines of the server's log.
-func (s *Server) logTail(n int) string {
-	b, err := os.ReadFile(s.logPath)
-	if err != nil {
-		return fmt.Sprintf("(no log: %v)", err)
-	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
+func (s *Server) logTail(n int) string { return tailFile(s.logPath, n) }
 
-// logSince returns the log written after offset off.
-func (s *Server) logSince(off int64) string {
-	f, err := os.Open(s.logPath)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	b, _ := io.ReadAll(io.NewSectionReader(f, off, 1<<20))
-	return string(b)
-}
+// logSince returns up to 1 MiB of the log written after offset off.
+func (s *Server) logSince(off int64) string { return readFrom(s.logPath, off) }
 
 // parseCommandStats parses the reply of INFO commandstats, whose lines look
 // like "cmdstat_evalsha:calls=3,usec=42,usec_per_call=14.00,...".

@@ -1,7 +1,6 @@
 package redistest
 
 import (
-	"bufio"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -111,35 +110,12 @@ func (s *TLSServer) URL() string { return "rediss://" + s.Addr }
 // reply, a network error or no reply within 5s fails the test.
 func (s *TLSServer) Do(tb testing.TB, args ...any) any {
 	tb.Helper()
-	v, err := s.command(context.Background(), args...)
-	if err != nil {
-		tb.Fatalf("redistest: %v on %s (TLS): %v", args, s.Addr, err)
-	}
-	return v
+	return do(tb, s.Addr+" (TLS)", s.command, args)
 }
 
 // command is Do without a testing.TB.
 func (s *TLSServer) command(ctx context.Context, args ...any) (any, error) {
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		deadline = time.Now().Add(defaultCmdTimeout)
-	}
-	d := tls.Dialer{NetDialer: &net.Dialer{Deadline: deadline}, Config: s.ClientTLSConfig()}
-	conn, err := d.DialContext(ctx, "tcp", s.Addr)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close()
-	if err := conn.SetDeadline(deadline); err != nil {
-		return nil, err
-	}
-	rd := bufio.NewReader(conn)
-	if s.password != "" {
-		if _, err := roundTrip(conn, rd, "AUTH", s.password); err != nil {
-			return nil, fmt.Errorf("AUTH: %w", err)
-		}
-	}
-	return roundTrip(conn, rd, args...)
+	return command(ctx, s.Addr, s.password, s.ClientTLSConfig(), args...)
 }
 
 // launch starts the process and waits until it answers over TLS.

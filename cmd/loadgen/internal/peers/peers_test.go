@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -16,9 +15,7 @@ import (
 // forEachBackend runs fn on miniredis and on a real redis-server, because gopher-lua is not Redis's Lua.
 func forEachBackend(t *testing.T, fn func(t *testing.T, rdb *redis.Client)) {
 	t.Run("miniredis", func(t *testing.T) {
-		m := miniredis.RunT(t)
-		rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
-		t.Cleanup(func() { _ = rdb.Close() })
+		_, rdb := redistest.Mini(t)
 		fn(t, rdb)
 	})
 	t.Run("redis", func(t *testing.T) {
@@ -63,9 +60,7 @@ func TestStrictTakesUpToBurstThenDenies(t *testing.T) {
 }
 
 func TestStrictRefillsByRedisTime(t *testing.T) {
-	m := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
+	m, rdb := redistest.Mini(t)
 	ctx := context.Background()
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	m.SetTime(t0)
