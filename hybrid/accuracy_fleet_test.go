@@ -90,7 +90,7 @@ func accuracyFleet(t *testing.T, nodes int, d time.Duration, opts ...hybrid.Opti
 			// (load average 9 on 2 cores: 194 requests in 3 s of a key at 80/s).
 			live := min(w.limit.Rate*elapsed, float64(tl.demanded[k]))
 			assert.GreaterOrEqual(t, float64(adm), 0.8*live, "%s: an overloaded key still gets its rate (or its demand, if less)", k)
-			assert.Equal(t, adm, got[k], "%s: Redis accounts for every admitted token", k)
+			assertCounted(t, tl, k, got[k], 1)
 		}
 	}
 	for _, w := range honest {
@@ -100,7 +100,7 @@ func accuracyFleet(t *testing.T, nodes int, d time.Duration, opts ...hybrid.Opti
 				k, w.limit.Rate, w.limit.Burst, w.demand/w.limit.Rate, tl.demanded[k], tl.admitted[k], r,
 				localShare(tl.keySources[k]))
 			assert.GreaterOrEqual(t, r, 0.99, "%s: false denials under honest load", k)
-			assert.Equal(t, tl.admitted[k], got[k], "%s: Redis accounts for every admitted token", k)
+			assertCounted(t, tl, k, got[k], 1)
 		}
 	}
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/hybridrate/hybridrate/hybrid"
@@ -94,6 +95,19 @@ type tally struct {
 	errors     int64
 	maxLatency time.Duration
 	start, end time.Time
+}
+
+// assertCounted checks that Redis counted every token the fleet admitted on key k (got, from
+// consumedByKey) and at most cost more per decision on k that the failure policy made: a call whose
+// answer was lost (a check timeout on a loaded machine) may still have run in Redis, and a one-off
+// take is not idempotent, so its tokens are counted though the caller got the failure policy's
+// answer. An over-count, never an under-count (docs/accuracy.md, "Assumptions").
+func assertCounted(t *testing.T, tl *tally, k string, got, cost int64) {
+	t.Helper()
+	adm := tl.admitted[k]
+	assert.GreaterOrEqual(t, got, adm, "%s: Redis counts every admitted token", k)
+	lost := tl.keySources[k][outcome.SourceFallback]
+	assert.LessOrEqual(t, got, adm+cost*lost, "%s: Redis counts at most the tokens of the %d decisions whose answer may have been lost beyond those admitted", k, lost)
 }
 
 func newTally() *tally {
