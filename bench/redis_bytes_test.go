@@ -6,10 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/internal/redistest"
 )
 
 // BenchmarkRedisBytesPerBucket reports what Redis holds per key (metric B/key: MEMORY USAGE of the
@@ -26,21 +25,7 @@ func BenchmarkRedisBytesPerBucket(b *testing.B) {
 	const n = 1000
 	keys := names(n)
 	limit := hybrid.PerSecond(100)
-	usage := func(b *testing.B, names []string) float64 {
-		pipe := rdb.Pipeline()
-		cmds := make([]*redis.IntCmd, len(names))
-		for i, k := range names {
-			cmds[i] = pipe.MemoryUsage(ctx, k, 0)
-		}
-		if _, err := pipe.Exec(ctx); err != nil {
-			b.Fatal(err)
-		}
-		total := int64(0)
-		for _, c := range cmds {
-			total += c.Val()
-		}
-		return float64(total) / float64(len(names))
-	}
+	usage := func(b *testing.B, names []string) float64 { return redistest.MeanMemoryUsage(b, ctx, rdb, names) }
 	b.Run("impl=lua-bucket", func(b *testing.B) {
 		for i := 0; i < b.N; i++ {
 			rkeys := make([]string, n)

@@ -30,21 +30,7 @@ func BenchmarkBucketBytes(b *testing.B) {
 	rdb := redistest.Start(b).Client(b)
 	ctx := context.Background()
 	const n = 1000
-	usage := func(b *testing.B, keys []string) float64 {
-		pipe := rdb.Pipeline()
-		cmds := make([]*redis.IntCmd, len(keys))
-		for i, k := range keys {
-			cmds[i] = pipe.MemoryUsage(ctx, k, 0)
-		}
-		if _, err := pipe.Exec(ctx); err != nil {
-			b.Fatal(err)
-		}
-		total := int64(0)
-		for _, c := range cmds {
-			total += c.Val()
-		}
-		return float64(total) / float64(len(keys))
-	}
+	usage := func(b *testing.B, keys []string) float64 { return redistest.MeanMemoryUsage(b, ctx, rdb, keys) }
 	report := func(b *testing.B, keys []string) {
 		b.ReportMetric(usage(b, keys), "B/key")
 		b.ReportMetric(0, "ns/op")
