@@ -90,14 +90,15 @@ func (l *Limiter) fleetKnown() bool {
 	return n == 1 || n > 1 && !l.fleetGrew.Load()
 }
 
-// Ready reports whether a key this limiter has not seen can be answered from its cold-start
-// credit, without a round trip to Redis: the ban list has been read and fits the local copy
-// (BansLoaded, Stats.BanListSize), and the fleet's size is known: a heartbeat has been answered,
-// and found this limiter alone or not still growing (a limiter that finds others at its first
-// heartbeat waits for a second one, 500 ms later). Until then each new key's first decision goes to
-// Redis. A process that wants its first decisions local can wait for it before serving. It does
-// no I/O.
-func (l *Limiter) Ready() bool { return l.bansComplete() && l.fleetKnown() }
+// Ready reports whether the limiter has finished starting: it has read the ban list once
+// (BansLoaded) and knows its fleet's size (a heartbeat has been answered and found it alone, or a
+// later one found the fleet no longer growing: a limiter that finds others at its first heartbeat
+// waits for a second one, 500 ms later). Until then a key this limiter has not seen gets no
+// cold-start credit, and its first decision goes to Redis; from then on it does, unless Redis
+// holds more bans than the local copy keeps (Stats: BanListSize above Bans), which keeps new keys'
+// first decisions going to Redis without making Ready false. A process that wants its first
+// decisions local can wait for it before serving (a readiness check). It does no I/O.
+func (l *Limiter) Ready() bool { return l.bans.known.Load() && l.fleetKnown() }
 
 // FleetSize returns how many limiters sharing this one's key prefix were live at its last
 // heartbeat (itself included), or 0 before the first answer from Redis.
