@@ -50,7 +50,10 @@ type Probe func(ctx context.Context) (cpu float64, calls int64, err error)
 
 // Config is one simulator run.
 type Config struct {
-	Client    *redis.Client // the nodes' and the central bucket's Redis (shared pool)
+	Client *redis.Client // the nodes' and the central bucket's Redis (shared pool)
+	// Probe reads Redis's CPU and script calls; nil measures neither (the tests, which check
+	// accuracy only): Redis CPU and calls read 0, and the central bucket runs once per scenario,
+	// as the exact reference, instead of on both sides of each row.
 	Probe     Probe
 	Fleet     []int         // node counts
 	Scenarios []Scenario    // workloads
@@ -103,6 +106,10 @@ type Result struct {
 	KeyCalls float64 `json:"key_calls_per_1k"`
 	CPU      float64 `json:"redis_cpu_us_per_1k"`
 	Rounds   float64 `json:"rounds_per_s"` // background rounds that sent something, per virtual second, whole fleet
+	// FailedSteps is how many of the fleet's background steps had a round that failed (a Redis
+	// timeout on a loaded machine, most often), over the whole run. A failed round is not fatal,
+	// as in production: its keys stay pending for the node's next round, and the run goes on.
+	FailedSteps int64 `json:"failed_steps"`
 
 	CentralCalls float64 `json:"central_calls_per_1k"`
 	CentralCPU   float64 `json:"central_cpu_us_per_1k"` // the mean of the runs just before and after
@@ -252,9 +259,11 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			// just before and just after its hybrid run, so that a machine whose other load changes
 			// over the minutes a table takes shifts both sides alike. (The central bucket's cost
 			// per decision moved by 2× between one scenario's runs on a shared machine.)
-			after, err := runCentral(ctx, cfg, s, arr0, fmt.Sprintf("fsc%d%d_%d:", si, cfg.Seed, fi))
-			if err != nil {
-				return out, fmt.Errorf("%s: central: %w", s.Name, err)
+			after := cen
+			if cfg.Probe != nil {
+				if after, err = runCentral(ctx, cfg, s, arr0, fmt.Sprintf("fsc%d%d_%d:", si, cfg.Seed, fi)); err != nil {
+					return out, fmt.Errorf("%s: central: %w", s.Name, err)
+				}
 			}
 			before := cen
 			cen.calls, cen.cpu = (before.calls+after.calls)/2, (before.cpu+after.cpu)/2
@@ -317,6 +326,10 @@ type window struct {
 }
 
 func (w *window) start(ctx context.Context, p Probe) error {
+	if p == nil {
+		w.wall0, w.open = time.Now(), true
+		return nil
+	}
 	cpu, calls, err := p(ctx)
 	w.cpu0, w.calls0, w.wall0, w.open = cpu, calls, time.Now(), true
 	return err
@@ -324,6 +337,9 @@ func (w *window) start(ctx context.Context, p Probe) error {
 
 // end returns the window's Redis CPU (µs, net of the idle server) and script calls.
 func (w *window) end(ctx context.Context, p Probe, idle float64) (cpuMicros float64, calls int64, err error) {
+	if p == nil {
+		return 0, 0, nil
+	}
 	cpu, c, err := p(ctx)
 	if err != nil {
 		return 0, 0, err
@@ -561,7 +577,10 @@ func runHybrid(ctx context.Context, cfg Config, s Scenario, n int, arr []arrival
 		if a == nil || nextTick <= a.at {
 			clk.ns.Store(nextTick)
 			if err := step(); err != nil {
-				return r, fmt.Errorf("background round: %w", err)
+				if r.FailedSteps == 0 && cfg.Progress != nil {
+					cfg.Progress(fmt.Sprintf("%s, %d nodes: a background round failed (counted in failed_steps; the run goes on): %v", s.Name, n, err))
+				}
+				r.FailedSteps++
 			}
 			nextTick += interval
 			continue
