@@ -34,6 +34,12 @@ const (
 	WindowLeaseShare = 16
 	// windowDemandSpan is the shortest time a key's demand is measured over (see leased).
 	windowDemandSpan = 100 * time.Millisecond
+	// windowIdleGaps is how many times the interval between uses that a key's lease was sized for
+	// (lease life ÷ lease) a pause between two uses may last and still count as demand time; the
+	// rest of a longer pause is idle time, left out of the demand (see leased). With uses at random
+	// (Poisson) times at the demand the lease assumed, about 2% of the time falls beyond 4 such
+	// intervals, so a steady key's demand reads about 2% high.
+	windowIdleGaps = 4
 	// windowKeyMargin is how long a window's key outlives the window, for clocks of different
 	// processes that disagree by less.
 	windowKeyMargin = time.Second
@@ -47,10 +53,12 @@ const (
 //
 // With life > 0, a call that reaches Redis also takes a lease of the window: k more units, charged
 // to the window's count at once, which the process then admits locally, without Redis, until they
-// run out. k is the key's demand (the units it used since this process's last trip to Redis, over
-// the time since, or over 100ms (life/10 if shorter) when that is longer) times life, at most 1/[WindowLeaseShare] of
-// what the window had left; a key close to its limit
-// gets no lease and is counted exactly. A lease never takes the count above the limit (a lease that
+// run out. k is the key's demand while active (the units it used since this process's last trip to
+// Redis, over the time since less its pauses, or over 100ms (life/10 if shorter) when that is
+// longer) times life, at most 1/[WindowLeaseShare] of what the window had left: a pause is the part
+// of an interval between two uses of the key beyond 4 times the interval its last lease was sized
+// for (life/k), so a key served in bursts gets leases that last life of its busy time. A key close
+// to its limit gets no lease and is counted exactly. A lease never takes the count above the limit (a lease that
 // would is given back at once, DECRBY), so no process admits more than upstream would, and a single
 // process answers exactly as upstream: every code, remaining count and reset. Several processes
 // may refuse early by at most the leases the others hold unused, and answer remaining counts that
@@ -87,6 +95,9 @@ type windowEntry struct {
 	lease int64         // units charged to the window in Redis and not yet used here
 	since int64         // units used here since the last trip to Redis (demand)
 	last  int64         // the time of the last trip to Redis, µs; 0: none yet
+	used  int64         // the time of the last use here (local or a trip), µs
+	idle  int64         // µs since the last trip that do not count as demand time (pauses)
+	gap   int64         // the longest pause between uses that counts in full, µs; 0: any
 	wkey  string        // the Redis key of the window start describes, once a trip named it
 	end   int64         // the end of that window, µs
 	uses  atomic.Uint32 // lookups, for entry's recency refresh (not guarded by sem)
@@ -210,6 +221,10 @@ func (l *Limiter) leased(ctx context.Context, base string, rule Rule, n int64) (
 		e.start, e.count, e.lease = start, 0, 0
 	}
 	end := start + period
+	if e.gap > 0 && e.used > 0 && now-e.used > e.gap {
+		e.idle += now - e.used - e.gap // a pause: the key was idle here, not slow
+	}
+	e.used = now
 	if n > 0 && n <= e.lease || n == 0 && e.lease > 0 {
 		// Served locally: a check of n = 0 too, when this process holds a lease (its count is then
 		// the window's as far as any process here knows it, and below the limit).
@@ -223,11 +238,15 @@ func (l *Limiter) leased(ctx context.Context, base string, rule Rule, n int64) (
 	// A trip to Redis: the request's units beyond what the lease still covers, plus a new lease.
 	var k int64
 	if n > 0 && l.leases.life > 0 && e.last > 0 {
-		// The demand is measured over at least windowDemandSpan (or a tenth of the lease life when
-		// that is shorter): units that came closer together read as less demand than they are, so
-		// that a burst of two does not read as a hot key; a hot key's leases grow tenfold or more
-		// per trip until they last the lease life.
-		elapsed := max(now-e.last, min(l.leases.life/10, windowDemandSpan).Microseconds(), 1000) // µs
+		// The demand is the key's while it was active here: units since the last trip over the time
+		// since, less its pauses (the part of any interval between two uses beyond windowIdleGaps
+		// times the interval the last lease was sized for), so that a key served in bursts gets
+		// leases that last the lease life of its busy time, not of the wall clock's. It is measured
+		// over at least windowDemandSpan (or a tenth of the lease life when that is shorter): units
+		// that came closer together read as less demand than they are, so that a burst of two does
+		// not read as a hot key; a hot key's leases grow tenfold or more per trip until they last
+		// the lease life.
+		elapsed := max(now-e.last-e.idle, min(l.leases.life/10, windowDemandSpan).Microseconds(), 1000) // µs
 		rate := float64(e.since+n) / float64(elapsed)
 		k = int64(rate * float64(l.leases.life.Microseconds()))
 		left := rule.Limit - e.count - e.lease - n
@@ -273,7 +292,7 @@ func (l *Limiter) leased(ctx context.Context, base string, rule Rule, n int64) (
 				return Decision{}, err
 			}
 		}
-		e.since, e.last = 0, now
+		e.since, e.last, e.idle, e.gap = 0, now, 0, 0
 		if k > 0 && v > rule.Limit {
 			// The lease would cross the limit (other processes counted meanwhile): give it back.
 			if _, err := l.windowCmd(ctx, func(ctx context.Context) (int64, error) {
@@ -287,6 +306,11 @@ func (l *Limiter) leased(ctx context.Context, base string, rule Rule, n int64) (
 		}
 		count = v - k
 		e.lease = k
+		if k > 0 {
+			// The lease is sized for a use every life/k: a pause of more than windowIdleGaps of
+			// those is idle time.
+			e.gap = windowIdleGaps * l.leases.life.Microseconds() / k
+		}
 		e.wkey, e.end = wkey, end
 	}
 	if n == 0 && e.last == 0 {

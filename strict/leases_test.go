@@ -290,3 +290,67 @@ func TestWindowLeasesEvictionGivesLeasesBack(t *testing.T) {
 		require.Equal(t, models[s].count+lease, c, "Redis holds upstream's count of %s and the lease held", s)
 	}
 }
+
+// A key served in bursts (ten uses 100ms apart, then 2s of nothing) gets leases sized to its
+// demand while active, not to its average over the wall clock: about twice as large, so about half
+// the trips to Redis, and never more than its busy demand times the lease life. A key used as
+// often on average at an even pace gets leases of its average demand.
+func TestWindowLeasesSizedToDemandWhileActive(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	const life = 10 * time.Second
+	rule := Rule{Name: "r", Algorithm: UpstreamWindow, Limit: 1_000_000_000, Period: time.Hour}
+	ctx := context.Background()
+	// run makes the uses of each step (the pause before it) and returns the leases taken after the
+	// first minute and the trips to Redis over the whole run.
+	run := func(t *testing.T, steps []time.Duration) (leases []int64, trips int64) {
+		clk := &fakeClock{}
+		clk.us.Store(leaseT0)
+		l := newLeased(t, rdb, clk, life)
+		base := key(l.opts.prefix, t.Name(), rule.Name, "uwc", t.Name())
+		var elapsed time.Duration
+		for i, d := range steps {
+			clk.add(d)
+			elapsed += d
+			before := l.Stats().Calls
+			_, err := l.leased(ctx, base, rule, 1)
+			require.NoError(t, err, "use %d", i)
+			if l.Stats().Calls > before && elapsed > time.Minute {
+				e := l.leases.entry(base)
+				leases = append(leases, e.lease)
+			}
+		}
+		return leases, l.Stats().Calls
+	}
+	var bursts, even []time.Duration
+	for range 60 { // 3 minutes
+		for j := range 10 {
+			d := 100 * time.Millisecond
+			if j == 0 {
+				d = 2100 * time.Millisecond
+			}
+			bursts = append(bursts, d)
+			even = append(even, 300*time.Millisecond)
+		}
+	}
+	t.Run("bursts", func(t *testing.T) {
+		leases, trips := run(t, bursts)
+		require.NotEmpty(t, leases)
+		for _, k := range leases {
+			// 10 units a second while busy (100 per lease life at most), 3.3 on the wall clock (33).
+			// With pauses counted up to 4 of the lease's intervals, the estimate settles at 6.7 a
+			// second: 67.
+			assert.InDelta(t, 67, k, 8, "leases %v", leases)
+			assert.LessOrEqual(t, k, int64(100), "at most the busy demand times the lease life")
+		}
+		assert.Less(t, trips, int64(20), "600 uses")
+	})
+	t.Run("an even pace", func(t *testing.T) {
+		leases, trips := run(t, even)
+		require.NotEmpty(t, leases)
+		for _, k := range leases {
+			assert.InDelta(t, 33, k, 3, "leases %v", leases)
+		}
+		assert.Greater(t, trips, int64(15), "600 uses")
+	})
+}
