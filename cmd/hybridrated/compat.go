@@ -275,13 +275,6 @@ func parseCompat(getenv func(string) string) (config, error) {
 		}
 		cm.lease = d
 	}
-	// HYBRIDRATED_GC_HEADROOM_MIB, which upstream never reads: the collector's headroom
-	// (keepGCHeadroom), off when GOGC is set.
-	if h, err := parseGCHeadroom(getenv("HYBRIDRATED_GC_HEADROOM_MIB"), getenv("GOGC")); err != nil {
-		add(err)
-	} else {
-		c.gcHeadroom = h
-	}
 	if err := errors.Join(errs...); err != nil {
 		return c, err
 	}

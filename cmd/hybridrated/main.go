@@ -114,7 +114,6 @@ type config struct {
 	checkTimeout    time.Duration    // the hybrid limiters' synchronous Redis check bound; 0: default
 	maxKeys         int              // the hybrid limiters' local key cap (hybrid.WithMaxKeys)
 	idleEviction    time.Duration    // hybrid.WithIdleEviction; 0: off
-	gcHeadroom      uint64           // bytes the collector's heap goal keeps above the live heap (keepGCHeadroom); 0: off
 	hashKey         []byte           // HMAC key for keys in Redis, from the environment
 	shutdownGrace   time.Duration    // how long to keep serving, unready, after SIGTERM
 	logLevel        slog.Level       // -log-level
@@ -235,7 +234,6 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 		err = errors.Join(err, fmt.Errorf("HYBRIDRATED_MAX_KEYS: %w", perr))
 	}
 	fs.IntVar(&c.maxKeys, "max-keys", maxKeys, "cap on the keys each hybrid limiter holds in local memory (at least 64); about 208 bytes of heap each (and the key string; about 95 more while a key holds a lease), so about 218 MB of heap and 290-335 MB resident at the default")
-	gcHeadroom := fs.String("gc-headroom-mib", env("gc-headroom-mib", ""), fmt.Sprintf("keep the garbage collector's heap goal at least this many MiB above the live heap (default %d; 0: off, the runtime's default; ignored when GOGC is set): fewer collections for a small heap, at most this much more memory", DefaultGCHeadroomMiB))
 	if err != nil {
 		return c, err
 	}
@@ -247,9 +245,6 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	}
 	if c.reload < time.Millisecond || c.shutdownTimeout <= 0 || c.checkTimeout < 0 || c.shutdownGrace < 0 || c.idleEviction < 0 {
 		return c, errors.New("-reload must be at least 1ms, -shutdown-timeout positive, -check-timeout, -shutdown-grace and -idle-eviction not negative")
-	}
-	if c.gcHeadroom, err = parseGCHeadroom(*gcHeadroom, getenv("GOGC")); err != nil {
-		return c, fmt.Errorf("-gc-headroom-mib: %w", err)
 	}
 	if c.maxKeys < 64 {
 		return c, fmt.Errorf("-max-keys %d: want at least 64", c.maxKeys)

@@ -178,12 +178,6 @@ func run(ctx context.Context, cfg config, log *slog.Logger, ready func(addrs)) (
 		returnMemory(memCtx, cfg.idleEviction, heldKeys(enf.Limiter), debug.FreeOSMemory)
 	}()
 	defer func() { stopMem(); <-memDone }()
-	gcDone := make(chan struct{})
-	go func() {
-		defer close(gcDone)
-		keepGCHeadroom(memCtx, time.Second, cfg.gcHeadroom, liveHeap, debug.SetGCPercent)
-	}()
-	defer func() { stopMem(); <-gcDone }()
 	obs, err := observe.New(enf, observe.WithMeterProvider(mp), observe.WithInstance(instance), observe.WithHashKey(cfg.dashboardKey),
 		observe.WithRevealSubjects(cfg.revealSubjects), observe.WithWindow(15*time.Minute)) // the dashboard offers 1, 5 and 15 minutes
 	if err != nil {
