@@ -70,6 +70,13 @@ const (
 // may refuse early by at most the leases the others hold unused, and answer remaining counts that
 // differ from upstream's by as much (docs/accuracy.md).
 //
+// A lease that falls below a quarter of its size is renewed ahead of need: topped up to what the
+// key's demand asks for then, by a goroutine of the Limiter's that sends every due key's INCRBY in
+// one pipeline within 100ms (life/10 if shorter) and ends when none is due; the key's next call
+// adds the units that landed. A call whose lease runs short first takes its queued renewal back and
+// goes to Redis itself, or waits for one already sent. [Limiter.Close] sends what is due and waits
+// for the goroutine.
+//
 // With life = 0 there are no leases: one INCRBY per call (and one PEXPIRE per window and key).
 // life must not be negative. Under this option, a call that mixes UpstreamWindow rules with rules
 // of other algorithms is refused ([ErrInvalid]): their counts would not be atomic together.
