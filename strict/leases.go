@@ -175,7 +175,10 @@ func (l *Limiter) giveBack(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		}
-		if !e.settle(ctx) {
+		if r := e.renew; r != nil && w.cancel(r) {
+			e.renew = nil // not sent: nothing to give back for it
+		}
+		if !e.settle(ctx) { // sent: its units land before they go back
 			<-e.sem
 			return
 		}
