@@ -78,7 +78,7 @@ type Server struct {
 	keys map[string]string
 	reqs metric.Int64Counter
 	lat  metric.Float64Histogram
-	opts map[[2]string]measureOpts // by API and code ("" for the latency histogram)
+	opts [2][5]measureOpts // by API (apiGRPC, apiHTTP) and code (codeOK, …; codeNone for the latency histogram)
 	inst attribute.KeyValue
 }
 
@@ -108,8 +108,7 @@ func New(c policy.Checker, opts ...Option) (*Server, error) {
 	for k, v := range cfg.Keys {
 		keys[k] = v
 	}
-	s := &Server{cfg: cfg, keys: keys, inst: attribute.String("hybridrate.instance", cfg.Instance),
-		opts: map[[2]string]measureOpts{}}
+	s := &Server{cfg: cfg, keys: keys, inst: attribute.String("hybridrate.instance", cfg.Instance)}
 	m := cfg.MeterProvider.Meter(instrumentationName)
 	var err1, err2 error
 	s.reqs, err1 = m.Int64Counter("hybridrate.sidecar.requests",
@@ -120,17 +119,37 @@ func New(c policy.Checker, opts ...Option) (*Server, error) {
 	if err := errors.Join(err1, err2); err != nil {
 		return nil, fmt.Errorf("sidecar: %w", err)
 	}
-	for _, api := range []string{"grpc", "http"} {
-		for _, code := range []string{"OK", "OVER_LIMIT", "bad_request", "error", ""} {
+	for a, api := range apiNames {
+		for c, code := range codeNames {
 			kv := []attribute.KeyValue{s.inst, attribute.String("api", api)}
 			if code != "" {
 				kv = append(kv, attribute.String("code", code))
 			}
-			s.opts[[2]string{api, code}] = newMeasureOpts(metric.WithAttributeSet(attribute.NewSet(kv...)))
+			s.opts[a][c] = newMeasureOpts(metric.WithAttributeSet(attribute.NewSet(kv...)))
 		}
 	}
 	return s, nil
 }
+
+// The APIs and codes of the sidecar's metrics, as indexes of Server.opts (an array lookup where a
+// map keyed by the names would hash two strings per request).
+const (
+	apiGRPC = iota
+	apiHTTP
+)
+
+const (
+	codeOK = iota
+	codeOverLimit
+	codeBadRequest
+	codeError
+	codeNone // the latency histogram's attributes: no code
+)
+
+var (
+	apiNames  = [...]string{apiGRPC: "grpc", apiHTTP: "http"}
+	codeNames = [...]string{codeOK: "OK", codeOverLimit: "OVER_LIMIT", codeBadRequest: "bad_request", codeError: "error", codeNone: ""}
+)
 
 // measureOpts is one attribute set as the option lists of a counter's Add and a histogram's Record,
 // built once: a list built at each call is an allocation.
@@ -151,7 +170,7 @@ func (s *Server) Register(gs grpc.ServiceRegistrar) { rlsv3.RegisterRateLimitSer
 // InvalidArgument for a malformed request or an unknown domain, Canceled when ctx was cancelled,
 // otherwise Unavailable.
 func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	resp, err := s.decide(ctx, "grpc", req)
+	resp, err := s.decide(ctx, apiGRPC, req)
 	if err != nil {
 		return nil, status.Error(grpcCode(err), err.Error())
 	}
@@ -173,18 +192,20 @@ func grpcCode(err error) codes.Code {
 var errBadRequest = fmt.Errorf("sidecar: %w", policy.ErrBadRequest)
 
 // decide checks every descriptor of req.
-func (s *Server) decide(ctx context.Context, api string, req *rlsv3.RateLimitRequest) (resp *rlsv3.RateLimitResponse, err error) {
+func (s *Server) decide(ctx context.Context, api int, req *rlsv3.RateLimitRequest) (resp *rlsv3.RateLimitResponse, err error) {
 	start := time.Now()
 	defer func() {
-		code := "error"
+		code := codeError
 		switch {
+		case err == nil && resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT:
+			code = codeOverLimit
 		case err == nil:
-			code = resp.OverallCode.String()
+			code = codeOK // the only other overall code either API answers
 		case errors.Is(err, errBadRequest):
-			code = "bad_request"
+			code = codeBadRequest
 		}
-		s.reqs.Add(ctx, 1, s.opts[[2]string{api, code}].add...)
-		s.lat.Record(ctx, time.Since(start).Seconds(), s.opts[[2]string{api, ""}].rec...)
+		s.reqs.Add(ctx, 1, s.opts[api][code].add...)
+		s.lat.Record(ctx, time.Since(start).Seconds(), s.opts[api][codeNone].rec...)
 	}()
 	if s.cfg.Upstream != nil {
 		return s.decideUpstream(ctx, req)
@@ -361,17 +382,17 @@ func (s *Server) CheckHandler() http.Handler {
 			writeError(w, http.StatusRequestEntityTooLarge, "body_too_large")
 			return
 		case err != nil: // the client's body broke off: nothing to decide on
-			s.reqs.Add(r.Context(), 1, s.opts[[2]string{"http", "bad_request"}].add...)
+			s.reqs.Add(r.Context(), 1, s.opts[apiHTTP][codeBadRequest].add...)
 			writeReason(w, http.StatusBadRequest, "bad_request", "reading the body: "+err.Error())
 			return
 		}
 		var req rlsv3.RateLimitRequest
 		if err := protojson.Unmarshal(body, &req); err != nil {
-			s.reqs.Add(r.Context(), 1, s.opts[[2]string{"http", "bad_request"}].add...)
+			s.reqs.Add(r.Context(), 1, s.opts[apiHTTP][codeBadRequest].add...)
 			writeReason(w, http.StatusBadRequest, "bad_request", "malformed RateLimitRequest JSON: "+err.Error())
 			return
 		}
-		resp, err := s.decide(r.Context(), "http", &req)
+		resp, err := s.decide(r.Context(), apiHTTP, &req)
 		switch code := policy.ErrorStatus(err); code {
 		case http.StatusOK:
 		case http.StatusBadRequest:

@@ -39,15 +39,28 @@ func (m *upstreamModel) charge(n int64) (allowed bool, remaining, excess int64) 
 
 func newLeased(t *testing.T, rdb redis.UniversalClient, clk *fakeClock, life time.Duration) *Limiter {
 	t.Helper()
-	return newTestStrict(t, rdb, WithClock(clk.now), WithWindowLeases(life))
+	l := newTestStrict(t, rdb, WithClock(clk.now), WithWindowLeases(life))
+	t.Cleanup(func() { _ = l.Close() }) // before the server stops: renewals in flight are sent
+	if l.leases != nil {
+		l.leases.every = 5 * time.Millisecond // the fake clock runs faster than the renewer's
+	}
+	return l
 }
 
-// leaseOf returns the unused lease l holds for subject under rule (tag = subject).
+// leaseOf returns the unused lease l holds for subject under rule (tag = subject), after the
+// renewal in flight, if any, landed.
 func leaseOf(l *Limiter, rule Rule, subject string) int64 {
-	e := l.leases.entry(key(l.opts.prefix, subject, rule.Name, "uwc", subject))
+	return settled(l, key(l.opts.prefix, subject, rule.Name, "uwc", subject)).lease
+}
+
+// settled returns a copy of the state of the entry named base, after its renewal in flight, if
+// any, landed.
+func settled(l *Limiter, base string) windowEntry {
+	e := l.leases.entry(base)
 	e.sem <- struct{}{}
 	defer func() { <-e.sem }()
-	return e.lease
+	e.settle(context.Background())
+	return windowEntry{count: e.count, lease: e.lease, size: e.size}
 }
 
 // One process with leases answers every request exactly as upstream's count would (allowed,
@@ -288,5 +301,133 @@ func TestWindowLeasesEvictionGivesLeasesBack(t *testing.T) {
 			lease = e.lease
 		}
 		require.Equal(t, models[s].count+lease, c, "Redis holds upstream's count of %s and the lease held", s)
+	}
+}
+
+// A key served in bursts (ten uses 100ms apart, then 2s of nothing) gets leases sized to its
+// demand while active, not to its average over the wall clock: about twice as large, so about half
+// the trips to Redis, and never more than its busy demand times the lease life. A key used as
+// often on average at an even pace gets leases of its average demand.
+func TestWindowLeasesSizedToDemandWhileActive(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	const life = 10 * time.Second
+	rule := Rule{Name: "r", Algorithm: UpstreamWindow, Limit: 1_000_000_000, Period: time.Hour}
+	ctx := context.Background()
+	// run makes the uses of each step (the pause before it) and returns the sizes of the leases
+	// taken or topped up after the first minute and the Redis commands over the whole run.
+	run := func(t *testing.T, steps []time.Duration) (leases []int64, trips int64) {
+		clk := &fakeClock{}
+		clk.us.Store(leaseT0)
+		l := newLeased(t, rdb, clk, life)
+		base := key(l.opts.prefix, t.Name(), rule.Name, "uwc", t.Name())
+		var elapsed time.Duration
+		for i, d := range steps {
+			clk.add(d)
+			elapsed += d
+			_, err := l.leased(ctx, base, rule, 1)
+			require.NoError(t, err, "use %d", i)
+			// A renewal lands before the next use (the renewer sends it within 100 ms): the test
+			// waits for it, so that the sizes do not depend on the machine's speed.
+			if e := settled(l, base); elapsed > time.Minute && (len(leases) == 0 || e.size != leases[len(leases)-1]) {
+				leases = append(leases, e.size)
+			}
+		}
+		return leases, l.Stats().Calls
+	}
+	var bursts, even []time.Duration
+	for range 60 { // 3 minutes
+		for j := range 10 {
+			d := 100 * time.Millisecond
+			if j == 0 {
+				d = 2100 * time.Millisecond
+			}
+			bursts = append(bursts, d)
+			even = append(even, 300*time.Millisecond)
+		}
+	}
+	t.Run("bursts", func(t *testing.T) {
+		leases, trips := run(t, bursts)
+		require.NotEmpty(t, leases)
+		for _, k := range leases {
+			// 10 units a second while busy (100 per lease life at most), 3.3 on the wall clock (33).
+			// With pauses counted up to 4 of the lease's intervals, the estimate settles at 6.7 a
+			// second: 67.
+			assert.InDelta(t, 67, k, 8, "leases %v", leases)
+			assert.LessOrEqual(t, k, int64(100), "at most the busy demand times the lease life")
+		}
+		assert.Less(t, trips, int64(20), "600 uses")
+	})
+	t.Run("an even pace", func(t *testing.T) {
+		leases, trips := run(t, even)
+		require.NotEmpty(t, leases)
+		for _, k := range leases {
+			assert.InDelta(t, 33, k, 3, "leases %v", leases)
+		}
+		assert.Greater(t, trips, int64(15), "600 uses")
+	})
+}
+
+// Leases are renewed ahead of need, in the background, several keys' renewals in one pipeline: keys
+// with a steady demand are served from their leases on every use after their first lease, and
+// Redis counts every unit charged (the uses and the unused leases).
+func TestWindowLeasesRenewedAhead(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	clk := &fakeClock{}
+	clk.us.Store(leaseT0)
+	l := newLeased(t, rdb, clk, 10*time.Second)
+	rule := Rule{Name: "r", Algorithm: UpstreamWindow, Limit: 1_000_000_000, Period: time.Hour}
+	ctx := context.Background()
+	const keys = 50
+	bases := make([]string, keys)
+	for i := range bases {
+		bases[i] = key(l.opts.prefix, "s"+strconv.Itoa(i), rule.Name, "uwc", "s"+strconv.Itoa(i))
+	}
+	var pipelines atomic.Int64
+	rdb.AddHook(pipelineCounter{&pipelines})
+	var uses, hitsAfterFirstLease, usesAfterFirstLease int64
+	for round := range 400 { // every key used every 100 ms: 10 a second, 40 s
+		clk.add(100 * time.Millisecond)
+		for _, b := range bases {
+			before := l.Stats().LeaseHits
+			_, err := l.leased(ctx, b, rule, 1)
+			require.NoError(t, err, "round %d", round)
+			uses++
+			if round >= 5 {
+				usesAfterFirstLease++
+				hitsAfterFirstLease += l.Stats().LeaseHits - before
+			}
+		}
+		for _, b := range bases {
+			settled(l, b) // the renewals queued in this round land (the renewer sends within 5ms)
+		}
+	}
+	assert.Equal(t, usesAfterFirstLease, hitsAfterFirstLease, "every use after the first lease served from a lease")
+	var held int64
+	for _, b := range bases {
+		held += settled(l, b).lease
+	}
+	var counted int64
+	for _, b := range bases {
+		c, err := rdb.Get(ctx, b+":"+strconv.FormatInt(leaseT0, 10)).Int64()
+		require.NoError(t, err)
+		counted += c
+	}
+	assert.Equal(t, uses+held, counted, "Redis holds every use and the unused leases")
+	renewals := l.Stats().Calls - 2*keys // each key's first two trips (no lease, then the first)
+	assert.Greater(t, renewals, int64(keys), "leases were renewed")
+	assert.Less(t, pipelines.Load(), renewals/4, "renewals shared pipelines (%d renewals)", renewals)
+}
+
+// pipelineCounter is a go-redis hook that counts pipelines.
+type pipelineCounter struct{ n *atomic.Int64 }
+
+func (pipelineCounter) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (pipelineCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h pipelineCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmds)
 	}
 }

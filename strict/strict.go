@@ -286,10 +286,14 @@ func New(rdb redis.UniversalClient, opts ...Option) (*Limiter, error) {
 // Close releases what the Limiter holds beyond rdb: for a cluster client created without
 // ContextTimeoutEnabled, the cluster client (and its connections) that New built from its options to
 // bound every call (see [WithTimeout]). It never closes rdb, and for any other client it does
-// nothing. The Limiter must not be used after Close. A Limiter that is dropped without Close
-// releases the same once the garbage collector finds it unreachable. Its error is the one closing
-// that cluster client returned; it does no other I/O.
+// nothing. Under [WithWindowLeases], it first sends the lease renewals queued (at most one
+// pipeline, bounded by [WithTimeout]) and waits for them. The Limiter must not be used after Close.
+// A Limiter that is dropped without Close releases the same once the garbage collector finds it
+// unreachable. Its error is the one closing that cluster client returned; it does no other I/O.
 func (l *Limiter) Close() error {
+	if l.leases != nil {
+		l.leases.close()
+	}
 	l.cleanup.Stop()
 	return l.bounded.Close()
 }

@@ -10,7 +10,7 @@
 // other turn (ABBA), until each has had -duration: a change of the machine's load weighs on every
 // server alike. A server waits idle while another is measured. With -sequential, one server at a
 // time instead, each under load from its start to its end (the steady state of a server that
-// never idles: window leases are sized to a key's demand per second of wall time). For each server and run it prints
+// never idles). For each server and run it prints
 // calls/s, latency percentiles, CPU per 1,000 calls of its redis-server (INFO cpu), of the server
 // process (/proc/PID/stat) and of the client itself (this process: the load generator's cost), and
 // the Redis commands per 1,000 calls; at the end, each server's ratios to upstream's figures run by

@@ -45,7 +45,7 @@ type compat struct {
 }
 
 // DefaultWindowLease is HYBRIDRATED_WINDOW_LEASE's default: a lease of an upstream window lasts
-// about this long at its key's demand (docs/sidecar.md, "Local-first windows").
+// about this long at its key's demand while active (docs/sidecar.md, "Local-first windows").
 const DefaultWindowLease = 10 * time.Second
 
 // upstreamMarkers are the variables whose presence, with no command line, selects upstream's
