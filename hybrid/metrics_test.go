@@ -76,7 +76,7 @@ func TestMetricsRedisErrorsAndBreakerState(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	for i := 0; !lim.Stats().BreakerOpen; i++ {
 		require.True(t, time.Now().Before(deadline), "the breaker opens while Redis is down")
-		d, err := lim.Allow(ctx, "cold:"+strconv.Itoa(i), hybrid.Limit{Rate: 1, Burst: 1})
+		d, err := lim.Decide(ctx, "cold:"+strconv.Itoa(i), hybrid.Limit{Rate: 1, Burst: 1})
 		require.NoError(t, err)
 		require.True(t, d.Allowed, "fail-open admits")
 		// The checks time out (go-redis retries a refused dial for 400ms), which opens only the
