@@ -306,7 +306,6 @@ func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) 
 			if l.closed.Load() {
 				return false, ErrClosed // see decide
 			}
-			l.counts[h&(numStripes-1)].local.Add(1)
 			return true, nil
 		}
 		return l.allowSlow(ctx, key, h, true, limit, n)
@@ -343,8 +342,9 @@ func (l *Limiter) DecideN(ctx context.Context, key string, limit Limit, n int64)
 	// The fast path: valid input, and the key's entry holding the limit and allowance for n and not
 	// held (a key the deny cache holds has its entry held: see hold). It makes the checks allowN
 	// makes, in one branch (valid, inlined, and ctx), and one call into the store
-	// (local.Store.Take); it does not look at the deny cache, so a ban of some other key costs it
-	// nothing. A failed Take has taken nothing: the call goes on in decide with the key's hash;
+	// (local.Store.Take), which also counts the decision for Stats().Local in the entry (no locked
+	// instruction of its own: see Stats); it does not look at the deny cache, so a ban of some other
+	// key costs it nothing. A failed Take has taken nothing: the call goes on in decide with the key's hash;
 	// input that fails a check goes the long way, allowN, which says why. AllowN's fast path is
 	// this one without the Decision.
 	if l.valid(key, limit, n) && ctx.Err() == nil {
@@ -353,7 +353,6 @@ func (l *Limiter) DecideN(ctx context.Context, key string, limit Limit, n int64)
 			if l.closed.Load() {
 				return Decision{}, ErrClosed // see decide
 			}
-			l.counts[h&(numStripes-1)].local.Add(1)
 			rem := e.Remaining()
 			return Decision{Allowed: true, Limit: limit, Remaining: rem, ResetAfter: resetAfter(limit, rem), Source: outcome.SourceLocal}, nil
 		}
