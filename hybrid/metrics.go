@@ -37,15 +37,17 @@ type stripe struct {
 // # When decisions are counted
 //
 // The decisions of AllowN's and DecideN's fast path (a key whose lease or credit covers n) are not
-// counted one by one: a locked instruction per decision would cost the fast path about a sixth of
-// its time (docs/benchmarks.md). Each key's entry counts its own, in the word the decision already
-// writes, and Local gets them when the syncer next visits the key (within SyncInterval while the
-// limiter runs, at Flush and at Close), when the key leaves local memory, and every 256th decision
-// of a key. So Local may lag the fast path's decisions by those made since the syncer's last round
-// (by up to SyncInterval), and no decision is ever lost from it: after a Flush with no decision
-// running, Local is exact. In a rare race, a decision undone because its key was evicted meanwhile
-// (it is then decided again, and counted again) is taken off Local once it was counted: Local can
-// then step back by one. Every other count is raised by the decision itself.
+// counted one by one: a locked instruction per decision cost the fast path a sixth to a third of
+// its time on a hot key (docs/benchmarks.md, issue 24's fifth and sixth passes). Each key's entry
+// counts its own, in the word the decision already writes, and Local gets them when the syncer
+// next visits the key (each round, every SyncInterval while the limiter runs, and at Flush and
+// Close), when the key leaves local memory, and at every 256th decision of a key. So Local may lag
+// the fast path by the decisions made since the syncer's last round: up to SyncInterval (more while
+// a round waits on a slow Redis, up to the flush timeout). No decision is ever lost from it: after
+// a Flush with no decision running, Local is exact. In a rare race, a decision undone because its
+// key was evicted meanwhile (it is then decided again, and counted again) is taken off Local once
+// it was counted: Local can then step back by one. Every other count is raised by the decision
+// itself.
 type Stats struct {
 	Local, LocalDenied, Central, CentralDenied, DenyCache, FallbackAllowed, FallbackDenied int64 // decisions by outcome (Local lags: see above)
 
