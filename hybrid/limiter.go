@@ -78,7 +78,7 @@ type Limiter struct {
 	wg       sync.WaitGroup
 	fallback *lru.Cache[string, *fallbackBucket] // outcome.LocalFallback buckets, per key
 	nodeID   string
-	counts   [numStripes]stripe // decisions, striped to keep the hot path uncontended
+	counts   [numStripes]stripe // decisions off the fast path (its own are counted in the entries: Stats), striped
 	metrics  *metrics
 	started  time.Time    // origin of mono
 	fleet    atomic.Int64 // the most nodes Redis has reported active on any key: the fleet size estimate

@@ -121,7 +121,8 @@ func (l *Limiter) Stats() Stats {
 }
 
 // metrics registers the OpenTelemetry instruments; they are all observed from Stats in one callback,
-// so the hot path only bumps striped atomics.
+// so a decision touches no instrument: the fast path counts in its entry, the rest in striped
+// atomics.
 type metrics struct {
 	reg metric.Registration
 }
