@@ -30,10 +30,12 @@ var keySets = []keySet{
 
 // BenchmarkAllow measures one decision on a key that has local allowance: hybrid (with its
 // background sync running at the default interval), a per-key map of x/time/rate limiters behind a
-// mutex (what users write), a sync.Map of them (impl=xrate-syncmap), and a bare Go map lookup of a pointer, on the same key sequences.
-// impl=hybrid-nosync is hybrid with a 1-minute sync interval: the hot path alone, without the
-// background reconcile competing for the two cores; impl=hybrid-nosync-ban the same with one other
-// key banned, as a service usually has some key banned or denied (the deny cache is not empty).
+// mutex (what users write), a sync.Map of them (impl=xrate-syncmap), and a bare Go map lookup of a
+// pointer, on the same key sequences. The hybrid rows call Allow (a bool). impl=hybrid-nosync is
+// hybrid with a 1-minute sync interval: the hot path alone, without the background reconcile
+// competing for the two cores; impl=hybrid-nosync-decide the same limiter called through Decide
+// (the whole answer, a Decision); impl=hybrid-nosync-ban the same with one other key banned, as a
+// service usually has some key banned or denied (the deny cache is not empty).
 //
 // Each implementation holds the keys its sequence visits before the timer starts: all 1,024 of
 // keys=1k, and for keys=1M-zipf (a 2^20-key space drawn with Zipf s=1.1) the 143,067 distinct keys
@@ -59,10 +61,20 @@ func BenchmarkAllow(b *testing.B) {
 					once sync.Once
 					lim  *hybrid.Limiter
 				)
-				b.Run(v.name, func(b *testing.B) {
+				parent := b // the limiter lives until the key set's rows are done (-decide shares it)
+				setup := func(b *testing.B) {
 					once.Do(func() {
-						lim = newLimiter(b, rdb, hybrid.WithKeyPrefix("bench"+ks.name[5:]+v.name[5:]),
+						var err error
+						lim, err = hybrid.New(rdb, hybrid.WithKeyPrefix("bench"+ks.name[5:]+v.name[5:]),
 							hybrid.WithCheckTimeout(time.Second), hybrid.WithSyncInterval(v.sync))
+						if err != nil {
+							b.Fatal(err)
+						}
+						parent.Cleanup(func() {
+							ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+							defer cancel()
+							_ = lim.Close(ctx)
+						})
 						warm(b, lim, keys, ks.warm(seq))
 						if v.ban {
 							if err := lim.Ban(context.Background(), "not-one-of-the-keys", time.Hour); err != nil {
@@ -70,8 +82,22 @@ func BenchmarkAllow(b *testing.B) {
 							}
 						}
 					})
+				}
+				b.Run(v.name, func(b *testing.B) {
+					setup(b)
 					benchDecide(b, keys, seq, func(key string) bool {
-						d, err := lim.Allow(context.Background(), key, generous)
+						ok, err := lim.Allow(context.Background(), key, generous)
+						return err == nil && ok
+					})
+				})
+				if v.name != "impl=hybrid-nosync" {
+					continue
+				}
+				// The same limiter, asked for the whole answer (Decide: a Decision, 56 bytes).
+				b.Run(v.name+"-decide", func(b *testing.B) {
+					setup(b)
+					benchDecide(b, keys, seq, func(key string) bool {
+						d, err := lim.Decide(context.Background(), key, generous)
 						return err == nil && d.Allowed
 					})
 				})
@@ -178,7 +204,7 @@ func TestAllowLocalAllocatesNothing(t *testing.T) {
 	i := 0
 	var denied int
 	allocs := testing.AllocsPerRun(10_000, func() {
-		d, err := lim.Allow(ctx, keys[i&(smallKeys-1)], generous)
+		d, err := lim.Decide(ctx, keys[i&(smallKeys-1)], generous)
 		if err != nil || d.Source != outcome.SourceLocal || !d.Allowed {
 			denied++
 		}
@@ -220,7 +246,7 @@ func BenchmarkAllowDenied(b *testing.B) {
 				}
 				deadline := time.Now().Add(10 * time.Second)
 				for {
-					d, err := lim.Allow(ctx, "over", over)
+					d, err := lim.Decide(ctx, "over", over)
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -237,7 +263,7 @@ func BenchmarkAllowDenied(b *testing.B) {
 			b.ResetTimer()
 			cpu := cputime.Process()
 			for i := 0; i < b.N; i++ {
-				d, err := lim.Allow(ctx, "over", over)
+				d, err := lim.Decide(ctx, "over", over)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -67,7 +67,7 @@ func BenchmarkCentral(b *testing.B) {
 		lim := newLimiter(b, rdb, hybrid.WithDriftThreshold(0), hybrid.WithKeyPrefix("benchd0"), hybrid.WithCheckTimeout(time.Second))
 		var local, all atomic.Int64
 		benchRemote(b, seq, func(k int32) (bool, error) {
-			d, err := lim.Allow(ctx, keys[k], generous)
+			d, err := lim.Decide(ctx, keys[k], generous)
 			all.Add(1)
 			switch {
 			case err != nil:

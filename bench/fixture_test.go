@@ -105,7 +105,7 @@ func warm(tb testing.TB, lim *hybrid.Limiter, keys []string, idx []int32) {
 	one := func(key string) error {
 		deadline := time.Now().Add(3 * time.Second)
 		for {
-			d, err := lim.Allow(ctx, key, generous)
+			d, err := lim.Decide(ctx, key, generous)
 			if err != nil || d.Source == outcome.SourceCentral || d.Source == outcome.SourceLocal {
 				return err
 			}
@@ -139,7 +139,7 @@ func warm(tb testing.TB, lim *hybrid.Limiter, keys []string, idx []int32) {
 		tb.Fatalf("warm-up: %v", err)
 	}
 	for _, i := range idx[:min(len(idx), 64)] {
-		if d, err := lim.Allow(ctx, keys[i], generous); err != nil || d.Source != outcome.SourceLocal {
+		if d, err := lim.Decide(ctx, keys[i], generous); err != nil || d.Source != outcome.SourceLocal {
 			tb.Fatalf("warm-up: key %s: decided by %v (err %v) after its Redis take, want local", keys[i], d.Source, err)
 		}
 	}

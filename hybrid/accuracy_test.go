@@ -184,14 +184,14 @@ func TestBanReachesEveryNode(t *testing.T) {
 	ctx := context.Background()
 	limit := hybrid.PerSecond(1000)
 	for _, l := range f.lims {
-		d, err := l.Allow(ctx, "abuser", limit)
+		d, err := l.Decide(ctx, "abuser", limit)
 		require.NoError(t, err)
 		require.True(t, d.Allowed)
 	}
 	require.NoError(t, f.lims[0].Ban(ctx, "abuser", time.Minute))
 	for i, l := range f.lims {
 		require.Eventually(t, func() bool {
-			d, err := l.Allow(ctx, "abuser", limit)
+			d, err := l.Decide(ctx, "abuser", limit)
 			return err == nil && !d.Allowed && d.Source == outcome.SourceDenyCache && d.RetryAfter > 50*time.Second
 			// Pub/Sub carries it at once; a node whose subscription was not up yet (a loaded
 			// machine) reads it from the change log within banRefresh (10 s).
@@ -200,7 +200,7 @@ func TestBanReachesEveryNode(t *testing.T) {
 	require.NoError(t, f.lims[1].Unban(ctx, "abuser"))
 	for i, l := range f.lims {
 		require.Eventually(t, func() bool {
-			d, err := l.Allow(ctx, "abuser", limit)
+			d, err := l.Decide(ctx, "abuser", limit)
 			return err == nil && d.Allowed
 		}, 2*time.Second, 5*time.Millisecond, "node %d", i)
 	}
@@ -208,7 +208,7 @@ func TestBanReachesEveryNode(t *testing.T) {
 	require.NoError(t, f.lims[0].Ban(ctx, "other", time.Minute))
 	late := newFleet(t, srv.Addr, 1)
 	require.Eventually(t, func() bool {
-		d, err := late.lims[0].Allow(ctx, "other", limit)
+		d, err := late.lims[0].Decide(ctx, "other", limit)
 		return err == nil && !d.Allowed && d.Source == outcome.SourceDenyCache
 	}, 2*time.Second, 5*time.Millisecond)
 }
@@ -353,7 +353,7 @@ func TestOneKeyTwoLimits(t *testing.T) {
 						return
 					case <-time.After(time.Millisecond): // about 1,000 requests/s per caller and node
 					}
-					if d, err := lim.Allow(ctx, "shared", c.limit); err == nil && d.Allowed {
+					if d, err := lim.Decide(ctx, "shared", c.limit); err == nil && d.Allowed {
 						c.adm.Add(1)
 					}
 				}
@@ -397,7 +397,7 @@ func TestLeaseAdvanceBurst(t *testing.T) {
 			ctx := context.Background()
 			// Two seconds at 2/s, half the rate: leases sized to the demand, the bucket full.
 			for range 4 {
-				d, err := lim.Allow(ctx, "b", limit)
+				d, err := lim.Decide(ctx, "b", limit)
 				require.NoError(t, err)
 				require.True(t, d.Allowed)
 				time.Sleep(500 * time.Millisecond)
@@ -408,7 +408,7 @@ func TestLeaseAdvanceBurst(t *testing.T) {
 			start := time.Now()
 			admitted := 0
 			for range 40 {
-				d, err := lim.Allow(ctx, "b", limit)
+				d, err := lim.Decide(ctx, "b", limit)
 				require.NoError(t, err)
 				if d.Allowed {
 					admitted++
@@ -426,7 +426,7 @@ func TestLeaseAdvanceBurst(t *testing.T) {
 			start = time.Now()
 			admitted = 0
 			for range 40 {
-				d, err := lim.Allow(ctx, "quiet", limit)
+				d, err := lim.Decide(ctx, "quiet", limit)
 				require.NoError(t, err)
 				if d.Allowed {
 					admitted++

@@ -18,7 +18,7 @@ import (
 // strict.ErrUnavailable, so one errors.Is test serves every package.
 var ErrUnavailable = redisx.ErrUnavailable
 
-// check validates the arguments of the methods other than AllowN (which checks them inline).
+// check validates the arguments of the methods other than AllowN and DecideN (which check them inline).
 func (l *Limiter) check(ctx context.Context, key string, limit Limit, n int64) error {
 	if l.closed.Load() {
 		return ErrClosed
@@ -44,7 +44,7 @@ func (l *Limiter) Wait(ctx context.Context, key string, limit Limit) error {
 }
 
 // WaitN blocks until n tokens for key under limit are admitted (and takes them), or ctx ends. Each
-// attempt is an [Limiter.AllowN]; after a denial WaitN sleeps the decision's RetryAfter on a timer
+// attempt is a [Limiter.DecideN]; after a denial WaitN sleeps the decision's RetryAfter on a timer
 // and tries again, so a waiting caller costs what a caller honouring RetryAfter costs, and waiters
 // are admitted in no particular order (there is no queue: unlike x/time/rate, a distributed
 // limiter cannot reserve future tokens without charging other nodes for them).
@@ -68,7 +68,7 @@ func (l *Limiter) WaitN(ctx context.Context, key string, limit Limit, n int64) e
 		}
 	}()
 	for {
-		d, err := l.AllowN(ctx, key, limit, n)
+		d, err := l.DecideN(ctx, key, limit, n)
 		if err != nil {
 			if cerr := ctx.Err(); cerr != nil && errors.Is(err, cerr) {
 				return fmt.Errorf("hybrid: wait(n=%d): %w", n, cerr)
@@ -138,13 +138,13 @@ func (l *Limiter) Reserve(ctx context.Context, key string, limit Limit) (*Reserv
 	return l.ReserveN(ctx, key, limit, 1)
 }
 
-// ReserveN decides like [Limiter.AllowN] — the tokens are admitted now or not at all — and returns
+// ReserveN decides like [Limiter.DecideN] — the tokens are admitted now or not at all — and returns
 // the decision as a [Reservation] whose Cancel gives the tokens back, for a caller that may find
 // later that it will not use them (a request admitted by one rule and denied by the next). Unlike
 // x/time/rate's ReserveN, it never reserves tokens in the future: in a distributed limiter that
 // would charge tokens that other nodes may need now. Errors are AllowN's.
 func (l *Limiter) ReserveN(ctx context.Context, key string, limit Limit, n int64) (*Reservation, error) {
-	d, err := l.AllowN(ctx, key, limit, n)
+	d, err := l.DecideN(ctx, key, limit, n)
 	if err != nil {
 		return nil, err
 	}

@@ -21,7 +21,7 @@ func allowed(t *testing.T, lim *hybrid.Limiter, key string, limit hybrid.Limit, 
 	t.Helper()
 	got := 0
 	for range k {
-		d, err := lim.AllowN(context.Background(), key, limit, n)
+		d, err := lim.DecideN(context.Background(), key, limit, n)
 		require.NoError(t, err)
 		if d.Allowed {
 			got++
@@ -38,7 +38,7 @@ func TestRefundedTokensAreUsableAgainAndCountedOnce(t *testing.T) {
 	limit := hybrid.Limit{Rate: 1e-3, Burst: 10} // no refill to speak of
 	const key = "hierarchy:user"
 
-	d, err := p.lim.AllowN(ctx, key, limit, 10)
+	d, err := p.lim.DecideN(ctx, key, limit, 10)
 	require.NoError(t, err)
 	require.True(t, d.Allowed)
 	assert.Equal(t, 0, allowed(t, p.lim, key, limit, 1, 1), "the bucket is empty")
@@ -102,7 +102,7 @@ func TestRefundAccountingUnderLoad(t *testing.T) {
 				ctx := context.Background()
 				for i := range 3000 {
 					k := (i + g) % len(keys)
-					d, err := lim.AllowN(ctx, keys[k], limit, 2)
+					d, err := lim.DecideN(ctx, keys[k], limit, 2)
 					if err != nil || !d.Allowed {
 						continue
 					}
@@ -139,7 +139,7 @@ func TestReserveAndCancel(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, r.OK(), "step %d", i)
 		assert.Equal(t, user, r.Decision().Limit)
-		d, err := p.lim.Allow(ctx, "tenant:1", tenant)
+		d, err := p.lim.Decide(ctx, "tenant:1", tenant)
 		require.NoError(t, err)
 		require.Equal(t, wantTenant, d.Allowed, "step %d", i)
 		if !d.Allowed {

@@ -49,7 +49,7 @@ func enforced(t *testing.T, lim *hybrid.Limiter, keys []string, within time.Dura
 	for _, k := range keys {
 		start := time.Now()
 		ok := assert.Eventually(t, func() bool {
-			d, err := lim.Allow(context.Background(), k, limit)
+			d, err := lim.Decide(context.Background(), k, limit)
 			require.NoError(t, err)
 			if d.Allowed {
 				admitted++

@@ -31,7 +31,7 @@ func TestBanReachesANodeAfterItsSubscriptionBroke(t *testing.T) {
 	ctx := context.Background()
 	limit := hybrid.Limit{Rate: 1000, Burst: 1000}
 	banned := func(key string) bool {
-		d, err := b.Allow(ctx, key, limit)
+		d, err := b.Decide(ctx, key, limit)
 		return err == nil && !d.Allowed && d.Source == outcome.SourceDenyCache
 	}
 	require.NoError(t, a.Ban(ctx, "sub:0", time.Hour))
@@ -59,7 +59,7 @@ func TestBanHoldsAKeyDecidedLocally(t *testing.T) {
 	ctx := context.Background()
 	limit := hybrid.Limit{Rate: 1e6, Burst: 1e6}
 	source := func(lim *hybrid.Limiter, key string) outcome.Source {
-		d, err := lim.Allow(ctx, key, limit)
+		d, err := lim.Decide(ctx, key, limit)
 		require.NoError(t, err)
 		require.Equal(t, d.Source != outcome.SourceDenyCache, d.Allowed, "%s: %+v", key, d)
 		return d.Source
@@ -137,7 +137,7 @@ func TestBanRacesDecisions(t *testing.T) {
 					key = "other:" + strconv.Itoa(g) + ":" + strconv.Itoa(i%512)
 				}
 				was := epoch.Load()
-				d, err := lim.Allow(ctx, key, limit)
+				d, err := lim.Decide(ctx, key, limit)
 				banned := was%2 == 1 && epoch.Load() == was // the whole decision ran under one ban
 				if err != nil {
 					t.Error(err)

@@ -4,13 +4,18 @@
 //
 //	lim, err := hybrid.New(rdb) // a *redis.Client, a failover client or a *redis.ClusterClient
 //	defer lim.Close(ctx)
-//	d, err := lim.Allow(ctx, "user:42", hybrid.Limit{Rate: 200, Burst: 50})
+//	ok, err := lim.Allow(ctx, "user:42", hybrid.Limit{Rate: 200, Burst: 50})
+//	if err == nil && !ok { /* 429 */ }
+//
+//	d, err := lim.Decide(ctx, "user:42", hybrid.Limit{Rate: 200, Burst: 50}) // the whole answer
 //	if err == nil && !d.Allowed { /* 429, Retry-After: d.RetryAfter */ }
 //
-// Beyond Allow and AllowN: Wait and WaitN block until admitted; Reserve, ReserveN and Refund give
-// tokens a request did not use back to this node's lease (exactly: Redis never counts them twice);
-// Peek estimates the tokens left without taking any; Reset deletes a key's bucket. docs/api.md says
-// how accurate each is in a fleet.
+// Allow and AllowN answer yes or no, as x/time/rate's Allow does; Decide and DecideN decide the
+// same way and return a [Decision] (the tokens left, the time to retry, who decided). Beyond
+// them: Wait and WaitN block until admitted; Reserve, ReserveN and Refund give tokens a request did
+// not use back to this node's lease (exactly: Redis never counts them twice); Peek estimates the
+// tokens left without taking any; Reset deletes a key's bucket. docs/api.md says how accurate each
+// is in a fleet.
 //
 // # How it decides
 //

@@ -84,8 +84,8 @@ func ExampleReservation_Cancel() {
 			fmt.Println("denied by the user's limit")
 			continue
 		}
-		d, err := lim.Allow(ctx, "tenant:7", tenant)
-		if err != nil || !d.Allowed {
+		ok, err := lim.Allow(ctx, "tenant:7", tenant)
+		if err != nil || !ok {
 			fmt.Println("denied by the tenant's limit; user tokens given back:", r.Cancel())
 			continue
 		}
@@ -103,11 +103,11 @@ func ExampleLimiter_Refund() {
 
 	// An upload reserves its worst-case cost, then gives back what it did not use.
 	limit := hybrid.PerHour(10)
-	d, _ := lim.AllowN(ctx, "upload:alice", limit, 10)
+	d, _ := lim.DecideN(ctx, "upload:alice", limit, 10)
 	fmt.Println(d.Allowed, d.Remaining)
 	got, _ := lim.Refund(ctx, "upload:alice", limit, 4)
 	fmt.Println("refunded", got)
-	d, _ = lim.AllowN(ctx, "upload:alice", limit, 4) // answered from the refunded tokens
+	d, _ = lim.DecideN(ctx, "upload:alice", limit, 4) // answered from the refunded tokens
 	fmt.Println(d.Allowed, d.Remaining, d.Source)
 	// Output:
 	// true 0

@@ -2,6 +2,7 @@ package hybrid_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -41,7 +42,7 @@ func Example() {
 
 	limit := hybrid.Limit{Rate: 1, Burst: 3} // 1 token per second, bursts of 3
 	for i := 0; i < 4; i++ {
-		d, err := lim.Allow(ctx, "user:42", limit)
+		d, err := lim.Decide(ctx, "user:42", limit)
 		if err != nil {
 			panic(err)
 		}
@@ -58,6 +59,32 @@ func Example() {
 	// allowed=true remaining=1 retry-after=0s source=local
 	// allowed=true remaining=0 retry-after=0s source=central
 	// allowed=false remaining=0 retry-after=1s source=local
+}
+
+func ExampleLimiter_DecideN() {
+	m := miniredis.NewMiniRedis()
+	if err := m.Start(); err != nil {
+		panic(err)
+	}
+	defer m.Close()
+	m.SetTime(time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC))
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+	lim, err := hybrid.New(rdb, hybrid.WithCheckTimeout(time.Second))
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	defer lim.Close(ctx)
+	for !lim.Ready() { // see Example
+		time.Sleep(time.Millisecond)
+	}
+
+	// Weighted cost: an export costs 10 tokens of a 100-per-minute budget. A new key's first tokens
+	// come from its cold-start credit (drift·Burst = 10 tokens), without waiting for Redis.
+	d, _ := lim.DecideN(ctx, "tenant:7:export", hybrid.PerMinute(100), 10)
+	fmt.Println(d.Allowed, d.Remaining, d.Source)
+	// Output: true 90 local
 }
 
 func ExampleLimiter_AllowN() {
@@ -79,9 +106,12 @@ func ExampleLimiter_AllowN() {
 		time.Sleep(time.Millisecond)
 	}
 
-	// Weighted cost: an export costs 10 tokens of a 100-per-minute budget. A new key's first tokens
-	// come from its cold-start credit (drift·Burst = 10 tokens), without waiting for Redis.
-	d, _ := lim.AllowN(ctx, "tenant:7:export", hybrid.PerMinute(100), 10)
-	fmt.Println(d.Allowed, d.Remaining, d.Source)
-	// Output: true 90 local
+	// Yes or no, as x/time/rate's AllowN answers: DecideN decides the same way and says more.
+	ok, err := lim.AllowN(ctx, "tenant:7:export", hybrid.PerMinute(100), 10)
+	fmt.Println(ok, err)
+	_, err = lim.AllowN(ctx, "tenant:7:export", hybrid.PerMinute(100), 101) // more than the burst
+	fmt.Println(errors.Is(err, hybrid.ErrInvalidCost))
+	// Output:
+	// true <nil>
+	// true
 }

@@ -20,7 +20,7 @@ func fallbackGrants(t *testing.T, lim *hybrid.Limiter, key string, limit hybrid.
 	t.Helper()
 	got := 0
 	for i := range 1000 {
-		d, err := lim.Allow(context.Background(), key, limit)
+		d, err := lim.Decide(context.Background(), key, limit)
 		require.NoError(t, err)
 		if d.Source != outcome.SourceFallback {
 			continue
@@ -116,14 +116,14 @@ func TestWaitUnderLocalFallback(t *testing.T) {
 	for attempt := 0; ; attempt++ {
 		require.Less(t, attempt, 5, "the machine is too slow for this test's timing")
 		key := fmt.Sprintf("w-%d", attempt)
-		d, err := lim.Allow(ctx, key, limit)
+		d, err := lim.Decide(ctx, key, limit)
 		require.NoError(t, err)
 		require.Equal(t, outcome.SourceFallback, d.Source)
 		require.True(t, d.Allowed)
 		took := time.Now()
 
 		time.Sleep(300 * time.Millisecond) // the next token is about 200ms away
-		d, err = lim.Allow(ctx, key, limit)
+		d, err = lim.Decide(ctx, key, limit)
 		require.NoError(t, err)
 		if d.Allowed {
 			continue // more than 500ms passed: try again

@@ -42,17 +42,17 @@ func TestFleetRegistryCountsLiveLimiters(t *testing.T) {
 	limit := hybrid.Limit{Rate: 1, Burst: 4}
 	for i, l := range lims {
 		key := fmt.Sprintf("cold:%d", i)
-		d, err := l.Allow(ctx, key, limit)
+		d, err := l.Decide(ctx, key, limit)
 		require.NoError(t, err)
 		assert.True(t, d.Allowed)
 		assert.Equal(t, outcome.SourceLocal, d.Source, "node %d: the first request is the cold-start credit's", i)
-		d, err = l.Allow(ctx, key, limit)
+		d, err = l.Decide(ctx, key, limit)
 		require.NoError(t, err)
 		assert.Equal(t, outcome.SourceCentral, d.Source, "node %d: the second asks Redis: the credit was one token", i)
 	}
 
 	// Burst 2 over 3 nodes: under a token each: the first request of a new key asks Redis.
-	d, err := lims[0].Allow(ctx, "cold:small", hybrid.Limit{Rate: 1, Burst: 2})
+	d, err := lims[0].Decide(ctx, "cold:small", hybrid.Limit{Rate: 1, Burst: 2})
 	require.NoError(t, err)
 	assert.True(t, d.Allowed)
 	assert.Equal(t, outcome.SourceCentral, d.Source, "no cold-start credit when the fleet outnumbers the burst")
@@ -107,7 +107,7 @@ func TestNoColdCreditUntilTheFleetIsCounted(t *testing.T) {
 	limit := hybrid.Limit{Rate: 10, Burst: 20} // a credit of 2 tokens on a fleet of up to 10
 	first := newLimiter(t, srv.Client(t), hybrid.WithFleetBeat(time.Minute))
 	require.Eventually(t, first.Ready, 5*time.Second, time.Millisecond, "a limiter alone is ready at its first heartbeat")
-	d, err := first.Allow(ctx, "a", limit)
+	d, err := first.Decide(ctx, "a", limit)
 	require.NoError(t, err)
 	assert.Equal(t, outcome.SourceLocal, d.Source, "the first limiter answers a new key from its credit")
 
@@ -115,14 +115,14 @@ func TestNoColdCreditUntilTheFleetIsCounted(t *testing.T) {
 	require.Eventually(t, func() bool { return second.BansLoaded() && second.FleetSize() == 2 }, 5*time.Second,
 		time.Millisecond, "the second limiter's first heartbeat finds two")
 	assert.False(t, second.Ready(), "a limiter that found others at its first heartbeat is not ready")
-	d, err = second.Allow(ctx, "b", limit)
+	d, err = second.Decide(ctx, "b", limit)
 	require.NoError(t, err)
 	assert.True(t, d.Allowed)
 	assert.Equal(t, outcome.SourceCentral, d.Source, "no credit: the new key's first decision goes to Redis")
 
 	// The quick second heartbeat (500 ms later; the minute-long period never comes) finds two again.
 	require.Eventually(t, second.Ready, 5*time.Second, 5*time.Millisecond, "ready after a second heartbeat")
-	d, err = second.Allow(ctx, "c", limit)
+	d, err = second.Decide(ctx, "c", limit)
 	require.NoError(t, err)
 	assert.Equal(t, outcome.SourceLocal, d.Source, "credit once the fleet is counted")
 }

@@ -183,7 +183,7 @@ func (f *fleet) run(t *testing.T, stop <-chan struct{}, tl *tally, ws ...workloa
 						due := int64(w.demand*w.share(j, node, n)*el+w.phase(j, node, n)) - issued[i][j]
 						for range due {
 							t0 := time.Now()
-							d, err := lim.Allow(ctx, key, w.limit)
+							d, err := lim.Decide(ctx, key, w.limit)
 							lat := time.Since(t0)
 							maxLat = max(maxLat, lat)
 							issued[i][j]++

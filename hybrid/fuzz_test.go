@@ -76,7 +76,7 @@ func FuzzAllowN(f *testing.F) {
 	ctx := context.Background()
 	f.Fuzz(func(t *testing.T, key string, rate float64, burst int64, n int64) {
 		l := hybrid.Limit{Rate: rate, Burst: burst}
-		d, err := lim.AllowN(ctx, key, l, n)
+		d, err := lim.DecideN(ctx, key, l, n)
 		var want error
 		switch {
 		case len(key) == 0 || len(key) > hybrid.MaxKeyLen:

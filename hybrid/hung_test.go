@@ -38,7 +38,7 @@ func TestHungRedisBounded(t *testing.T) {
 	}
 	for i := range 4 { // keys never seen: each needs Redis
 		timed("Allow", 4*check, func() {
-			d, err := lim.Allow(ctx, "cold-"+string(rune('a'+i)), limit)
+			d, err := lim.Decide(ctx, "cold-"+string(rune('a'+i)), limit)
 			require.NoError(t, err)
 			assert.True(t, d.Allowed)
 		})
@@ -90,7 +90,7 @@ func TestHungClusterBounded(t *testing.T) {
 		}
 		for _, k := range keys[:4] { // each needs Redis
 			timed("Allow", 10*check, func() {
-				d, err := lim.Allow(ctx, k, limit)
+				d, err := lim.Decide(ctx, k, limit)
 				require.NoError(t, err)
 				assert.True(t, d.Allowed)
 			})

@@ -22,7 +22,7 @@ func TestIdleKeysLeaveMemory(t *testing.T) {
 	fill := func(lim *hybrid.Limiter, n int) {
 		ev0 := lim.Stats().Evictions
 		for i := range n {
-			d, err := lim.Allow(ctx, "user:"+strconv.Itoa(i), limit)
+			d, err := lim.Decide(ctx, "user:"+strconv.Itoa(i), limit)
 			require.NoError(t, err)
 			require.True(t, d.Allowed)
 		}

@@ -66,24 +66,67 @@ func TestBadInput(t *testing.T) {
 		{"cancelled context", cancelled, "k", ok, 1, context.Canceled},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d, err := lim.AllowN(tc.ctx, tc.key, tc.limit, tc.n)
+			d, err := lim.DecideN(tc.ctx, tc.key, tc.limit, tc.n)
+			allowed, aerr := lim.AllowN(tc.ctx, tc.key, tc.limit, tc.n) // the same checks, the same errors
 			if tc.want == nil {
 				require.NoError(t, err)
+				require.NoError(t, aerr)
 				assert.True(t, d.Allowed)
+				assert.True(t, allowed)
 				return
 			}
 			assert.ErrorIs(t, err, tc.want)
+			assert.ErrorIs(t, aerr, tc.want)
 			assert.False(t, d.Allowed, "an error never allows")
+			assert.False(t, allowed, "an error never allows")
 		})
 	}
 	// Keys that differ only after a brace or a NUL are different keys.
 	for _, k := range []string{"a\x00c", "{tenant}:a}c{"} {
-		d, err := lim.AllowN(ctx, k, hybrid.Limit{Rate: 1, Burst: 1}, 1)
+		d, err := lim.DecideN(ctx, k, hybrid.Limit{Rate: 1, Burst: 1}, 1)
 		require.NoError(t, err)
 		assert.True(t, d.Allowed, "%q has its own bucket", k)
 	}
 	assert.ErrorIs(t, lim.Ban(ctx, "", time.Second), hybrid.ErrInvalidKey)
 	assert.Error(t, lim.Ban(ctx, "k", 0), "zero ban")
+}
+
+// TestAllowNDecidesAsDecideN: AllowN and DecideN make one decision the same way (AllowN returns its
+// Allowed): calls of both, interleaved, on one key admit the burst once, whichever method asked.
+func TestAllowNDecidesAsDecideN(t *testing.T) {
+	lim, _ := newMini(t)
+	ctx := context.Background()
+	for !lim.Ready() {
+		time.Sleep(time.Millisecond)
+	}
+	limit := hybrid.Limit{Rate: 1.0 / 3600, Burst: 6} // no refill within the test
+	admitted := int64(0)
+	for i := range 12 {
+		if i%2 == 0 {
+			ok, err := lim.AllowN(ctx, "k", limit, 1)
+			require.NoError(t, err)
+			if ok {
+				admitted++
+			}
+			continue
+		}
+		d, err := lim.DecideN(ctx, "k", limit, 1)
+		require.NoError(t, err)
+		if d.Allowed {
+			admitted++
+			assert.Zero(t, d.RetryAfter)
+		} else {
+			assert.Positive(t, d.RetryAfter, "a denial says when to retry")
+		}
+	}
+	assert.Equal(t, limit.Burst, admitted, "one burst, whichever method decided")
+	ok, err := lim.AllowN(ctx, "k", limit, 1)
+	require.NoError(t, err)
+	assert.False(t, ok)
+	require.NoError(t, lim.Flush(ctx)) // Stats().Local counts the fast path's decisions when the syncer collects their keys
+	s := lim.Stats()
+	assert.Equal(t, int64(13), s.Local+s.LocalDenied+s.Central+s.CentralDenied+s.DenyCache+s.FallbackAllowed+s.FallbackDenied,
+		"every decision counted, whichever method made it")
 }
 
 func TestNewRejectsBadOptions(t *testing.T) {
@@ -141,7 +184,7 @@ func TestNewDoesNoIOAndRedisDownAtStart(t *testing.T) {
 		// of a new key are admitted locally whatever the policy: TestColdStartWithRedisDown).
 		lim, err := hybrid.New(rdb, hybrid.WithFailurePolicy(tc.policy), hybrid.WithoutColdStart())
 		require.NoError(t, err)
-		d, err := lim.Allow(context.Background(), "k", hybrid.PerSecond(10))
+		d, err := lim.Decide(context.Background(), "k", hybrid.PerSecond(10))
 		require.NoError(t, err, tc.policy.String())
 		assert.Equal(t, tc.allowed, d.Allowed, tc.policy.String())
 		assert.Equal(t, outcome.SourceFallback, d.Source)
@@ -174,7 +217,7 @@ func TestColdStartWithRedisDown(t *testing.T) {
 	limit := hybrid.Limit{Rate: 10, Burst: 40} // credit: 0.1·40 = 4 tokens
 	var sources []outcome.Source
 	for range 6 {
-		d, err := lim.Allow(context.Background(), "cold", limit)
+		d, err := lim.Decide(context.Background(), "cold", limit)
 		require.NoError(t, err)
 		if d.Allowed {
 			sources = append(sources, d.Source)
@@ -195,7 +238,7 @@ func TestLocalFallbackEnforcesShare(t *testing.T) {
 	t.Cleanup(func() { _ = lim.Close(context.Background()) })
 	admitted := 0
 	for range 50 {
-		d, err := lim.Allow(context.Background(), "k", hybrid.Limit{Rate: 10, Burst: 20})
+		d, err := lim.Decide(context.Background(), "k", hybrid.Limit{Rate: 10, Burst: 20})
 		require.NoError(t, err)
 		if d.Allowed {
 			admitted++
@@ -231,7 +274,7 @@ func TestLimitOnFailureOverridesTheDefault(t *testing.T) {
 			key := "k-" + tc.on.String()
 			var got []bool
 			for range 3 {
-				d, err := lim.Allow(context.Background(), key, hybrid.Limit{Rate: 0.001, Burst: 2, OnFailure: tc.on})
+				d, err := lim.Decide(context.Background(), key, hybrid.Limit{Rate: 0.001, Burst: 2, OnFailure: tc.on})
 				require.NoError(t, err)
 				assert.Equal(t, outcome.SourceFallback, d.Source)
 				assert.Equal(t, tc.on, d.Limit.OnFailure, "the decision reports the limit it was made under")

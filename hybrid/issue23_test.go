@@ -22,7 +22,7 @@ func admitted(t *testing.T, lim *hybrid.Limiter, key string, limit hybrid.Limit,
 	t.Helper()
 	got := 0
 	for i := 0; i < n; i++ {
-		d, err := lim.Allow(context.Background(), key, limit)
+		d, err := lim.Decide(context.Background(), key, limit)
 		require.NoError(t, err)
 		if d.Allowed {
 			got++
@@ -45,7 +45,7 @@ func TestLimitChangeKeepsTheKeysConsumption(t *testing.T) {
 		lim := newLimiter(t, rdb, hybrid.WithCheckTimeout(time.Second))
 		require.Equal(t, 3, admitted(t, lim, "k", old, 5))
 		assert.Zero(t, admitted(t, lim, "k", raised, 5), "the raised burst is not a fresh bucket")
-		d, err := lim.Allow(context.Background(), "k", raised)
+		d, err := lim.Decide(context.Background(), "k", raised)
 		require.NoError(t, err)
 		assert.Equal(t, raised, d.Limit)
 		require.NoError(t, lim.Flush(context.Background()))

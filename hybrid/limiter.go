@@ -37,8 +37,8 @@ var (
 	ErrInvalidCost  = errors.New("hybrid: invalid cost")
 )
 
-// Decision is the outcome of AllowN. The zero Decision denies. It is a plain value, safe to copy
-// and share.
+// Decision is the outcome of [Limiter.DecideN] ([Limiter.AllowN] returns only its Allowed). The
+// zero Decision denies. It is a plain value, safe to copy and share.
 type Decision struct {
 	// Allowed reports whether the n tokens were granted.
 	Allowed bool
@@ -61,10 +61,11 @@ type Decision struct {
 // Limiter is a distributed token-bucket rate limiter: decisions are made locally in nanoseconds from
 // an allowance that a background loop reconciles with Redis, and go to Redis synchronously only near
 // the limit. Create one with [New] per process (it can serve any number of keys and limits) and call
-// [Limiter.Close] when done. A Limiter is safe for concurrent use. Most callers want [Limiter.Allow];
-// [Limiter.Wait] blocks until admitted, [Limiter.Reserve] and [Limiter.Refund] give unused tokens
-// back, [Limiter.Peek] and [Limiter.Reset] inspect and reset a key (docs/api.md says how accurate
-// each is in a fleet).
+// [Limiter.Close] when done. A Limiter is safe for concurrent use. Most callers want
+// [Limiter.Allow], or [Limiter.Decide] for the tokens left and the time to retry (rate-limit
+// headers); [Limiter.Wait] blocks until admitted, [Limiter.Reserve] and [Limiter.Refund] give
+// unused tokens back, [Limiter.Peek] and [Limiter.Reset] inspect and reset a key (docs/api.md says
+// how accurate each is in a fleet).
 type Limiter struct {
 	opts     options
 	central  *central.Client
@@ -77,7 +78,7 @@ type Limiter struct {
 	wg       sync.WaitGroup
 	fallback *lru.Cache[string, *fallbackBucket] // outcome.LocalFallback buckets, per key
 	nodeID   string
-	counts   [numStripes]stripe // decisions, striped to keep the hot path uncontended
+	counts   [numStripes]stripe // decisions off the fast path (its own are counted in the entries: Stats), striped
 	metrics  *metrics
 	started  time.Time    // origin of mono
 	fleet    atomic.Int64 // the most nodes Redis has reported active on any key: the fleet size estimate
@@ -278,11 +279,15 @@ func isNilClient(rdb redis.UniversalClient) bool {
 func (l *Limiter) NodeID() string { return l.nodeID }
 
 // Allow is shorthand for AllowN(ctx, key, limit, 1).
-func (l *Limiter) Allow(ctx context.Context, key string, limit Limit) (Decision, error) {
+func (l *Limiter) Allow(ctx context.Context, key string, limit Limit) (bool, error) {
 	return l.AllowN(ctx, key, limit, 1)
 }
 
-// AllowN reports whether n tokens may be taken for key under limit now, and takes them if so.
+// AllowN reports whether n tokens may be taken for key under limit now, and takes them if so. It
+// decides exactly as [Limiter.DecideN] does and returns only the answer's Allowed: callers that
+// need the tokens left, the time to retry after a denial or who decided call DecideN. A decision
+// from local allowance costs AllowN less than DecideN: its result fits in registers (a Decision
+// does not: docs/design.md, "The hot path").
 //
 // A denial is not an error: err is non-nil only when no decision could be made — invalid input
 // (ErrInvalidKey, ErrInvalidLimit, ErrInvalidCost), a closed limiter (ErrClosed) or a cancelled
@@ -293,21 +298,61 @@ func (l *Limiter) Allow(ctx context.Context, key string, limit Limit) (Decision,
 //
 // Most calls are answered from local state without I/O or allocation. A call that must ask Redis
 // waits at most the check timeout (WithCheckTimeout) and ctx.
-func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) (Decision, error) {
+func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) (bool, error) {
+	// The fast path, DecideN's without the Decision (see valid).
+	if l.valid(key, limit, n) && ctx.Err() == nil {
+		h := l.store.Hash(key)
+		if l.store.Take(key, h, limit.Rate, limit.Burst, n) != nil {
+			if l.closed.Load() {
+				return false, ErrClosed // see decide
+			}
+			return true, nil
+		}
+		return l.allowSlow(ctx, key, h, true, limit, n)
+	}
+	return l.allowSlow(ctx, key, 0, false, limit, n)
+}
+
+// allowSlow is AllowN after its fast path did not admit: DecideN's long way, reduced to Allowed.
+// Out of line, so that AllowN's frame holds no Decision.
+//
+//go:noinline
+func (l *Limiter) allowSlow(ctx context.Context, key string, h uint64, checked bool, limit Limit, n int64) (bool, error) {
+	var d Decision
+	var err error
+	if checked {
+		d, err = l.decide(ctx, key, h, limit, n)
+	} else {
+		d, err = l.allowN(ctx, key, limit, n)
+	}
+	return d.Allowed, err
+}
+
+// Decide is shorthand for DecideN(ctx, key, limit, 1).
+func (l *Limiter) Decide(ctx context.Context, key string, limit Limit) (Decision, error) {
+	return l.DecideN(ctx, key, limit, 1)
+}
+
+// DecideN decides as [Limiter.AllowN] does — it reports whether n tokens may be taken for key
+// under limit now, and takes them if so — and returns the whole answer: besides Allowed, the
+// estimate of the tokens left, the time to retry after a denial, the time until the bucket is
+// full and who decided (see [Decision]). Its errors are AllowN's. Callers that need only the
+// yes or no call AllowN, which is cheaper on the hot path.
+func (l *Limiter) DecideN(ctx context.Context, key string, limit Limit, n int64) (Decision, error) {
 	// The fast path: valid input, and the key's entry holding the limit and allowance for n and not
 	// held (a key the deny cache holds has its entry held: see hold). It makes the checks allowN
-	// makes, in one branch, and one call into the store (local.Store.Take); it does not look at the
-	// deny cache, so a ban of some other key costs it nothing. A failed Take has taken nothing: the
-	// call goes on in decide with the key's hash; input that fails a check goes the long way,
-	// allowN, which says why. Kept small so that it spills little around its calls.
-	if !l.closed.Load() && len(key) != 0 && len(key) <= MaxKeyLen && limits.RateOK(limit.Rate, limit.Burst) &&
-		uint(limit.OnFailure) <= uint(outcome.FailClosed) && n >= 1 && n <= limit.Burst && ctx.Err() == nil {
+	// makes, in one branch (valid, inlined, and ctx), and one call into the store
+	// (local.Store.Take), which also counts the decision for Stats().Local in the entry (no locked
+	// instruction of its own: see Stats); it does not look at the deny cache, so a ban of some other
+	// key costs it nothing. A failed Take has taken nothing: the call goes on in decide with the key's hash;
+	// input that fails a check goes the long way, allowN, which says why. AllowN's fast path is
+	// this one without the Decision.
+	if l.valid(key, limit, n) && ctx.Err() == nil {
 		h := l.store.Hash(key)
 		if e := l.store.Take(key, h, limit.Rate, limit.Burst, n); e != nil {
 			if l.closed.Load() {
-				return Decision{}, ErrClosed // see allowN
+				return Decision{}, ErrClosed // see decide
 			}
-			l.counts[h&(numStripes-1)].local.Add(1)
 			rem := e.Remaining()
 			return Decision{Allowed: true, Limit: limit, Remaining: rem, ResetAfter: resetAfter(limit, rem), Source: outcome.SourceLocal}, nil
 		}
@@ -316,7 +361,14 @@ func (l *Limiter) AllowN(ctx context.Context, key string, limit Limit, n int64) 
 	return l.allowN(ctx, key, limit, n)
 }
 
-// allowN is AllowN's long way: each check with its own error, the deny cache, a limit change, an
+// valid reports whether the input passes allowN's checks (but ctx's, an interface call that would
+// keep valid from being inlined) and the limiter is open: the fast paths' test, in one branch.
+func (l *Limiter) valid(key string, limit Limit, n int64) bool {
+	return !l.closed.Load() && len(key) != 0 && len(key) <= MaxKeyLen && limits.RateOK(limit.Rate, limit.Burst) &&
+		uint(limit.OnFailure) <= uint(outcome.FailClosed) && n >= 1 && n <= limit.Burst
+}
+
+// allowN is DecideN's long way: each check with its own error, the deny cache, a limit change, an
 // exhausted allowance and the calls to Redis.
 //
 //go:noinline
@@ -916,7 +968,7 @@ func (l *Limiter) flush(ctx context.Context) error {
 // Close begins, and flushed, or returns ErrClosed (its tokens may then still be flushed: an
 // over-count, never a forgotten admission). If the circuit breaker is open, Close waits out one
 // cooldown, within ctx, before its last attempt. Close is safe to call more than once; later calls
-// return nil. After Close, AllowN returns ErrClosed.
+// return nil. After Close, AllowN and DecideN return ErrClosed.
 func (l *Limiter) Close(ctx context.Context) error {
 	if !l.closed.CompareAndSwap(false, true) {
 		return nil

@@ -30,7 +30,7 @@ func TestOutageLogsStateChanges(t *testing.T) {
 	keys := keyNames("log:", 32)
 	limit := hybrid.Limit{Rate: 1e4, Burst: 1e6}
 	for _, k := range keys {
-		d, err := lim.Allow(context.Background(), k, limit)
+		d, err := lim.Decide(context.Background(), k, limit)
 		require.NoError(t, err)
 		require.True(t, d.Allowed)
 	}

@@ -31,10 +31,25 @@ type stripe struct {
 }
 
 // Stats is a snapshot of a limiter's counters, for tests, the load generator and dashboards. Every
-// count only grows over the limiter's life. The zero Stats counts nothing; it is a plain value,
-// safe to copy.
+// count only grows over the limiter's life (but see Local). The zero Stats counts nothing; it is a
+// plain value, safe to copy.
+//
+// # When decisions are counted
+//
+// The decisions of AllowN's and DecideN's fast path (a key whose lease or credit covers n) are not
+// counted one by one: a locked instruction per decision cost the fast path a sixth to a third of
+// its time on a hot key (docs/benchmarks.md, issue 24's fifth and sixth passes). Each key's entry
+// counts its own, in the word the decision already writes, and Local gets them when the syncer
+// next visits the key (each round, every SyncInterval while the limiter runs, and at Flush and
+// Close), when the key leaves local memory, and at every 256th decision of a key. So Local may lag
+// the fast path by the decisions made since the syncer's last round: up to SyncInterval (more while
+// a round waits on a slow Redis, up to the flush timeout). No decision is ever lost from it: after
+// a Flush with no decision running, Local is exact. In a rare race, a decision undone because its
+// key was evicted meanwhile (it is then decided again, and counted again) is taken off Local once
+// it was counted: Local can then step back by one. Every other count is raised by the decision
+// itself.
 type Stats struct {
-	Local, LocalDenied, Central, CentralDenied, DenyCache, FallbackAllowed, FallbackDenied int64 // decisions by outcome
+	Local, LocalDenied, Central, CentralDenied, DenyCache, FallbackAllowed, FallbackDenied int64 // decisions by outcome (Local lags: see above)
 
 	Unrecorded int64 // tokens admitted by policy without local room to record them
 	Keys       int   // keys in local memory
@@ -82,6 +97,7 @@ func (l *Limiter) Stats() Stats {
 		s.FallbackDenied += c.fallbackDenied.Load()
 		s.Unrecorded += c.unrecorded.Load()
 	}
+	s.Local += l.store.Stats().Taken.Load() // the fast path's, counted in the entries
 	s.Keys = l.store.Len()
 	s.Pending = max(l.store.Dirty(), l.syncer.Stats().Pending.Load())
 	s.Evictions = l.store.Stats().Evictions.Load()
@@ -105,7 +121,8 @@ func (l *Limiter) Stats() Stats {
 }
 
 // metrics registers the OpenTelemetry instruments; they are all observed from Stats in one callback,
-// so the hot path only bumps striped atomics.
+// so a decision touches no instrument: the fast path counts in its entry, the rest in striped
+// atomics.
 type metrics struct {
 	reg metric.Registration
 }

@@ -3,6 +3,8 @@ package hybrid_test
 import (
 	"context"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -76,7 +78,7 @@ func TestMetricsRedisErrorsAndBreakerState(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	for i := 0; !lim.Stats().BreakerOpen; i++ {
 		require.True(t, time.Now().Before(deadline), "the breaker opens while Redis is down")
-		d, err := lim.Allow(ctx, "cold:"+strconv.Itoa(i), hybrid.Limit{Rate: 1, Burst: 1})
+		d, err := lim.Decide(ctx, "cold:"+strconv.Itoa(i), hybrid.Limit{Rate: 1, Burst: 1})
 		require.NoError(t, err)
 		require.True(t, d.Allowed, "fail-open admits")
 		// The checks time out (go-redis retries a refused dial for 400ms), which opens only the
@@ -113,4 +115,50 @@ func TestWithInstanceRejectsEmpty(t *testing.T) {
 	_, rdb := redistest.Mini(t)
 	_, err := hybrid.New(rdb, hybrid.WithInstance(""))
 	assert.ErrorIs(t, err, hybrid.ErrBadOption)
+}
+
+// TestStatsLocalConvergesExactly: the fast path counts its decisions in the keys' entries, and
+// Stats().Local gets them when the syncer visits the keys. Under concurrent decisions on shared keys
+// (through AllowN and DecideN, with the syncer running every millisecond), no decision is lost from
+// the count: after a Flush, every decision is counted once, by its source.
+func TestStatsLocalConvergesExactly(t *testing.T) {
+	_, rdb := redistest.Mini(t)
+	lim, err := hybrid.New(rdb, hybrid.WithCheckTimeout(time.Second), hybrid.WithSyncInterval(time.Millisecond))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = lim.Close(context.Background()) })
+	ctx := context.Background()
+	for !lim.Ready() {
+		time.Sleep(time.Millisecond)
+	}
+	limit := hybrid.Limit{Rate: 1e9, Burst: 1e9}
+	const goroutines, perG, keys = 4, 20_000, 7
+	var wg sync.WaitGroup
+	var allowed atomic.Int64
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range perG {
+				k := "k" + strconv.Itoa((g+i)%keys)
+				if i%2 == 0 {
+					ok, err := lim.AllowN(ctx, k, limit, 1)
+					if assert.NoError(t, err) && ok {
+						allowed.Add(1)
+					}
+					continue
+				}
+				d, err := lim.DecideN(ctx, k, limit, 1)
+				if assert.NoError(t, err) && d.Allowed {
+					allowed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	require.NoError(t, lim.Flush(ctx))
+	s := lim.Stats()
+	assert.EqualValues(t, goroutines*perG, allowed.Load(), "a limit never reached")
+	assert.EqualValues(t, goroutines*perG, s.Local+s.Central+s.FallbackAllowed, "every admission counted once: %+v", s)
+	assert.Zero(t, s.LocalDenied+s.CentralDenied+s.DenyCache+s.FallbackDenied)
+	assert.Greater(t, s.Local, int64(goroutines*perG*9/10), "most decisions were local")
 }

@@ -29,8 +29,8 @@ const (
 	DefaultIdleEviction = 10 * time.Minute
 	DefaultCheckTimeout = 5 * time.Millisecond
 	DefaultFlushTimeout = 500 * time.Millisecond
-	// MaxKeyLen is the longest key AllowN accepts, in bytes; the same bound as concurrency.MaxKeyLen
-	// and strict.MaxKeyLen.
+	// MaxKeyLen is the longest key AllowN and DecideN accept, in bytes; the same bound as
+	// concurrency.MaxKeyLen and strict.MaxKeyLen.
 	MaxKeyLen = limits.MaxKeyLen
 	// LeaseHorizon is how long a lease should last at a node's demand on a key: its size is the
 	// demand × LeaseHorizon, within the node's demand-weighted share of the burst.

@@ -158,7 +158,7 @@ func paced(wg *sync.WaitGroup, stop <-chan struct{}, lims []*hybrid.Limiter, key
 				case <-tick.C:
 				}
 				start := time.Now()
-				d, err := lim.Allow(context.Background(), key, limit)
+				d, err := lim.Decide(context.Background(), key, limit)
 				took := time.Since(start)
 				if err != nil {
 					select {

@@ -86,7 +86,7 @@ func TestKeyCardinalityAttack(t *testing.T) {
 			for i := w; i < n; i += workers {
 				key := "card:" + strconv.Itoa(i)
 				for range perKey {
-					d, err := lim.Allow(ctx, key, limit)
+					d, err := lim.Decide(ctx, key, limit)
 					if err != nil {
 						errs.Add(1)
 						continue

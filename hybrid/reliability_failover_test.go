@@ -72,7 +72,7 @@ func runFailover(t *testing.T, fc failoverCase) {
 				return
 			case <-time.After(5 * time.Millisecond):
 			}
-			d, err := probe.Allow(ctx, fc.probeKey, hybrid.Limit{Rate: 1e4, Burst: 1e6})
+			d, err := probe.Decide(ctx, fc.probeKey, hybrid.Limit{Rate: 1e4, Burst: 1e6})
 			now := time.Now()
 			mu.Lock()
 			if err != nil {

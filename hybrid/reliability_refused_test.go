@@ -63,7 +63,7 @@ func TestRedisOOMGoesToFailurePolicy(t *testing.T) {
 	keys := keyNames("oom:", 16)
 	var warmed int64
 	for _, k := range keys {
-		d, err := lim.Allow(ctx, k, limit)
+		d, err := lim.Decide(ctx, k, limit)
 		require.NoError(t, err)
 		require.Equal(t, outcome.SourceCentral, d.Source)
 		warmed++

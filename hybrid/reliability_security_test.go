@@ -40,12 +40,12 @@ func exerciseLimiter(t *testing.T, rdb, rdb2 redis.UniversalClient) {
 	other := newLimiter(t, rdb2, hybrid.WithCheckTimeout(time.Second), hybrid.WithFleetBeat(50*time.Millisecond))
 	limit := hybrid.Limit{Rate: 100, Burst: 1000}
 	awaitBans(t, lim)
-	d, err := lim.Allow(ctx, "acl:k", limit)
+	d, err := lim.Decide(ctx, "acl:k", limit)
 	require.NoError(t, err)
 	require.Equal(t, outcome.SourceLocal, d.Source, "the first decision is local (cold-start credit)")
 	require.True(t, d.Allowed)
 	for range 5 {
-		d, err = lim.Allow(ctx, "acl:k", limit)
+		d, err = lim.Decide(ctx, "acl:k", limit)
 		require.NoError(t, err)
 		require.Equal(t, outcome.SourceLocal, d.Source)
 	}
@@ -60,12 +60,12 @@ func exerciseLimiter(t *testing.T, rdb, rdb2 redis.UniversalClient) {
 
 	require.NoError(t, lim.Ban(ctx, "acl:bad", time.Minute))
 	require.Eventually(t, func() bool {
-		d, err := other.Allow(ctx, "acl:bad", limit)
+		d, err := other.Decide(ctx, "acl:bad", limit)
 		return err == nil && !d.Allowed && d.Source == outcome.SourceDenyCache
 	}, 5*time.Second, 5*time.Millisecond, "the ban reaches the other limiter")
 	require.NoError(t, lim.Unban(ctx, "acl:bad"))
 	require.Eventually(t, func() bool {
-		d, err := other.Allow(ctx, "acl:bad", limit)
+		d, err := other.Decide(ctx, "acl:bad", limit)
 		return err == nil && d.Allowed
 	}, 5*time.Second, 5*time.Millisecond, "the unban reaches the other limiter")
 	require.Eventually(t, func() bool { return lim.FleetSize() == 2 && other.FleetSize() == 2 },
@@ -130,7 +130,7 @@ func TestUserKeysNamedLikeInternalsOnRealRedis(t *testing.T) {
 	limit := hybrid.Limit{Rate: 1000, Burst: 1000}
 	for range 3 {
 		for _, k := range names {
-			d, err := lim.Allow(ctx, k, limit)
+			d, err := lim.Decide(ctx, k, limit)
 			require.NoError(t, err)
 			assert.True(t, d.Allowed, "%q is an ordinary key", k)
 		}
@@ -138,11 +138,11 @@ func TestUserKeysNamedLikeInternalsOnRealRedis(t *testing.T) {
 	}
 	other := newLimiter(t, rdb, hybrid.WithCheckTimeout(time.Second))
 	require.Eventually(t, func() bool {
-		d, err := other.Allow(ctx, "victim", limit)
+		d, err := other.Decide(ctx, "victim", limit)
 		return err == nil && !d.Allowed && d.Source == outcome.SourceDenyCache
 	}, 5*time.Second, 10*time.Millisecond, "the ban still holds on a new node")
 	for _, k := range names {
-		d, err := other.Allow(ctx, k, limit)
+		d, err := other.Decide(ctx, k, limit)
 		require.NoError(t, err)
 		assert.True(t, d.Allowed, "%q was not banned by the traffic", k)
 	}

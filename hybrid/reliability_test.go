@@ -187,7 +187,7 @@ func (l *loader) start(goroutines int) {
 				}
 				k := i % len(l.keys)
 				t0 := time.Now()
-				d, err := l.lim.Allow(ctx, l.keys[k], l.limit)
+				d, err := l.lim.Decide(ctx, l.keys[k], l.limit)
 				lat := time.Since(t0)
 				l.calls.Add(1)
 				if err != nil {
@@ -272,7 +272,7 @@ func warm(t *testing.T, lim *hybrid.Limiter, keys []string, limit hybrid.Limit) 
 	ctx := context.Background()
 	for _, k := range keys {
 		require.Eventually(t, func() bool {
-			d, err := lim.Allow(ctx, k, limit)
+			d, err := lim.Decide(ctx, k, limit)
 			require.NoError(t, err)
 			return d.Allowed && d.Source == outcome.SourceLocal
 		}, 5*time.Second, time.Millisecond, "key %s gets a local allowance", k)
@@ -286,7 +286,7 @@ func allowLocally(t *testing.T, lim *hybrid.Limiter, keys []string, limit hybrid
 	ctx := context.Background()
 	for _, k := range keys {
 		for range n {
-			d, err := lim.Allow(ctx, k, limit)
+			d, err := lim.Decide(ctx, k, limit)
 			require.NoError(t, err)
 			require.Equal(t, outcome.SourceLocal, d.Source, "key %s", k)
 		}
@@ -471,7 +471,7 @@ func TestRestartLosesScriptCacheWhileReconcileIsDue(t *testing.T) {
 	}
 	// Decisions that need Redis work on the restarted server too (3 tokens: more than a new key's
 	// cold-start credit of 2).
-	d, err := lim.AllowN(ctx, "restart:new", hybrid.Limit{Rate: 1, Burst: 3}, 3)
+	d, err := lim.DecideN(ctx, "restart:new", hybrid.Limit{Rate: 1, Burst: 3}, 3)
 	require.NoError(t, err)
 	assert.Equal(t, outcome.SourceCentral, d.Source)
 	assert.True(t, d.Allowed)
@@ -598,7 +598,7 @@ func TestSlowRedisKeepsHotKeysLocal(t *testing.T) {
 				return
 			case <-time.After(5 * time.Millisecond):
 			}
-			d, err := lim.AllowN(context.Background(), "slownew:"+strconv.Itoa(i), newKey, 3)
+			d, err := lim.DecideN(context.Background(), "slownew:"+strconv.Itoa(i), newKey, 3)
 			newCalls.Add(1)
 			switch {
 			case err != nil:
@@ -734,7 +734,7 @@ func TestCloseUnderLoad(t *testing.T) {
 			ctx := context.Background()
 			for i := g; ; i++ {
 				k := i % len(keys)
-				d, err := lim.Allow(ctx, keys[k], limit)
+				d, err := lim.Decide(ctx, keys[k], limit)
 				if errors.Is(err, hybrid.ErrClosed) {
 					return
 				}
@@ -859,7 +859,7 @@ func TestCloseWaitsOutAnOpenBreaker(t *testing.T) {
 	admitted := make([]int64, len(keys))
 	for i, k := range keys { // decisions until one is local, so that every key has consumption pending
 		for d := (hybrid.Decision{}); d.Source != outcome.SourceLocal; {
-			d, err = lim.Allow(ctx, k, hot)
+			d, err = lim.Decide(ctx, k, hot)
 			require.NoError(t, err)
 			require.True(t, d.Allowed)
 			admitted[i]++

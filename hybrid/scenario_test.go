@@ -85,7 +85,7 @@ func (p *pinned) run(t *testing.T, key string, limit hybrid.Limit, steps []step)
 		if s.flush {
 			require.NoError(t, p.lim.Flush(ctx), "step %d", i)
 		}
-		d, err := p.lim.AllowN(ctx, key, limit, s.n)
+		d, err := p.lim.DecideN(ctx, key, limit, s.n)
 		require.NoError(t, err, "step %d", i)
 		if d.Allowed != s.allowed || d.Source != s.source || d.RetryAfter != s.retryAfter || d.Remaining != s.remaining {
 			t.Errorf("step %d: after %v, AllowN(%d) = allowed %v source %v retry-after %v remaining %d; want %v %v %v %d",

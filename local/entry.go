@@ -9,7 +9,8 @@ import (
 
 // Entry is one key's local state. Its counters are cumulative for its incarnation:
 //
-//   - total: tokens consumed (admitted, plus unused lease written off when the lease expired);
+//   - total: tokens consumed (admitted, plus unused lease written off when the lease expired), kept
+//     in the low bits of word (see takeShift);
 //   - charged: tokens Redis has charged to this incarnation (leases taken in advance, and debt);
 //   - mark: total may grow up to mark without asking Redis: charged plus a small overdraft credit.
 //
@@ -22,7 +23,7 @@ type Entry struct {
 	hash    uint32        // low 32 bits of the store's hash: shard, slot and a tag compared first
 	flags   flags         // fDirty, fEvicted, fUsed, fThin, fHeld; above them, the nodes active on the key
 	key     string        // compared on lookup
-	total   atomic.Int64  // tokens consumed by this incarnation
+	word    atomic.Int64  // total (tokens consumed by this incarnation) and the decisions Store.Take counted: see takeShift
 	mark    atomic.Int64  // total may grow up to mark without asking Redis
 	rate    atomic.Uint64 // the limit's rate, tokens/s (float64 bits); see SetLimit
 	burst   atomic.Int64  // the limit's burst
@@ -95,6 +96,31 @@ const (
 	maxActive   = 1<<(32-activeShift) - 1 // 16,777,215 nodes: more than any fleet's
 )
 
+// An entry's word holds two counts that Store.Take updates with one CAS: total, the tokens
+// consumed, in its low takeShift bits, and in the bits above them the decisions Store.Take
+// admitted that the store has not added to Stats.Taken yet, modulo 2^(64−takeShift). The store
+// adds them (Store.fold) when the syncer collects the entry (Collect: every entry Take counted on
+// is on a dirty list, as a take puts it there), when the entry leaves the store, and, for a busy
+// entry between two collections, at every 256th decision (the take that wraps the count adds 256).
+// So a local decision costs no locked instruction beyond the take's own CAS, and Stats.Taken
+// lags the decisions by at most what one collection folds, and loses none.
+//
+// total stays far below 2^takeShift: central refuses a cumulative count above 2^53 (the scripts'
+// exact integers), so an entry never reports such a total, and 2^56 tokens take more than two
+// years at the largest rate (1e9 a second).
+const (
+	takeShift = 56
+	tokenMask = 1<<takeShift - 1 // total's bits
+	oneTake   = 1 << takeShift   // one decision in the count (as int64 arithmetic wraps, the count wraps mod 256)
+	takeWrap  = 1 << (64 - takeShift)
+)
+
+// tot returns the total held in a word.
+func tot(w int64) int64 { return w & tokenMask }
+
+// takes returns the decision count held in a word.
+func takes(w int64) int64 { return int64(uint64(w) >> takeShift) }
+
 // flags is a word of independent bits, each updated atomically.
 type flags struct{ v atomic.Uint32 }
 
@@ -158,7 +184,7 @@ func (e *Entry) Incarnation() uint64 {
 }
 
 // Total returns the tokens consumed by this incarnation so far.
-func (e *Entry) Total() int64 { return e.total.Load() }
+func (e *Entry) Total() int64 { return tot(e.word.Load()) }
 
 // Charged returns the tokens Redis has charged to this incarnation, by the last answer applied.
 func (e *Entry) Charged() int64 { return e.charged.Load() }
@@ -182,14 +208,15 @@ const (
 	Gone                      // the entry was evicted concurrently: look the key up again
 )
 
-// TryTake takes n tokens from the local allowance. It never blocks, never allocates and reads no clock.
+// TryTake takes n tokens from the local allowance. It never blocks, never allocates and reads no
+// clock. It does not count a decision (Store.Take does; the caller counts its own).
 func (e *Entry) TryTake(n int64) TakeResult {
 	for {
-		t := e.total.Load()
-		if t+n > e.mark.Load() {
+		w := e.word.Load()
+		if tot(w)+n > e.mark.Load() {
 			return Exhaust
 		}
-		if e.total.CompareAndSwap(t, t+n) {
+		if e.word.CompareAndSwap(w, w+n) {
 			break
 		}
 	}
@@ -197,7 +224,7 @@ func (e *Entry) TryTake(n int64) TakeResult {
 	// see its flag and undo the increment. Both may happen; then we only retry.
 	f := e.flags.v.Load()
 	if f&fEvicted != 0 {
-		e.total.Add(-n)
+		e.word.Add(-n)
 		return Gone
 	}
 	if f&fUsed == 0 {
@@ -209,43 +236,13 @@ func (e *Entry) TryTake(n int64) TakeResult {
 	return Taken
 }
 
-// takeSlow is Store.Take after its first attempt at the allowance failed (too small, or a CAS lost
-// to a concurrent take): TryTake, returning e when it took the tokens and nil otherwise.
-//
-//go:noinline
-func (e *Entry) takeSlow(n int64) *Entry {
-	if e.TryTake(n) != Taken {
-		return nil
-	}
-	return e
-}
-
-// afterTake is Store.Take's end when the flags it read after taking n tokens (f) say more is to
-// do: TryTake's handshake with an eviction, the CLOCK bit and the dirty list. It returns e, or nil
-// when the entry was evicted (the take is undone).
-//
-//go:noinline
-func (e *Entry) afterTake(f uint32, n int64) *Entry {
-	if f&fEvicted != 0 {
-		e.total.Add(-n)
-		return nil
-	}
-	if f&fUsed == 0 {
-		e.flags.set(fUsed)
-	}
-	if f&fDirty == 0 {
-		e.markDirty()
-	}
-	return e
-}
-
 // Add takes n tokens regardless of the allowance (a failure policy admitted them); they are
 // reconciled with Redis like any other consumption. It returns Gone if the entry was evicted
 // concurrently, in which case nothing was recorded.
 func (e *Entry) Add(n int64) TakeResult {
-	e.total.Add(n)
+	e.word.Add(n)
 	if e.flags.has(fEvicted) {
-		e.total.Add(-n)
+		e.word.Add(-n)
 		return Gone
 	}
 	e.markDirty()
@@ -269,9 +266,9 @@ func (e *Entry) AddExcused(n, excused int64) TakeResult {
 	excused = min(max(excused, 0), n)
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.total.Add(n)
+	e.word.Add(n)
 	if e.flags.has(fEvicted) {
-		e.total.Add(-n)
+		e.word.Add(-n)
 		return Gone
 	}
 	if excused > 0 {
@@ -303,7 +300,8 @@ func (e *Entry) Refund(n, now int64) int64 {
 		if e.flags.has(fEvicted) {
 			return 0
 		}
-		t := e.total.Load()
+		w := e.word.Load()
+		t := tot(w)
 		k := min(n, t-e.burned.Load())
 		if k <= 0 {
 			return 0
@@ -313,7 +311,7 @@ func (e *Entry) Refund(n, now int64) int64 {
 		if now >= e.leaseUntil.Load() {
 			burn = max(min(t, e.charged.Load())-nt, 0) // refunded into an expired lease: written off
 		}
-		if !e.total.CompareAndSwap(t, nt+burn) {
+		if !e.word.CompareAndSwap(w, w+(nt+burn-t)) {
 			continue // a concurrent take: look again
 		}
 		e.burned.Add(burn)
@@ -393,15 +391,15 @@ func (e *Entry) clean() bool {
 		return false
 	}
 	burned := e.burned.Load() // before total: Expire raises total first, so a race reads used too high
-	t := e.total.Load()
+	t := e.Total()
 	return t <= e.charged.Load() && t-burned <= e.uacked.Load()
 }
 
 // Pending reports whether the entry has consumption Redis has not charged (debt to report).
-func (e *Entry) Pending() bool { return e.total.Load() > e.charged.Load() }
+func (e *Entry) Pending() bool { return e.Total() > e.charged.Load() }
 
 // Unused returns the unused part of the lease, in tokens.
-func (e *Entry) Unused() int64 { return max(e.charged.Load()-e.total.Load(), 0) }
+func (e *Entry) Unused() int64 { return max(e.charged.Load()-e.Total(), 0) }
 
 // Call is what one reconcile sends for an entry; see central.Update.
 type Call struct {
@@ -423,7 +421,7 @@ func (e *Entry) Next(now int64) Call {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.seq++
-	total := e.total.Load()
+	total := e.Total()
 	cum := total
 	r := e.rare.Load()
 	if r != nil && r.excused > 0 {
@@ -507,7 +505,7 @@ func (e *Entry) RecentRate(now int64) float64 {
 	if e.sentAt <= 0 {
 		return -1
 	}
-	return e.sinceCall(e.total.Load()-e.burned.Load(), e.Denied()) / max(float64(now-e.sentAt)/1e9, 1)
+	return e.sinceCall(e.Total()-e.burned.Load(), e.Denied()) / max(float64(now-e.sentAt)/1e9, 1)
 }
 
 // sinceCall returns the tokens admitted and denied since the last call, given the counters now:
@@ -611,13 +609,13 @@ func (e *Entry) ThinRun() int {
 func (e *Entry) Active() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.total.Load()-e.burned.Load() != e.sentUsed || e.Denied() != e.sentDenied()
+	return e.Total()-e.burned.Load() != e.sentUsed || e.Denied() != e.sentDenied()
 }
 
 // Unreported reports whether the entry admitted tokens Redis has not counted yet.
 func (e *Entry) Unreported() bool {
 	burned := e.burned.Load()
-	return e.total.Load()-burned > e.uacked.Load()
+	return e.Total()-burned > e.uacked.Load()
 }
 
 // Demand returns the entry's demand estimate, tokens/s.
@@ -686,11 +684,12 @@ func (e *Entry) Expire(now int64) int64 {
 	}
 	c := e.charged.Load()
 	for {
-		t := e.total.Load()
+		w := e.word.Load()
+		t := tot(w)
 		if t >= c {
 			return 0
 		}
-		if e.total.CompareAndSwap(t, c) {
+		if e.word.CompareAndSwap(w, w+(c-t)) {
 			e.burned.Add(c - t)
 			return c - t
 		}
@@ -751,7 +750,7 @@ func (e *Entry) Burned() int64 { return e.burned.Load() }
 // Remaining estimates the global tokens left, in tokens: the global count at the last answer plus
 // this node's unused lease. Lock-free; the estimate may mix two answers.
 func (e *Entry) Remaining() int64 {
-	return max(e.remBase.Load()-e.total.Load(), 0)
+	return max(e.remBase.Load()-e.Total(), 0)
 }
 
 // demandTau returns the time constant (s) of a node's demand estimate, from the estimate so far and

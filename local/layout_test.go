@@ -22,7 +22,7 @@ func TestEntryLayout(t *testing.T) {
 	}
 	hot := map[string]uintptr{
 		"hash": unsafe.Offsetof(e.hash) + unsafe.Sizeof(e.hash), "flags": unsafe.Offsetof(e.flags) + unsafe.Sizeof(e.flags),
-		"key": unsafe.Offsetof(e.key) + unsafe.Sizeof(e.key), "total": unsafe.Offsetof(e.total) + 8,
+		"key": unsafe.Offsetof(e.key) + unsafe.Sizeof(e.key), "word": unsafe.Offsetof(e.word) + 8,
 		"mark": unsafe.Offsetof(e.mark) + 8, "rate": unsafe.Offsetof(e.rate) + 8,
 		"burst": unsafe.Offsetof(e.burst) + 8, "remBase": unsafe.Offsetof(e.remBase) + 8,
 	}

@@ -31,11 +31,22 @@ type Config struct {
 	Held func(key string) bool
 }
 
-// Stats counts what the store did. All fields only grow.
+// Stats counts what the store did. All fields but Taken only grow.
 type Stats struct {
 	Inserts   atomic.Int64 // keys added
 	Evictions atomic.Int64 // clean keys evicted to make room
 	Full      atomic.Int64 // inserts refused because every candidate had pending consumption
+
+	// Taken counts the decisions [Store.Take] admitted. It is not raised by each decision (that
+	// would be a locked instruction per decision): each entry counts its own in the word Take
+	// already writes, and Taken gets them when [Store.Collect] takes the entry off its dirty list
+	// (a decision puts it there), when the entry leaves the store ([Store.Remove], an eviction,
+	// [Store.Sweep]), and every 256th decision of an entry. So Taken lags the decisions by those
+	// made since their entries were last collected (for a caller that collects every interval, at
+	// most an interval's), and never loses one: after a Collect with no decision running, it is
+	// exact. A take undone by a concurrent eviction after its entry was collected is taken off
+	// Taken again: the only case where Taken steps back, by one per such take.
+	Taken atomic.Int64
 }
 
 // Store holds the per-key local state of one limiter. It is safe for concurrent use. Lookups are
@@ -164,8 +175,9 @@ func (s *Store) Lookup(key string, h uint64) *Entry {
 
 // Take is the hot path's lookup and take in one call: when key has an entry whose limit is
 // (rate, burst) and whose local allowance covers n, it takes n tokens as [Entry.TryTake] does and
-// returns the entry; otherwise it returns nil and has taken nothing (no entry, another limit, an
-// allowance too small, an entry held ([Store.Hold]) or evicted concurrently), and the caller goes the long way:
+// returns the entry, counting the decision in Stats.Taken (see there: the count lags); otherwise it
+// returns nil and has taken and counted nothing (no entry, another limit, an allowance too small,
+// an entry held ([Store.Hold]) or evicted concurrently), and the caller goes the long way:
 // [Store.Lookup], [Entry.SetLimit], [Entry.TryTake], [Store.Insert]. h is Hash(key). It never
 // blocks, never allocates and reads no clock.
 //
@@ -188,14 +200,89 @@ func (s *Store) Take(key string, h uint64, rate float64, burst, n int64) *Entry 
 	if e.rate.Load() != math.Float64bits(rate) || e.burst.Load() != burst || e.flags.v.Load()&fHeld != 0 {
 		return nil
 	}
-	c := e.total.Load()
-	if c+n > e.mark.Load() || !e.total.CompareAndSwap(c, c+n) {
-		return e.takeSlow(n)
+	w := e.word.Load()
+	if tot(w)+n > e.mark.Load() || !e.word.CompareAndSwap(w, w+n+oneTake) {
+		return s.takeSlow(e, n)
 	}
-	if f := e.flags.v.Load(); f&(fEvicted|fUsed|fDirty) != fUsed|fDirty {
-		return e.afterTake(f, n)
+	w += n + oneTake
+	if f := e.flags.v.Load(); f&(fEvicted|fUsed|fDirty) != fUsed|fDirty || uint64(w) < oneTake {
+		return s.afterTake(e, f, w, n)
 	}
 	return e
+}
+
+// takeSlow is Take after its first attempt at the allowance failed (too small, or a CAS lost to a
+// concurrent take or fold): Entry.TryTake's loop, counting the decision as Take does. It returns
+// e when it took the tokens and nil otherwise.
+//
+//go:noinline
+func (s *Store) takeSlow(e *Entry, n int64) *Entry {
+	for {
+		w := e.word.Load()
+		if tot(w)+n > e.mark.Load() {
+			return nil
+		}
+		if e.word.CompareAndSwap(w, w+n+oneTake) {
+			return s.afterTake(e, e.flags.v.Load(), w+n+oneTake, n)
+		}
+	}
+}
+
+// afterTake is Take's end when the word it left (w) or the flags it read after taking n tokens
+// (f) say more is to do: the count's wrap (this decision made it 256: they go to Stats.Taken),
+// TryTake's handshake with an eviction, the CLOCK bit and the dirty list. It returns e, or nil
+// when the entry was evicted (the take is undone, its decision with it).
+//
+//go:noinline
+func (s *Store) afterTake(e *Entry, f uint32, w, n int64) *Entry {
+	if uint64(w) < oneTake {
+		s.stats.Taken.Add(takeWrap)
+	}
+	if f&fEvicted != 0 {
+		s.untake(e, n)
+		return nil
+	}
+	if f&fUsed == 0 {
+		e.flags.set(fUsed)
+	}
+	if f&fDirty == 0 {
+		e.markDirty()
+	}
+	return e
+}
+
+// untake undoes a take of n tokens and one decision that found e evicted. The decision comes off
+// the count in e's word, or, when a fold (or the take's own wrap) has already moved it to
+// Stats.Taken and the count is 0, off Stats.Taken.
+func (s *Store) untake(e *Entry, n int64) {
+	for {
+		w := e.word.Load()
+		if takes(w) != 0 {
+			if e.word.CompareAndSwap(w, w-n-oneTake) {
+				return
+			}
+			continue
+		}
+		if e.word.CompareAndSwap(w, w-n) {
+			s.stats.Taken.Add(-1)
+			return
+		}
+	}
+}
+
+// fold moves the decisions counted in e's word to Stats.Taken.
+func (s *Store) fold(e *Entry) {
+	for {
+		w := e.word.Load()
+		k := takes(w)
+		if k == 0 {
+			return
+		}
+		if e.word.CompareAndSwap(w, tot(w)) {
+			s.stats.Taken.Add(k)
+			return
+		}
+	}
 }
 
 // home returns the slot a key of hash h probes from, before the table's mask: the bits above the
@@ -322,6 +409,7 @@ func (s *Store) Remove(key string, h uint64) bool {
 		}
 		if e != tomb && e.hash == uint32(h) && e.key == key {
 			e.flags.set(fEvicted)
+			s.fold(e)
 			t.slots[i].Store(tomb)
 			sh.live--
 			sh.tombs++
@@ -375,6 +463,7 @@ func (s *Store) evictLocked(sh *shard) bool {
 		if !e.tryEvict() {
 			continue
 		}
+		s.fold(e)
 		t.slots[i].Store(tomb)
 		sh.live--
 		sh.tombs++
@@ -414,6 +503,7 @@ func (s *Store) Sweep(now, idle int64) int {
 			if now-e.grantedAt.Load() < max(idle, e.refillNanos()) || !e.tryEvict() {
 				continue
 			}
+			s.fold(e)
 			t.slots[j].Store(tomb)
 			sh.live--
 			sh.tombs++
@@ -475,8 +565,9 @@ func (e *Entry) markDirty() {
 // MarkDirty puts e back on the dirty list, e.g. after its reconcile failed.
 func (s *Store) MarkDirty(e *Entry) { e.markDirty() }
 
-// Collect moves every dirty entry to buf (which it returns, appended) and clears their dirty flags.
-// An entry consumed again after Collect read it becomes dirty again.
+// Collect moves every dirty entry to buf (which it returns, appended), clears their dirty flags and
+// adds the decisions [Store.Take] counted in them to Stats.Taken. An entry consumed again after
+// Collect read it becomes dirty again.
 func (s *Store) Collect(buf []*Entry) []*Entry {
 	for i := range s.shards {
 		e := s.shards[i].head.Swap(nil)
@@ -485,6 +576,7 @@ func (s *Store) Collect(buf []*Entry) []*Entry {
 			next := e.link
 			e.link = unsafe.Pointer(s)
 			e.flags.clear(fDirty)
+			s.fold(e) // after the clear: a decision the fold misses sees the flag clear and marks e dirty again
 			buf = append(buf, e)
 			k++
 			if next == unsafe.Pointer(s) {

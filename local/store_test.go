@@ -423,3 +423,98 @@ func TestTakeLeavesAHeldEntryAlone(t *testing.T) {
 	assert.True(t, e2.Held(), "inserted held")
 	assert.Nil(t, s.Take("k", h, 100, 100, 1))
 }
+
+// TestTakenCountsEveryDecision: Store.Take counts its decisions in the entries' words, and
+// Stats.Taken gets each of them exactly once, through Collect, an eviction, a Remove or a wrap of
+// an entry's count, while goroutines take, collect, evict and remove concurrently (run with -race).
+// After a last Collect with no take running, Taken equals the takes that returned an entry.
+func TestTakenCountsEveryDecision(t *testing.T) {
+	s := newStore(t, 64)
+	var (
+		mu   sync.Mutex
+		all  = map[*Entry]bool{}
+		took atomic.Int64
+		wg   sync.WaitGroup
+	)
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 20_000 {
+				k := "c" + strconv.Itoa((g*7919+i*(1+i%3))%(70+g))
+				h := hash(s, k)
+				if e := s.Take(k, h, 100, 100, 1); e != nil {
+					took.Add(1)
+					continue
+				}
+				e := s.Insert(k, h, 100, 100, 0)
+				if e == nil {
+					continue
+				}
+				mu.Lock()
+				all[e] = true
+				mu.Unlock()
+				if e.Mark()-e.Total() < 1 {
+					grant(e, e.Total(), 1_000, 0)
+				}
+				switch {
+				case i%50 == 0: // a reconcile that applies everything, making entries clean (evictable) again
+					for _, d := range s.Collect(nil) {
+						grant(d, d.Total(), 1_000, 0)
+					}
+				case i%997 == 0:
+					s.Remove(k, h)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	s.Collect(nil)
+	assert.Equal(t, took.Load(), s.Stats().Taken.Load(), "every decision counted once")
+	for e := range all {
+		assert.Zero(t, takes(e.word.Load()), "nothing left uncounted in %s", e.Key())
+	}
+	assert.Positive(t, s.Stats().Evictions.Load(), "keys churned through eviction")
+}
+
+// TestTakenWrapsEvery256: an entry that is never collected hands its count over every 256 decisions;
+// the rest comes with the next Collect, and the tokens are unaffected by the count.
+func TestTakenWrapsEvery256(t *testing.T) {
+	s := newStore(t, 64)
+	e := insert(t, s, "hot")
+	grant(e, 0, 10_000, 0)
+	h := hash(s, "hot")
+	for range 1000 {
+		require.NotNil(t, s.Take("hot", h, 100, 100, 2))
+	}
+	assert.EqualValues(t, 3*256, s.Stats().Taken.Load())
+	assert.EqualValues(t, 2000, e.Total(), "the count is not part of the tokens")
+	assert.EqualValues(t, 1000-3*256, takes(e.word.Load()))
+	s.Collect(nil)
+	assert.EqualValues(t, 1000, s.Stats().Taken.Load())
+	assert.Zero(t, takes(e.word.Load()))
+	assert.EqualValues(t, 2000, e.Total())
+	require.Equal(t, Taken, e.TryTake(1), "TryTake counts no decision")
+	s.Collect(nil)
+	assert.EqualValues(t, 1000, s.Stats().Taken.Load())
+}
+
+// TestUntakeGivesTheDecisionBack: a take that finds its entry evicted is undone, decision included,
+// whether its decision is still in the entry's count or was already folded into Stats.Taken.
+func TestUntakeGivesTheDecisionBack(t *testing.T) {
+	s := newStore(t, 64)
+	e := insert(t, s, "x")
+	grant(e, 0, 100, 0)
+	h := hash(s, "x")
+	require.NotNil(t, s.Take("x", h, 100, 100, 1))
+	require.NotNil(t, s.Take("x", h, 100, 100, 1))
+	s.untake(e, 1) // in the count
+	assert.EqualValues(t, 1, takes(e.word.Load()))
+	assert.EqualValues(t, 1, e.Total())
+	s.fold(e)
+	assert.EqualValues(t, 1, s.Stats().Taken.Load())
+	s.untake(e, 1) // already folded
+	assert.Zero(t, s.Stats().Taken.Load())
+	assert.Zero(t, e.Total())
+	assert.Zero(t, takes(e.word.Load()))
+}

@@ -81,7 +81,7 @@ func (e *Enforcer) checkHybrid(ctx context.Context, c *compiled, enforced []plan
 		if p.r.strict {
 			continue
 		}
-		hd, err := p.r.lim.AllowN(ctx, p.key, p.u.hybrid, p.n)
+		hd, err := p.r.lim.DecideN(ctx, p.key, p.u.hybrid, p.n)
 		if err != nil {
 			e.refundHybrid(ctx, enforced[:i]) // no decision: the request is not admitted either
 			return fmt.Errorf("policy: rule %q: %w", p.r.id, err)

@@ -64,7 +64,7 @@ func (e *Enforcer) evalShadow(ctx context.Context, pl plan, shadow []planned, re
 			}
 			d = strictDecision(p, m, 0)
 		} else {
-			hd, err := p.r.lim.AllowN(ctx, p.key, p.u.hybrid, p.n)
+			hd, err := p.r.lim.DecideN(ctx, p.key, p.u.hybrid, p.n)
 			if err != nil {
 				e.stats.Errors.Add(1)
 				continue

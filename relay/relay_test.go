@@ -104,7 +104,7 @@ func drive(t *testing.T, kids []*hybrid.Limiter, every, run time.Duration, keys 
 			defer tick.Stop()
 			for ; time.Since(start) < run; <-tick.C {
 				for i, k := range keys {
-					d, err := l.Allow(context.Background(), k, limit)
+					d, err := l.Decide(context.Background(), k, limit)
 					if err != nil {
 						t.Error(err)
 						return

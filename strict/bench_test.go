@@ -143,7 +143,7 @@ func benchStrictAlgo(b *testing.B, a Algorithm) {
 		b.ResetTimer()
 		start := time.Now()
 		for i := 0; i < b.N; i++ {
-			r, err := s.Allow(ctx, denied, "d")
+			r, err := s.Decide(ctx, denied, "d")
 			if err != nil || r.Allowed {
 				b.Fatal(r, err)
 			}
@@ -327,8 +327,8 @@ func TestStrictRedisCommandsPerCall(t *testing.T) {
 		open := Rule{Name: "open", Algorithm: a, Limit: 1000, Period: time.Hour}
 		shut := Rule{Name: "shut", Algorithm: a, Limit: 1, Period: time.Hour}
 		paths = append(paths,
-			path{a.String() + " admit", func() (bool, error) { r, err := s.Allow(ctx, open, "s"); return r.Allowed, err }},
-			path{a.String() + " deny", func() (bool, error) { r, err := s.Allow(ctx, shut, "s"); return !r.Allowed, err }})
+			path{a.String() + " admit", func() (bool, error) { r, err := s.Decide(ctx, open, "s"); return r.Allowed, err }},
+			path{a.String() + " deny", func() (bool, error) { r, err := s.Decide(ctx, shut, "s"); return !r.Allowed, err }})
 	}
 	sh, err := s.NewShaper(ShaperRule{Name: "sh", Limit: 1000, Period: time.Hour, MaxWait: time.Hour})
 	require.NoError(t, err)

@@ -43,7 +43,7 @@ func TestStrictClusterFailover(t *testing.T) {
 	require.NotSame(t, old, cl.MasterFor(t, key("t", subject, rule.Name, rule.Algorithm.code(), subject)), "a replica took over")
 	var lastErr error
 	assert.Eventually(t, func() bool {
-		_, lastErr = l.Allow(ctx, rule, subject)
+		_, lastErr = l.Decide(ctx, rule, subject)
 		return lastErr == nil
 	}, 10*time.Second, 20*time.Millisecond, "no successful call within 10s of the new master")
 	require.NoError(t, lastErr, "the last call")

@@ -7,7 +7,8 @@
 //
 //	l, err := strict.New(rdb)
 //	login := strict.Rule{Name: "login", Algorithm: strict.SlidingLog, Limit: 5, Period: 15 * time.Minute}
-//	res, err := l.Allow(ctx, login, userID)
+//	ok, err := l.Allow(ctx, login, userID)   // yes or no, as x/time/rate's Allow
+//	d, err := l.Decide(ctx, login, userID)   // the whole answer: Remaining, RetryAfter, …
 //
 // Five algorithms count the requests ([TokenBucket], [GCRA], [FixedWindow], [SlidingWindow],
 // [SlidingLog]; docs/algorithms.md compares them), all with weighted costs. [Limiter.AllowMulti]

@@ -29,14 +29,16 @@ func Example() {
 	// Two logins an hour: the bucket refills one token per 30 minutes, so the third try is denied.
 	login := strict.Rule{Name: "login", Algorithm: strict.TokenBucket, Limit: 2, Period: time.Hour}
 	for range 3 {
-		res, err := l.Allow(ctx, login, "alice")
+		res, err := l.Decide(ctx, login, "alice")
 		if err != nil {
 			panic(err)
 		}
 		fmt.Printf("allowed=%v remaining=%d retry in about %v\n", res.Allowed, res.Remaining, res.RetryAfter.Round(time.Minute))
 	}
 
-	// An invalid request is refused before anything is sent.
+	// Allow answers yes or no; an invalid request is refused before anything is sent.
+	ok, err := l.Allow(ctx, login, "alice")
+	fmt.Println(ok, err)
 	_, err = l.AllowN(ctx, login, "alice", 3)
 	fmt.Println(errors.Is(err, strict.ErrInvalid), strict.IsTransport(err))
 	fmt.Println(err)
@@ -44,6 +46,7 @@ func Example() {
 	// allowed=true remaining=1 retry in about 0s
 	// allowed=true remaining=0 retry in about 0s
 	// allowed=false remaining=0 retry in about 30m0s
+	// false <nil>
 	// true false
 	// strict: invalid request: rule "login": n=3 out of range [1, limit=2]
 }

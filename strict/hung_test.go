@@ -61,7 +61,7 @@ func checkHungCalls(t *testing.T, l *Limiter, rule Rule, subject string, multi [
 func requireAnsweredAgain(t *testing.T, l *Limiter, rule Rule, subject string) {
 	t.Helper()
 	require.Eventually(t, func() bool {
-		res, err := l.Allow(context.Background(), rule, subject)
+		res, err := l.Decide(context.Background(), rule, subject)
 		return err == nil && res.Allowed
 	}, 10*time.Second, 20*time.Millisecond, "answered again after SIGCONT")
 }
@@ -84,7 +84,7 @@ func TestHungClusterBounded(t *testing.T) {
 		rule := Rule{Name: "r", Algorithm: GCRA, Limit: 100, Period: time.Second}
 		multi := []Check{{Rule: rule, Subject: subject, N: 1}, {Rule: Rule{Name: "w", Algorithm: SlidingWindow, Limit: 100, Period: time.Second}, Subject: subject, N: 1}}
 		require.Eventually(t, func() bool { // the first calls load the slot map and the scripts
-			_, err1 := l.Allow(ctx, rule, subject)
+			_, err1 := l.Decide(ctx, rule, subject)
 			_, err2 := l.AllowMulti(ctx, subject, multi)
 			return err1 == nil && err2 == nil
 		}, 10*time.Second, 10*time.Millisecond, "warm-up")

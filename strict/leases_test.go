@@ -86,7 +86,7 @@ func TestWindowLeasesOneProcessAnswersAsUpstream(t *testing.T) {
 		clk.add(time.Millisecond)
 		n := costs[rng.IntN(len(costs))]
 		ok, rem, exc := m.charge(n)
-		got, err := l.AllowN(context.Background(), rule, "s", n)
+		got, err := l.DecideN(context.Background(), rule, "s", n)
 		require.NoError(t, err, "call %d", i)
 		require.Equal(t, ok, got.Allowed, "call %d (n=%d, count %d)", i, n, m.count)
 		require.Equal(t, rem, got.Remaining, "call %d (n=%d, count %d)", i, n, m.count)
@@ -106,7 +106,7 @@ func TestWindowLeasesOneProcessAnswersAsUpstream(t *testing.T) {
 
 	// The next window starts from 0, in a key of its own.
 	clk.us.Store(leaseT0 + time.Hour.Microseconds() + 1000)
-	got, err := l.AllowN(context.Background(), rule, "s", 1)
+	got, err := l.DecideN(context.Background(), rule, "s", 1)
 	require.NoError(t, err)
 	require.True(t, got.Allowed)
 	require.Equal(t, rule.Limit-1, got.Remaining)
@@ -126,7 +126,7 @@ func TestWindowLeasesOffCountsEveryCall(t *testing.T) {
 	for i, n := range []int64{2, 0, 2, 0, 1} {
 		clk.add(time.Millisecond)
 		ok, rem, exc := m.charge(n)
-		got, err := l.AllowN(context.Background(), rule, "s", n)
+		got, err := l.DecideN(context.Background(), rule, "s", n)
 		require.NoError(t, err)
 		want := Decision{Allowed: ok, Limit: 3, Remaining: rem, Excess: exc,
 			ResetAfter: 50*time.Minute - time.Duration(i+1)*time.Millisecond}
@@ -162,7 +162,7 @@ func TestWindowLeasesTwoProcessesBound(t *testing.T) {
 			l = b
 		}
 		n := int64(1) // upstream then admits exactly the limit
-		got, err := l.AllowN(context.Background(), rule, "s", n)
+		got, err := l.DecideN(context.Background(), rule, "s", n)
 		require.NoError(t, err, "call %d", i)
 		charged += n
 		if got.Allowed {
@@ -202,14 +202,14 @@ func TestWindowLeaseCrossingTheLimitIsReturned(t *testing.T) {
 		count++
 	}
 	held := leaseOf(a, rule, "s")
-	got, err := b.AllowN(ctx, rule, "s", rule.Limit-count-held-5) // b leaves 5 units
+	got, err := b.DecideN(ctx, rule, "s", rule.Limit-count-held-5) // b leaves 5 units
 	require.NoError(t, err)
 	require.Equal(t, int64(5), got.Remaining)
 	for range held { // a uses its lease up
 		_, err := a.AllowN(ctx, rule, "s", 1)
 		require.NoError(t, err)
 	}
-	got, err = a.AllowN(ctx, rule, "s", 1) // a trip that asks for a lease the window no longer has
+	got, err = a.DecideN(ctx, rule, "s", 1) // a trip that asks for a lease the window no longer has
 	require.NoError(t, err)
 	require.Equal(t, Decision{Allowed: true, Limit: rule.Limit, Remaining: 4, ResetAfter: got.ResetAfter}, got)
 	require.Zero(t, leaseOf(a, rule, "s"))
@@ -248,7 +248,7 @@ func TestWindowLeasesConcurrent(t *testing.T) {
 			defer wg.Done()
 			for range 250 {
 				clk.add(50 * time.Microsecond)
-				got, err := ls[g%2].AllowN(context.Background(), rule, "s", 1)
+				got, err := ls[g%2].DecideN(context.Background(), rule, "s", 1)
 				if !assert.NoError(t, err) {
 					return
 				}
@@ -288,7 +288,7 @@ func TestWindowLeasesEvictionGivesLeasesBack(t *testing.T) {
 			models[s] = m
 		}
 		ok, rem, exc := m.charge(1)
-		got, err := l.AllowN(context.Background(), rule, s, 1)
+		got, err := l.DecideN(context.Background(), rule, s, 1)
 		require.NoError(t, err, "call %d", i)
 		require.Equal(t, [3]any{ok, rem, exc}, [3]any{got.Allowed, got.Remaining, got.Excess}, "call %d on %s", i, s)
 	}

@@ -205,14 +205,15 @@ type counters struct {
 // exact whatever the number of processes, at the price of a round trip per decision. Create it with
 // [New]; it is safe for concurrent use, and its zero value is not usable.
 //
-// Most callers want [Limiter.AllowN] for one rule, or [Limiter.AllowMulti] for several rules that
-// must all admit a request (per API key, per tenant, per user) or none of them counts it.
+// Most callers want [Limiter.AllowN] (or [Limiter.DecideN], for the whole answer) for one rule, or
+// [Limiter.AllowMulti] for several rules that must all admit a request (per API key, per tenant,
+// per user) or none of them counts it.
 // [Limiter.NewShaper] returns a global leaky-bucket shaper that delays work instead of denying it.
 //
 // # Keys
 //
 // Every key is "<prefix>:v1:{<tag>}:<rule>:<algorithm>:<subject>", where the tag is chosen by the
-// caller of AllowMulti and is the subject itself for AllowN (the subject part is then left out). All
+// caller of AllowMulti and is the subject itself for AllowN and DecideN (the subject part is then left out). All
 // keys of one call share the tag, so they share a Redis Cluster slot by construction: a CROSSSLOT error
 // cannot happen. The tag is part of a counter's identity: check a rule for a subject with the same tag
 // every time. With [WithHashedSubjects], tags and subjects appear in keys only as hashes.
@@ -362,16 +363,31 @@ type MultiResult struct {
 }
 
 // Allow is shorthand for AllowN(ctx, rule, subject, 1).
-func (l *Limiter) Allow(ctx context.Context, rule Rule, subject string) (Decision, error) {
+func (l *Limiter) Allow(ctx context.Context, rule Rule, subject string) (bool, error) {
 	return l.AllowN(ctx, rule, subject, 1)
 }
 
 // AllowN reports whether a request of cost n by subject is admitted under rule, and counts it if so,
-// in one atomic script call. A denial is not an error: an error means no decision was made (invalid
-// input, wrapping [ErrInvalid]; wrapping [ErrUnavailable] while the breaker is open or when Redis could
-// not serve the call, for which [IsTransport] is also true; or a reply Redis gave for this key alone). The subject is also the hash tag
-// of the key, so it must not contain '}' unless subjects are hashed ([WithHashedSubjects]).
-func (l *Limiter) AllowN(ctx context.Context, rule Rule, subject string, n int64) (Decision, error) {
+// as [Limiter.DecideN] does, and returns only the answer's Allowed: callers that need the units
+// left or the time to retry call DecideN. Its errors are DecideN's.
+func (l *Limiter) AllowN(ctx context.Context, rule Rule, subject string, n int64) (bool, error) {
+	d, err := l.DecideN(ctx, rule, subject, n)
+	return d.Allowed, err
+}
+
+// Decide is shorthand for DecideN(ctx, rule, subject, 1).
+func (l *Limiter) Decide(ctx context.Context, rule Rule, subject string) (Decision, error) {
+	return l.DecideN(ctx, rule, subject, 1)
+}
+
+// DecideN reports whether a request of cost n by subject is admitted under rule, and counts it if
+// so, in one atomic script call, and returns the whole answer (see [Decision]). A denial is not an
+// error: an error means no decision was made (invalid input, wrapping [ErrInvalid]; wrapping
+// [ErrUnavailable] while the breaker is open or when Redis could not serve the call, for which
+// [IsTransport] is also true; or a reply Redis gave for this key alone). The subject is also the
+// hash tag of the key, so it must not contain '}' unless subjects are hashed
+// ([WithHashedSubjects]).
+func (l *Limiter) DecideN(ctx context.Context, rule Rule, subject string, n int64) (Decision, error) {
 	checks := [1]Check{{Rule: rule, Subject: subject, N: n}}
 	var out [1]Decision
 	allowed, _, err := l.evaluate(ctx, subject, checks[:], out[:])
@@ -387,7 +403,7 @@ func (l *Limiter) AllowN(ctx context.Context, rule Rule, subject string, n int64
 // carry tag as their hash tag (typically the tenant), so they live in one Redis Cluster slot; the tag
 // must be non-empty, at most MaxKeyLen bytes and, unless subjects are hashed, free of '}'.
 // Checks must name distinct (rule, subject) pairs; there may be 1 to MaxChecks of them. A denial is
-// not an error; errors are AllowN's ([ErrInvalid] for bad input, never sent; [ErrUnavailable] when
+// not an error; errors are DecideN's ([ErrInvalid] for bad input, never sent; [ErrUnavailable] when
 // Redis could not serve the call).
 func (l *Limiter) AllowMulti(ctx context.Context, tag string, checks []Check) (MultiResult, error) {
 	out := make([]Decision, len(checks))
@@ -484,7 +500,7 @@ func (l *Limiter) evaluate(ctx context.Context, tag string, checks []Check, out 
 	return allowed, retry, nil
 }
 
-// validTag checks a hash tag (or an AllowN subject, which is its own tag).
+// validTag checks a hash tag (or a DecideN subject, which is its own tag).
 func (l *Limiter) validTag(tag string) error {
 	switch {
 	case tag == "" || len(tag) > MaxKeyLen:

@@ -63,7 +63,7 @@ func runStrictSteps(t *testing.T, s *Limiter, rule Rule, subject string, steps [
 	t.Helper()
 	for i, st := range steps {
 		s.at(st.at)
-		got, err := s.AllowN(context.Background(), rule, subject, st.n)
+		got, err := s.DecideN(context.Background(), rule, subject, st.n)
 		require.NoError(t, err, "step %d", i)
 		want := Decision{Allowed: st.allowed, Limit: rule.Limit, Remaining: st.remaining, RetryAfter: st.retry, ResetAfter: st.reset, Excess: st.excess}
 		assert.Equal(t, want, got, "step %d: n=%d at +%dµs", i, st.n, st.at)
@@ -182,11 +182,11 @@ func TestStrictGCRAFractionalInterval(t *testing.T) {
 			rule := Rule{Name: "third", Algorithm: a, Limit: 3, Period: time.Second}
 			s.at(0)
 			for i := 0; i < 3; i++ {
-				r, err := s.Allow(ctx, rule, "u")
+				r, err := s.Decide(ctx, rule, "u")
 				require.NoError(t, err)
 				require.True(t, r.Allowed, "%v burst %d", a, i)
 			}
-			r, err := s.Allow(ctx, rule, "u")
+			r, err := s.Decide(ctx, rule, "u")
 			require.NoError(t, err)
 			assert.Equal(t, 333_334*us, r.RetryAfter, "%v", a)
 			// Ask again exactly at each retry-after, 60 times: the admissions land on the schedule.
@@ -194,7 +194,7 @@ func TestStrictGCRAFractionalInterval(t *testing.T) {
 			for admitted < 60 {
 				at += int64(r.RetryAfter / us)
 				s.at(at)
-				r, err = s.Allow(ctx, rule, "u")
+				r, err = s.Decide(ctx, rule, "u")
 				require.NoError(t, err)
 				if r.Allowed {
 					admitted++
@@ -222,10 +222,10 @@ func TestStrictUpstreamWindow(t *testing.T) {
 			{at: 20_000_000, n: 0, allowed: true, remaining: 0, reset: 10 * sec}, // at the limit, not above: OK
 		})
 		s.at(21_000_000)
-		r, err := s.AllowN(context.Background(), rule, "alice", 2)
+		r, err := s.DecideN(context.Background(), rule, "alice", 2)
 		require.NoError(t, err)
 		assert.Equal(t, Decision{Limit: 3, Excess: 2, RetryAfter: 9 * sec, ResetAfter: 9 * sec}, r, "5 counted, 2 above the limit")
-		r, err = s.AllowN(context.Background(), rule, "alice", 0)
+		r, err = s.DecideN(context.Background(), rule, "alice", 0)
 		require.NoError(t, err)
 		assert.Equal(t, int64(2), r.Excess)
 		assertStrictState(t, rdb, "t:v1:{alice}:api:uw", map[string]string{"w": strconv.FormatInt(strictT0+20_000_000, 10), "c": "5"}, 0)
@@ -288,10 +288,10 @@ func TestStrictSlidingLogRecoversLostSum(t *testing.T) {
 		}
 		// The hash is lost (say, evicted) but not the log: the sum and the sequence are rebuilt from it.
 		require.NoError(t, rdb.Del(ctx, "t:v1:{bob}:api:sls").Err())
-		r, err := s.AllowN(ctx, rule, "bob", 4)
+		r, err := s.DecideN(ctx, rule, "bob", 4)
 		require.NoError(t, err)
 		assert.False(t, r.Allowed, "3 + 4 + 4 > 10")
-		r, err = s.AllowN(ctx, rule, "bob", 3)
+		r, err = s.DecideN(ctx, rule, "bob", 3)
 		require.NoError(t, err)
 		assert.Equal(t, Decision{Allowed: true, Limit: 10, Remaining: 0, ResetAfter: time.Second}, r)
 		n, err := rdb.ZCard(ctx, "t:v1:{bob}:api:sl").Result()
@@ -468,7 +468,7 @@ func TestStrictConcurrentExact(t *testing.T) {
 	for _, a := range []Algorithm{TokenBucket, GCRA, FixedWindow, SlidingWindow, SlidingLog} {
 		rule := Rule{Name: "c", Algorithm: a, Limit: limit, Period: time.Hour}
 		targets = append(targets, target{a.String(), func(ctx context.Context) (bool, error) {
-			r, err := s.AllowN(ctx, rule, "hot", 1)
+			r, err := s.DecideN(ctx, rule, "hot", 1)
 			return r.Allowed, err
 		}})
 	}
@@ -533,7 +533,7 @@ func TestStrictWindowBoundary(t *testing.T) {
 			before, after := 0, 0
 			for at := int64(boundary - span); at < boundary+span; at += step {
 				s.at(at)
-				r, err := s.Allow(ctx, rule, "burst")
+				r, err := s.Decide(ctx, rule, "burst")
 				require.NoError(t, err)
 				if r.Allowed && at < boundary {
 					before++
@@ -722,7 +722,7 @@ func TestStrictNoScriptRecovery(t *testing.T) {
 		s.at(0)
 		for i := 0; i < 3; i++ {
 			require.NoError(t, rdb.ScriptFlush(ctx).Err())
-			r, err := s.Allow(ctx, rule, "s")
+			r, err := s.Decide(ctx, rule, "s")
 			require.NoError(t, err, "after SCRIPT FLUSH %d", i)
 			assert.Equal(t, int64(4-i), r.Remaining)
 		}
@@ -854,7 +854,7 @@ func TestStrictAllowNSharesMultiCounter(t *testing.T) {
 		s := newTestStrict(t, rdb)
 		rule := Rule{Name: "r", Algorithm: FixedWindow, Limit: 5, Period: time.Minute}
 		s.at(0)
-		r, err := s.AllowN(ctx, rule, "acme", 2)
+		r, err := s.DecideN(ctx, rule, "acme", 2)
 		require.NoError(t, err)
 		require.Equal(t, int64(3), r.Remaining)
 		// AllowN(rule, s) is AllowMulti(tag s, {rule, s}): one counter.

@@ -175,7 +175,7 @@ type hybridNode struct {
 // allow counts a decision as local when it came from the node's own state: its local allowance (or a
 // local denial) or its deny cache.
 func (n *hybridNode) allow(ctx context.Context, k int, _ time.Duration) (bool, bool, error) {
-	d, err := n.lim.AllowN(ctx, n.keys[k], n.limit, n.cost)
+	d, err := n.lim.DecideN(ctx, n.keys[k], n.limit, n.cost)
 	return d.Allowed, d.Source == outcome.SourceLocal || d.Source == outcome.SourceDenyCache, err
 }
 

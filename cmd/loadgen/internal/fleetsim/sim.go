@@ -597,7 +597,7 @@ func runHybrid(ctx context.Context, cfg Config, s Scenario, n int, arr []arrival
 			names[a.key] = keyName(a.key)
 		}
 		t0 := time.Now()
-		d, err := lims[a.node].Allow(ctx, names[a.key], limit)
+		d, err := lims[a.node].Decide(ctx, names[a.key], limit)
 		lat := time.Since(t0)
 		if err != nil {
 			return r, err
