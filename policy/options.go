@@ -60,8 +60,10 @@ func WithStrictTimeout(d time.Duration) Option {
 // WithWindowLeases counts UpstreamWindow rules as envoyproxy/ratelimit counts them, in a string key
 // per window charged with INCRBY, instead of strict.lua, and with life > 0 serves them local-first
 // from leases of the window's quota (strict.WithWindowLeases, docs/sidecar.md, "Local-first
-// windows"): life is how long a lease should last at the key's demand (the lease is the demand times
-// life, at most 1/strict.WindowLeaseShare of the window's remaining quota); life 0 takes no lease,
+// windows"): life is how long a lease should last at the key's demand while active (the lease is that
+// demand times life, at most 1/strict.WindowLeaseShare of the window's remaining quota; pauses
+// between uses do not count as demand time, and leases are renewed ahead in the background, due
+// keys in one pipeline: strict.WithWindowLeases); life 0 takes no lease,
 // one INCRBY per check. life must not be negative. Windows are then decided by the Enforcer's clock
 // (WithClock), as upstream decides them. A request that checks UpstreamWindow rules together with
 // rules of other strict algorithms is then an error: a policy whose requests each select one rule
