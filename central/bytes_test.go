@@ -75,6 +75,27 @@ func BenchmarkBucketBytes(b *testing.B) {
 			}
 		})
 	}
+	// A key only one-off takes touched (take.lua: the bucket and its one-off demand, no node record).
+	b.Run("impl=v5/one-off", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			prefix := "bytesoneoff" + strconv.Itoa(i)
+			cfg := testConfig(rdb, "node")
+			cfg.Prefix = prefix
+			c, err := New(cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			keys := make([]string, n)
+			for j := range n {
+				if _, err := c.Take(ctx, Update{Key: "user:" + strconv.Itoa(j), Limit: Limit{Rate: 100, Burst: 100},
+					Want: 1, N: 1}); err != nil {
+					b.Fatal(err)
+				}
+				keys[j] = BucketKey(prefix, "user:"+strconv.Itoa(j))
+			}
+			report(b, keys)
+		}
+	})
 	shapes := []string{
 		"b48+n18v40",        // v5, one node: the bucket and a node record
 		"b48+n18v40+n18v40", // v5, two nodes

@@ -18,6 +18,13 @@
 --   n:<node>  this node's record: inc, chg, used, demand (tokens/s), seen (ms); packed with
 --             struct.pack('<ddddd') where Redis's Lua has struct, else the text
 --             "inc:chg:used:demand:seen".
+--   o   the key's one-off demand: the tokens/s that one-off takes (take.lua, and inc 0 here) took,
+--       as an exponentially decayed rate with a time constant of one second, and the time (µs) it was
+--       last updated: struct.pack('<dd') where Redis's Lua has struct, else the text "rate:time"
+--       (rate in decimal, time in hexadecimal). Written only by one-off takes that are admitted; a
+--       key without one has no such field. The nodes on one-off takes declare no demand (they keep
+--       no record), so w alone undercounts a key they share with leasing nodes: the key's demand is
+--       w plus this rate (issue 21).
 --   ban the key's ban, if any: its deadline in ms of Redis TIME, in decimal (written by
 --       bucketban.lua when the key is banned, deleted when it is unbanned; the ban list under
 --       "<prefix>:v3:x:" keeps the same ban for the nodes' local copies). Read with the bucket in the
@@ -208,6 +215,35 @@ local function bucket(tokens, ts, consumed, w, next_scan, ttl_set)
   return sformat('%d:%x:%d:%x:%x:%x', tokens, ts, consumed, w * 1000 + 0.5, next_scan, ttl_set)
 end
 
+-- ONEOFF_TAU is the time constant of the one-off demand (the o field), µs: one second, the pace
+-- at which a fleet's nodes move from one-off takes to leases at start-up (hybrid's direct rule).
+local ONEOFF_TAU = 1000000
+local mexp = math.exp
+
+-- oneoff reads the o field: the one-off demand's rate (tokens/s), decayed to now; 0 when absent
+-- or malformed.
+local function oneoff(s)
+  if not s then return 0 end
+  local r, t
+  if sunpack then
+    if #s ~= 16 then return 0 end
+    r, t = sunpack('<dd', s)
+  else
+    local a, b = smatch(s, '^([%d.]+):(%x+)$')
+    if a == nil then return 0 end
+    r, t = tonum(a), tonum(b, 16)
+  end
+  if not (r >= 0 and r <= 1e12) then return 0 end
+  if now > t then r = r * mexp((t - now) / ONEOFF_TAU) end
+  return r
+end
+
+-- oneoffpack packs the o field with rate r (tokens/s) at now.
+local function oneoffpack(r)
+  if spack then return spack('<dd', r, now) end
+  return sformat('%.6f:%x', r, now)
+end
+
 -- record packs a node record (see parse).
 local function record(inc, chg, used, d, seen)
   if spack then return spack('<ddddd', inc, chg, used, d, seen) end
@@ -233,8 +269,9 @@ local function process(i, key)
   end
   if bad then error('hybridrate: bad ' .. bad .. ' for key ' .. i, 0) end
 
-  local h = rcall('HMGET', key, 'b', field, 'ban')
+  local h = rcall('HMGET', key, 'b', field, 'ban', 'o')
   local burst_u = burst * 1000000
+  local ow = oneoff(h[4]) -- the one-off takes' demand (tokens/s), not part of w
   local tokens, ts, consumed, w, next_scan, ttl_set
   if h[1] then tokens, ts, consumed, w, next_scan, ttl_set = unbucket(h[1]) end
   if tokens == nil then
@@ -263,7 +300,7 @@ local function process(i, key)
 
   if inc == 0 then
     if ban then
-      return 2, 0, floor(tokens), floor(w * 1000), clamp((ban - ttl_ms) * 1000), clamp(ceil((burst_u - tokens) / rate))
+      return 2, 0, floor(tokens), floor((w + ow) * 1000), clamp((ban - ttl_ms) * 1000), clamp(ceil((burst_u - tokens) / rate))
     end
     -- A one-off take: by a node without local state for the key (its key cap is full of keys with
     -- consumption not yet counted), or by a node that sees the key too rarely for a token of it on
@@ -271,23 +308,25 @@ local function process(i, key)
     -- record is kept: it costs Redis what a central bucket's decision does. A denial writes
     -- nothing (the refill is recomputed from the stored time next call, with the same result).
     if tokens < n * 1000000 then
-      return 0, 0, floor(tokens), floor(w * 1000), clamp(ceil((n * 1000000 - tokens) / rate)),
+      return 0, 0, floor(tokens), floor((w + ow) * 1000), clamp(ceil((n * 1000000 - tokens) / rate)),
         clamp(ceil((burst_u - tokens) / rate))
     end
     tokens = floor(tokens - n * 1000000)
     consumed = consumed + n
     local refresh = ttl_set < 0 or ttl_ms - ttl_set > ttl / 2 or ttl_ms < ttl_set
     if refresh then ttl_set = ttl_ms end
-    rcall('HSET', key, 'b', bucket(tokens, ts, consumed, w, next_scan, ttl_set))
+    -- The take counts in the key's one-off demand (the o field).
+    ow = ow + n * 1000000 / ONEOFF_TAU
+    rcall('HSET', key, 'b', bucket(tokens, ts, consumed, w, next_scan, ttl_set), 'o', oneoffpack(ow))
     if refresh then rcall('PEXPIRE', key, ttl) end
-    return 1, 0, tokens, floor(w * 1000), 0, clamp(ceil((burst_u - tokens) / rate))
+    return 1, 0, tokens, floor((w + ow) * 1000), 0, clamp(ceil((burst_u - tokens) / rate))
   end
 
   -- This node's record (rec_*: inc, chg, used, d, seen).
   local rec_inc, rec_chg, rec_used, rec_d, rec_seen = parse(h[2])
   if rec_inc ~= nil and rec_inc > inc then
     -- A late call from an incarnation the node has already replaced.
-    return -2, acked, floor(tokens), floor(w * 1000), 0, clamp(ceil((burst_u - tokens) / rate))
+    return -2, acked, floor(tokens), floor((w + ow) * 1000), 0, clamp(ceil((burst_u - tokens) / rate))
   end
   -- Demand: the node's declared demand replaces what it declared before (if that still counts).
   if rec_inc ~= nil and rec_seen >= now_ms - window_ms then w = w - rec_d end
@@ -303,6 +342,7 @@ local function process(i, key)
   rec_d = demand
   w = w + demand
   if w < demand then w = demand end
+  -- The key's demand: the nodes' declared demand and the one-off takes' (the o field).
 
   -- Apply the report: admitted tokens to the accounting, consumption beyond the charge as debt.
   if used > rec_used then
@@ -322,7 +362,7 @@ local function process(i, key)
   local retry = 0
   local have = rec_chg - cum
   local target = mmax(want, n)
-  local wv = mmax(w, demand)
+  local wv = mmax(w + ow, demand)
   local granted = true
   -- The advance is lent while the key's demand is under its rate, and only what that demand
   -- takes over the advance, to a background renewal (n = 0) or to a caller whose node's demand is
@@ -472,7 +512,7 @@ local function process(i, key)
     field, record(rec_inc, rec_chg, rec_used, rec_d, rec_seen))
   if refresh then rcall('PEXPIRE', key, ttl) end
   -- The node is told what could be lent to it now (the bucket plus the advance, at most a burst).
-  return status, rec_chg, mmin(tokens + adv * 1000000, burst_u), floor(w * 1000), retry,
+  return status, rec_chg, mmin(tokens + adv * 1000000, burst_u), floor((w + ow) * 1000), retry,
     clamp(ceil((burst_u - tokens) / rate))
 end
 

@@ -48,7 +48,7 @@ local st = rawget(_G, 'struct')
 
 local burst_u = burst * 1000000
 local tokens, ts, consumed, w, next_scan, ttl_set
-local h = redis.call('HMGET', KEYS[1], 'b', 'ban')
+local h = redis.call('HMGET', KEYS[1], 'b', 'ban', 'o')
 local b, ban = h[1], tonum(h[2])
 if b then
   if st ~= nil then
@@ -74,12 +74,29 @@ if now > ts then
 end
 -- A burst lowered since the bucket's last write (the limit is not part of the key): clamp.
 if tokens > burst_u then tokens = burst_u end
+-- The key's one-off demand (reconcile.lua's o field: an exponentially decayed rate, tokens/s, with a
+-- time constant of ONEOFF_TAU µs, and its time): w counts only the nodes that lease the key.
+local ONEOFF_TAU = 1000000
+local ow = 0
+if h[3] then
+  local r, t
+  if st ~= nil then
+    if #h[3] == 16 then r, t = st.unpack('<dd', h[3]) end
+  else
+    local a, c = string.match(h[3], '^([%d.]+):(%x+)$')
+    if a ~= nil then r, t = tonum(a), tonum(c, 16) end
+  end
+  if r ~= nil and r >= 0 and r <= 1e12 then
+    ow = r
+    if now > t then ow = r * math.exp((t - now) / ONEOFF_TAU) end
+  end
+end
 -- The key's ban: a deadline on Redis TIME in ms (bucketban.lua), whatever the decisions' clock, as in
 -- reconcile.lua.
 if ban ~= nil then
   local now_ms = ttl_ms
   if ban > now_ms then
-    return {2, 0, floor(tokens), floor(w * 1000), mmin((ban - now_ms) * 1000, 1e15),
+    return {2, 0, floor(tokens), floor((w + ow) * 1000), mmin((ban - now_ms) * 1000, 1e15),
       mmin(mmax(ceil((burst_u - tokens) / rate), 0), 1e15)}
   end
 end
@@ -89,10 +106,10 @@ end
 -- the key is under its rate because leases hold the bucket below zero.
 local adv_max = floor(rate * advance_ms / 1000)
 local adv = 0
-if fleet_n <= burst + adv_max and w < rate then adv = mmin(adv_max, floor(w * advance_ms / 1000)) end
+if fleet_n <= burst + adv_max and w + ow < rate then adv = mmin(adv_max, floor((w + ow) * advance_ms / 1000)) end
 if tokens + adv * 1000000 < n * 1000000 then
   -- A denial writes nothing: the refill is recomputed from the stored time next call.
-  return {0, 0, floor(tokens), floor(w * 1000), mmin(ceil((n * 1000000 - adv * 1000000 - tokens) / rate), 1e15),
+  return {0, 0, floor(tokens), floor((w + ow) * 1000), mmin(ceil((n * 1000000 - adv * 1000000 - tokens) / rate), 1e15),
     mmin(mmax(ceil((burst_u - tokens) / rate), 0), 1e15)}
 end
 tokens = floor(tokens - n * 1000000)
@@ -104,11 +121,16 @@ if ttl_set < 0 or ttl_ms - ttl_set > ttl / 2 or ttl_ms < ttl_set then
 else
   refresh = false
 end
+-- The take counts in the key's one-off demand.
+ow = ow + n * 1000000 / ONEOFF_TAU
+local o
 if st ~= nil then
   b = st.pack('<dddddd', tokens, ts, consumed, w, next_scan, ttl_set)
+  o = st.pack('<dd', ow, now)
 else
   b = string.format('%d:%x:%d:%x:%x:%x', tokens, ts, consumed, w * 1000 + 0.5, next_scan, ttl_set)
+  o = string.format('%.6f:%x', ow, now)
 end
-redis.call('HSET', KEYS[1], 'b', b)
+redis.call('HSET', KEYS[1], 'b', b, 'o', o)
 if refresh then redis.call('PEXPIRE', KEYS[1], ttl) end
-return {1, 0, tokens, floor(w * 1000), 0, mmin(mmax(ceil((burst_u - tokens) / rate), 0), 1e15)}
+return {1, 0, tokens, floor((w + ow) * 1000), 0, mmin(mmax(ceil((burst_u - tokens) / rate), 0), 1e15)}
