@@ -612,8 +612,12 @@ const maxThinHold = 8
 //   - after an answer that left it more, less than a LeaseLife old: never;
 //   - otherwise: while this node has sent fewer than directToLease of the key's decisions to Redis
 //     within a LeaseLife (the next one asks for a lease, and learns its share from the answer);
-//     and on a fleet larger than what Redis lends of the key (thinFleet), while they were all
-//     admitted and came at less than thinLeaseRate·Rate/Burst a second.
+//     and on a fleet larger than what Redis lends of the key (thinFleet), while they come at less
+//     than thinLeaseRate·Rate/Burst a second, admitted or denied. (Until 2026-11-28 a denied one
+//     sent the node to leases: on the fleet simulator's 4× overload on 512 nodes, nodes that see a
+//     key 0.6 times a second then held leases that waited for their next request, the key's
+//     inventory, and admitted 0.923–0.926 of what an exact bucket admits, at 1.25–1.58× its Redis
+//     CPU; on one-off takes 0.999, at 0.98×.)
 //
 // Such a node sees the key too rarely to use a lease before it expires. A one-off take costs Redis
 // about what a central bucket's decision does (BenchmarkOneOffTakeRedisCPU); a leasing take more
@@ -643,7 +647,7 @@ func (l *Limiter) direct(e *local.Entry, limit Limit, now int64) bool {
 	if e.Direct(now, int64(LeaseLife)) < directToLease {
 		return true
 	}
-	return l.thinFleet(limit) && !e.DirectWasDenied() &&
+	return l.thinFleet(limit) &&
 		e.DirectRate(now, int64(LeaseLife)) < thinLeaseRate*limit.Rate/float64(limit.Burst)
 }
 
@@ -795,9 +799,6 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 			return Decision{Allowed: true, Limit: limit, Remaining: rem, ResetAfter: res.ResetAfter, Source: outcome.SourceCentral}, nil
 		}
 		st.centralDenied.Add(1)
-		if direct && e != nil && res.Status == central.StatusDenied {
-			e.DirectDenied()
-		}
 		return Decision{Limit: limit, Remaining: rem, RetryAfter: max(res.RetryAfter, time.Microsecond), ResetAfter: res.ResetAfter, Source: outcome.SourceCentral}, nil
 	}
 	if cerr := ctx.Err(); cerr != nil && !errors.Is(cerr, context.DeadlineExceeded) {

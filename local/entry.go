@@ -65,7 +65,6 @@ type rare struct {
 	exSeq      uint64       // the first call that left them out of its Cum
 	directAt   int64        // start of the window Direct counts in (caller's clock); 0 before the first
 	directN    int16        // one-off takes counted in Direct's window
-	directDen  bool         // one of them was denied
 	thinRun    uint8        // synchronous answers in a row that SetThin recorded as thin
 }
 
@@ -532,7 +531,7 @@ func (e *Entry) Direct(now, window int64) int64 {
 	defer e.mu.Unlock()
 	r := e.more()
 	if r.directAt == 0 || now-r.directAt > window {
-		r.directAt, r.directN, r.directDen = now, 0, false
+		r.directAt, r.directN = now, 0
 	}
 	if r.directN < math.MaxInt16 {
 		r.directN++
@@ -551,22 +550,6 @@ func (e *Entry) DirectRate(now, window int64) float64 {
 		return 0
 	}
 	return float64(r.directN) / max(float64(now-r.directAt)/1e9, 1)
-}
-
-// DirectDenied records that a one-off take Direct counted was denied (the key's bucket was empty):
-// DirectWasDenied reports it until Direct's window ends.
-func (e *Entry) DirectDenied() {
-	e.mu.Lock()
-	e.more().directDen = true
-	e.mu.Unlock()
-}
-
-// DirectWasDenied reports whether a one-off take counted in Direct's current window was denied.
-func (e *Entry) DirectWasDenied() bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	r := e.rare.Load()
-	return r != nil && r.directDen
 }
 
 // SetThin records whether the last synchronous call's answer left this node anything beyond the
