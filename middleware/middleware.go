@@ -78,20 +78,30 @@ type scratch struct {
 	dims dims
 }
 
-var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+var scratchPool = sync.Pool{New: func() any {
+	sc := new(scratch)
+	sc.req.Dims = &sc.dims
+	return sc
+}}
 
-// getScratch returns a scratch for r, its request's decisions stored in decs.
+// getScratch returns a scratch for r, its request's decisions stored in decs. The dimension values
+// a previous request left are not cleared: done marks none of them computed.
 func (m *Middleware) getScratch(r *http.Request, decs []policy.Decision) *scratch {
 	sc := scratchPool.Get().(*scratch)
-	sc.dims = dims{m: m, r: r}
-	sc.req = policy.Request{Method: r.Method, Dims: &sc.dims, HTTP: r, Decisions: decs}
+	sc.dims.m, sc.dims.r, sc.dims.done = m, r, 0
+	q := &sc.req
+	if q.Domain != "" || q.Rule != "" || q.Cost != 0 || q.CheckOnly || q.Dims != policy.Dimensions(&sc.dims) {
+		*q = policy.Request{Dims: &sc.dims} // the middleware never sets these; a Checker changed them
+	}
+	q.Method, q.Tier, q.HTTP, q.Decisions = r.Method, "", r, decs
 	return sc
 }
 
-// putScratch clears sc, so that it keeps no request alive, and returns it to the pool.
+// putScratch returns sc to the pool, dropping its references to the request and to its state so
+// that a pooled scratch keeps neither alive (the dimension values, small strings, stay until the
+// scratch's next use or the pool's clearing).
 func putScratch(sc *scratch) {
-	sc.dims = dims{}
-	sc.req = policy.Request{}
+	sc.dims.r, sc.req.HTTP, sc.req.Decisions = nil, nil, nil
 	scratchPool.Put(sc)
 }
 
