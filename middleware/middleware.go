@@ -108,7 +108,7 @@ func putScratch(sc *scratch) {
 // The request states newState allocates: one decision or three (more than three come from an
 // allocation in the policy), with or without room for the header values. Each is one allocation;
 // the header map's values point into its buffer, so they keep the whole request state alive while
-// they are referenced. Their sizes (TestStateSizes) keep a one-rule state in the 384-byte size
+// they are referenced. Their sizes (TestStateSizes) keep a one-rule state in the 352-byte size
 // class with header room and in the 192-byte class without (640 and 448 bytes when the state held
 // the check's scratch, 1,024 and 704 when it also had room for three decisions).
 type (
@@ -137,10 +137,11 @@ type (
 // The room for header values in a state: one decision's five values take about 70 bytes with
 // 10-digit limits and a 7-byte rule name, about 40 once the RateLimit-Policy and X-RateLimit-Limit
 // values are cached (writeHeaders), leaving room for longer names; values that outgrow it are still
-// written, in an array of their own. 112 bytes make a one-rule state with header room exactly 384
-// bytes, a size class of its own (TestStateSizes).
+// written, in an array of their own (TestNarrowHeaderRoom: the cached case with 10-digit counts and
+// a 24-byte rule name fits). 80 bytes make a one-rule state with header room exactly 352 bytes, a
+// size class of its own (TestStateSizes).
 const (
-	narrowHeaderBytes = 112
+	narrowHeaderBytes = 80
 	wideHeaderBytes   = 256
 )
 
