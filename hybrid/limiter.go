@@ -361,6 +361,23 @@ func (l *Limiter) DecideN(ctx context.Context, key string, limit Limit, n int64)
 	return l.allowN(ctx, key, limit, n)
 }
 
+// DecideLocalN is DecideN's fast path alone: when the input is valid, ctx is not done and key's
+// entry holds limit and the allowance for n (and is not held: a key the deny cache holds has its
+// entry held), it takes n and returns the Decision DecideN would and true. Otherwise it takes
+// nothing and returns false, and the caller goes on with DecideN, which decides the same request
+// the long way (a closed Limiter included: DecideN then returns ErrClosed). It never keeps key
+// beyond the call, so key may be a string over a buffer the caller reuses (package policy builds its
+// counter keys that way); it does no I/O and allocates nothing.
+func (l *Limiter) DecideLocalN(ctx context.Context, key string, limit Limit, n int64) (Decision, bool) {
+	if l.valid(key, limit, n) && ctx.Err() == nil {
+		if e := l.store.Take(key, l.store.Hash(key), limit.Rate, limit.Burst, n); e != nil && !l.closed.Load() {
+			rem := e.Remaining()
+			return Decision{Allowed: true, Limit: limit, Remaining: rem, ResetAfter: resetAfter(limit, rem), Source: outcome.SourceLocal}, true
+		}
+	}
+	return Decision{}, false
+}
+
 // valid reports whether the input passes allowN's checks (but ctx's, an interface call that would
 // keep valid from being inlined) and the limiter is open: the fast paths' test, in one branch.
 func (l *Limiter) valid(key string, limit Limit, n int64) bool {

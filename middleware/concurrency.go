@@ -94,15 +94,15 @@ func capKey(c *Concurrency, d *dims) (string, bool) {
 
 // serveCapped takes the leases of caps[i:] in turn and then serves the request; each lease is
 // released when the handler returns, or panics.
-func (m *Middleware) serveCapped(w http.ResponseWriter, r *http.Request, next http.Handler, st *state, i int) {
+func (m *Middleware) serveCapped(w http.ResponseWriter, r *http.Request, next http.Handler, st *state, d *dims, i int) {
 	if i == len(m.o.caps) {
 		next.ServeHTTP(w, r.WithContext(st))
 		return
 	}
 	c := &m.o.caps[i]
-	key, ok := capKey(c, &st.dims)
+	key, ok := capKey(c, d)
 	if !ok {
-		m.serveCapped(w, r, next, st, i+1)
+		m.serveCapped(w, r, next, st, d, i+1)
 		return
 	}
 	lease, err := c.Limiter.TryAcquire(r.Context(), key, c.Limit, c.TTL)
@@ -123,7 +123,7 @@ func (m *Middleware) serveCapped(w http.ResponseWriter, r *http.Request, next ht
 		return
 	}
 	defer lease.Release(r.Context()) // a release that fails frees the slot at its TTL
-	m.serveCapped(w, r, next, st, i+1)
+	m.serveCapped(w, r, next, st, d, i+1)
 }
 
 // writeCapped answers a request turned away by a concurrency cap.

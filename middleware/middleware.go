@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"sync"
 	"sync/atomic"
 
 	"github.com/hybridrate/hybridrate/internal/option"
@@ -55,21 +56,61 @@ func FromContext(ctx context.Context) (policy.Result, bool) {
 	return st.res, true
 }
 
-// state is everything the middleware keeps per request, in one allocation with the storage of the
-// result's decisions and of the header values (newState). It is also the context the next handler
-// sees: the request's context plus the result, without a separate context.WithValue.
+// state is what the middleware keeps per request once the policy has answered, in one allocation
+// with the storage of the result's decisions and of the header values (newState). It is also the
+// context the next handler sees: the request's context plus the result, without a separate
+// context.WithValue. What only the check needs (the policy.Request and the dimension values) is in a
+// pooled scratch instead (see scratch): a state is referenced by the next handler's context and by
+// the header map for as long as they live, so it cannot be reused.
 type state struct {
 	context.Context // the request's context
-	req             policy.Request
-	dims            dims
 	res             policy.Result
+}
+
+// scratch is what a request needs while the policy checks it (and while the concurrency caps take
+// their leases): the policy.Request and its dimension values. The Checker reads them only during
+// Check (see policy.Request and policy.Dimensions), so they are reused across requests through
+// scratchPool rather than allocated with every request's state; that keeps a one-rule state with
+// header room under 512 bytes, where Go's allocator writes no type header, and takes 232 bytes a
+// request off the collector.
+type scratch struct {
+	req  policy.Request
+	dims dims
+}
+
+var scratchPool = sync.Pool{New: func() any {
+	sc := new(scratch)
+	sc.req.Dims = &sc.dims
+	return sc
+}}
+
+// getScratch returns a scratch for r, its request's decisions stored in decs. The dimension values
+// a previous request left are not cleared: done marks none of them computed.
+func (m *Middleware) getScratch(r *http.Request, decs []policy.Decision) *scratch {
+	sc := scratchPool.Get().(*scratch)
+	sc.dims.m, sc.dims.r, sc.dims.done = m, r, 0
+	q := &sc.req
+	if q.Domain != "" || q.Rule != "" || q.Cost != 0 || q.CheckOnly || q.Dims != policy.Dimensions(&sc.dims) {
+		*q = policy.Request{Dims: &sc.dims} // the middleware never sets these; a Checker changed them
+	}
+	q.Method, q.Tier, q.HTTP, q.Decisions = r.Method, "", r, decs
+	return sc
+}
+
+// putScratch returns sc to the pool, dropping its references to the request and to its state so
+// that a pooled scratch keeps neither alive (the dimension values, small strings, stay until the
+// scratch's next use or the pool's clearing).
+func putScratch(sc *scratch) {
+	sc.dims.r, sc.req.HTTP, sc.req.Decisions = nil, nil, nil
+	scratchPool.Put(sc)
 }
 
 // The request states newState allocates: one decision or three (more than three come from an
 // allocation in the policy), with or without room for the header values. Each is one allocation;
 // the header map's values point into its buffer, so they keep the whole request state alive while
-// they are referenced. Their sizes (TestStateSizes) keep the one-rule states in the 448- and
-// 640-byte size classes, where one state of every kind took 1,024 bytes.
+// they are referenced. Their sizes (TestStateSizes) keep a one-rule state in the 352-byte size
+// class with header room and in the 192-byte class without (640 and 448 bytes when the state held
+// the check's scratch, 1,024 and 704 when it also had room for three decisions).
 type (
 	stateNarrow struct {
 		state
@@ -96,34 +137,32 @@ type (
 // The room for header values in a state: one decision's five values take about 70 bytes with
 // 10-digit limits and a 7-byte rule name, about 40 once the RateLimit-Policy and X-RateLimit-Limit
 // values are cached (writeHeaders), leaving room for longer names; values that outgrow it are still
-// written, in an array of their own.
+// written, in an array of their own (TestNarrowHeaderRoom: the cached case with 10-digit counts and
+// a 24-byte rule name fits). 80 bytes make a one-rule state with header room exactly 352 bytes, a
+// size class of its own (TestStateSizes).
 const (
-	narrowHeaderBytes = 128
+	narrowHeaderBytes = 80
 	wideHeaderBytes   = 256
 )
 
-// newState returns a zeroed request state whose req.Decisions has room for the decisions the
-// policy is expected to return, and, when headers are sent, the storage of their values. A
-// middleware starts with narrow states (one decision) and switches to wide ones (three) for good
-// after the first request with more than one decision, which pays one allocation in the policy.
-func (m *Middleware) newState(headers bool) (st *state, vals *[5]string, buf []byte) {
+// newState returns a zeroed request state, the empty storage for the decisions the policy is
+// expected to return, and, when headers are sent, the storage of their values. A middleware starts
+// with narrow states (one decision) and switches to wide ones (three) for good after the first
+// request with more than one decision, which pays one allocation in the policy.
+func (m *Middleware) newState(headers bool) (st *state, decs []policy.Decision, vals *[5]string, buf []byte) {
 	switch wide := m.wide.Load(); {
 	case !wide && headers:
 		s := &stateNarrowHeaders{}
-		s.req.Decisions = s.decs[:0]
-		return &s.state, &s.vals, s.buf[:0]
+		return &s.state, s.decs[:0], &s.vals, s.buf[:0]
 	case !wide:
 		s := &stateNarrow{}
-		s.req.Decisions = s.decs[:0]
-		return &s.state, nil, nil
+		return &s.state, s.decs[:0], nil, nil
 	case headers:
 		s := &stateWideHeaders{}
-		s.req.Decisions = s.decs[:0]
-		return &s.state, &s.vals, s.buf[:0]
+		return &s.state, s.decs[:0], &s.vals, s.buf[:0]
 	default:
 		s := &stateWide{}
-		s.req.Decisions = s.decs[:0]
-		return &s.state, nil, nil
+		return &s.state, s.decs[:0], nil, nil
 	}
 }
 
@@ -161,21 +200,22 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		st, vals, buf := m.newState(m.o.headers != NoHeaders)
-		st.dims = dims{m: m, r: r}
-		st.req.Method, st.req.Dims, st.req.HTTP = r.Method, &st.dims, r
+		st, decs, vals, buf := m.newState(m.o.headers != NoHeaders)
+		sc := m.getScratch(r, decs)
 		if m.o.tier != nil {
-			st.req.Tier = m.o.tier(r)
+			sc.req.Tier = m.o.tier(r)
 		}
-		res, err := m.c.Check(r.Context(), &st.req)
+		res, err := m.c.Check(r.Context(), &sc.req)
 		if err != nil {
+			putScratch(sc)
 			m.o.onError(w, r, err)
 			return
 		}
-		if len(res.Decisions) > cap(st.req.Decisions) && !m.wide.Load() {
+		if len(res.Decisions) > cap(decs) && !m.wide.Load() {
 			m.wide.Store(true)
 		}
 		if !res.Allowed && res.MissingKey {
+			putScratch(sc)
 			writeMissing(w, m.o.missingStatus, res.Rule)
 			return
 		}
@@ -183,6 +223,7 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			m.writeHeaders(w.Header(), m.o.headers, &res, vals, buf)
 		}
 		if !res.Allowed {
+			putScratch(sc)
 			if res.Unavailable {
 				writeUnavailable(w, &res, m.o.closedStatus, m.o.closedRetry)
 				return
@@ -193,9 +234,12 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 		st.res = res
 		st.Context = r.Context()
 		if len(m.o.caps) > 0 {
-			m.serveCapped(w, r, next, st, 0)
+			// The caps read the request's dimensions; the scratch is not returned if a handler panics.
+			m.serveCapped(w, r, next, st, &sc.dims, 0)
+			putScratch(sc)
 			return
 		}
+		putScratch(sc)
 		next.ServeHTTP(w, r.WithContext(st))
 	})
 }

@@ -13,7 +13,9 @@ import (
 // sidecar.New take any Checker.
 //
 // Check returns the request's Result, or an error when no decision could be made (see
-// [Enforcer.Check]); implementations must be safe for concurrent use.
+// [Enforcer.Check]); implementations must be safe for concurrent use. An implementation reads req
+// (and calls its Dims) only during Check, on the calling goroutine, and keeps neither once Check
+// returns: package middleware reuses both for later requests.
 type Checker interface {
 	Check(ctx context.Context, req *Request) (Result, error)
 }

@@ -89,6 +89,7 @@ type Enforcer struct {
 	memo       *memo       // denials until their retry-after; nil when WithMaxMemo was negative
 	fb         *fallbacks  // strict rules' local fallbacks (hybrid rules use the hybrid limiter's)
 	macs       sync.Pool   // of hash.Hash (HMAC-SHA-256 with cfg.HashKey)
+	keyBufs    sync.Pool   // of *keyBuf: the storage of a request's borrowed counter keys (see keyBuf)
 	dims       map[string]bool
 
 	mu  sync.Mutex      // guards lim, gen, and the swap in SetPolicy
@@ -263,7 +264,8 @@ func (e *Enforcer) check(ctx context.Context, c *compiled, req *Request) (Result
 		return Result{}, fmt.Errorf("%w: %q (the policy serves %q)", ErrUnknownDomain, req.Domain, c.domain)
 	}
 	var buf [8]planned
-	pl, counters, err := e.makePlan(c, req, buf[:0])
+	kb := e.getKeyBuf()
+	pl, counters, err := e.makePlan(c, req, buf[:0], kb)
 	if err != nil {
 		return Result{}, err
 	}
@@ -272,10 +274,20 @@ func (e *Enforcer) check(ctx context.Context, c *compiled, req *Request) (Result
 	}
 	res := pl.result(req, len(counters))
 	if len(counters) == 0 {
+		e.keyBufs.Put(kb)
 		return res, nil
+	}
+	if req.CheckOnly || pl.nStrict > 0 || pl.nEnforced < len(counters) {
+		// Only a request whose counters are all enforced hybrid ones decides with borrowed keys.
+		ownKeys(counters)
+		e.keyBufs.Put(kb)
+		kb = nil
 	}
 	enforced := counters[:pl.nEnforced]
 	e.checkMemo(c, enforced, &res)
+	if !res.Allowed {
+		ownKeys(counters)
+	}
 	if req.CheckOnly {
 		if res.Allowed {
 			if err := e.peekHybrid(ctx, enforced, &res); err != nil {
@@ -309,8 +321,13 @@ func (e *Enforcer) check(ctx context.Context, c *compiled, req *Request) (Result
 		}
 	}
 	if !res.Allowed {
+		ownKeys(counters) // checkHybrid owned them before any call that may keep a key; this is cheap
 		return e.denied(ctx, c, pl, counters, res), nil
 	}
 	e.evalShadow(ctx, pl, counters[pl.nEnforced:], &res)
+	if kb != nil {
+		// Every borrowed key went only to calls that do not keep it (DecideLocalN, the memo's lookups).
+		e.keyBufs.Put(kb)
+	}
 	return res, nil
 }

@@ -74,12 +74,22 @@ func (e *Enforcer) peekHybrid(ctx context.Context, enforced []planned, res *Resu
 }
 
 // checkHybrid consults the request's enforced hybrid counters, narrowest first, each taking the
-// request's cost when it admits; the first denial stops it and is remembered in the memo.
+// request's cost when it admits; the first denial stops it and is remembered in the memo. A counter
+// with a borrowed key (keyBuf) is tried on hybrid's fast path, which keeps no key; when that does
+// not admit, every key of enforced (all of the request's counters: see check) is owned before
+// DecideN, which may keep it.
 func (e *Enforcer) checkHybrid(ctx context.Context, c *compiled, enforced []planned, res *Result) error {
 	for i := range enforced {
 		p := &enforced[i]
 		if p.r.strict {
 			continue
+		}
+		if p.borrowed {
+			if hd, ok := p.r.lim.DecideLocalN(ctx, p.key, p.u.hybrid, p.n); ok {
+				res.Decisions = append(res.Decisions, hybridDecision(p, hd))
+				continue
+			}
+			ownKeys(enforced)
 		}
 		hd, err := p.r.lim.DecideN(ctx, p.key, p.u.hybrid, p.n)
 		if err != nil {

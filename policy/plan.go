@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"strings"
+	"unsafe"
 )
 
 // plan describes the counters a request is checked against. The counters themselves, in the order
@@ -23,7 +24,10 @@ type plan struct {
 // makePlan returns the plan of req under c and its counters, appended to buf. When an enforced rule
 // lacks a dimension of the request and rejects such requests, the plan's missing names it and the
 // plan stops there; err is non-nil when the request's cost is invalid. Nothing is consumed either way.
-func (e *Enforcer) makePlan(c *compiled, req *Request, buf []planned) (plan, []planned, error) {
+//
+// Keys are built in kb when it has room (borrowed: see keyBuf) and allocated otherwise; kb may be
+// nil.
+func (e *Enforcer) makePlan(c *compiled, req *Request, buf []planned, kb *keyBuf) (plan, []planned, error) {
 	pl := plan{tier: c.defaultTier, domain: req.Domain}
 	if pl.domain == "" {
 		pl.domain = c.domain
@@ -44,7 +48,7 @@ func (e *Enforcer) makePlan(c *compiled, req *Request, buf []planned) (plan, []p
 		if r == nil {
 			return pl, counters, nil
 		}
-		if counters, err = e.planRule(c, r, req, &pl, counters); err != nil || pl.missing != "" {
+		if counters, err = e.planRule(c, r, req, &pl, counters, kb); err != nil || pl.missing != "" {
 			return pl, counters, err
 		}
 		if !r.shadow {
@@ -54,7 +58,7 @@ func (e *Enforcer) makePlan(c *compiled, req *Request, buf []planned) (plan, []p
 	}
 	for _, r := range c.enforced {
 		if r.matches(req.Method, route, routeOK, pl.tier) {
-			if counters, err = e.planRule(c, r, req, &pl, counters); err != nil || pl.missing != "" {
+			if counters, err = e.planRule(c, r, req, &pl, counters, kb); err != nil || pl.missing != "" {
 				return pl, counters, err
 			}
 		}
@@ -62,7 +66,7 @@ func (e *Enforcer) makePlan(c *compiled, req *Request, buf []planned) (plan, []p
 	pl.nEnforced = len(counters)
 	for _, r := range c.shadow {
 		if r.matches(req.Method, route, routeOK, pl.tier) {
-			if counters, err = e.planRule(c, r, req, &pl, counters); err != nil {
+			if counters, err = e.planRule(c, r, req, &pl, counters, kb); err != nil {
 				return pl, counters, err
 			}
 		}
@@ -72,7 +76,7 @@ func (e *Enforcer) makePlan(c *compiled, req *Request, buf []planned) (plan, []p
 
 // planRule appends to counters those of r, a rule that applies to req: one per unit (a tiered rule
 // has one per quota of the request's tier), keyed by the request's subject. See makePlan.
-func (e *Enforcer) planRule(c *compiled, r *crule, req *Request, pl *plan, counters []planned) ([]planned, error) {
+func (e *Enforcer) planRule(c *compiled, r *crule, req *Request, pl *plan, counters []planned, kb *keyBuf) ([]planned, error) {
 	units := r.units
 	if r.byTier != nil {
 		units = r.byTier[pl.tier]
@@ -108,8 +112,8 @@ func (e *Enforcer) planRule(c *compiled, r *crule, req *Request, pl *plan, count
 		if n > u.limit && !r.algo.countsRefused() { // a window that counts refused hits refuses it itself
 			return counters, fmt.Errorf("%w: rule %q: cost %d above its limit %d", ErrInvalidCost, r.id, n, u.limit)
 		}
-		key := u.name + ":" + string(subject) // one allocation: the subject is a slice of the key
-		counters = append(counters, planned{r: r, u: u, key: key, n: n})
+		key, borrowed := kb.key(u.name, subject) // the subject is a slice of the key
+		counters = append(counters, planned{r: r, u: u, key: key, n: n, borrowed: borrowed})
 		if r.strict && !r.shadow {
 			pl.nStrict++
 		}
@@ -134,10 +138,60 @@ func (pl plan) result(req *Request, counters int) Result {
 
 // planned is one counter to consult for a request.
 type planned struct {
-	r   *crule
-	u   *unit
-	key string // unit name + ":" + subject
-	n   int64
+	r        *crule
+	u        *unit
+	key      string // unit name + ":" + subject
+	n        int64
+	borrowed bool // key is over a keyBuf: valid only during the Check (see keyBuf)
+}
+
+// keyBufBytes is the room for a request's counter keys in a keyBuf; a key that does not fit is
+// allocated.
+const keyBufBytes = 512
+
+// keyBuf is pooled storage (Enforcer.keyBufs) for the counter keys of one Check, so that a request
+// decided locally allocates no key: the hybrid fast path (hybrid.Limiter.DecideLocalN) and the
+// memo's lookups take a key without keeping it. A key over a keyBuf is borrowed: before any call
+// that may keep a key (hybrid's DecideN, Peek and Refund, the memo's add, strict calls and their
+// fallbacks, shadow events), Check owns every key of the request with ownKeys, and it returns the
+// keyBuf to the pool only when no borrowed key was handed to such a call. A keyBuf not returned (an
+// early return, a panic) is left to the collector.
+type keyBuf struct {
+	n int
+	b [keyBufBytes]byte
+}
+
+// getKeyBuf returns an empty keyBuf from the pool.
+func (e *Enforcer) getKeyBuf() *keyBuf {
+	kb, _ := e.keyBufs.Get().(*keyBuf)
+	if kb == nil {
+		kb = new(keyBuf)
+	}
+	kb.n = 0
+	return kb
+}
+
+// key returns name + ":" + subject: over kb's storage when it has room (borrowed), else allocated.
+// kb may be nil.
+func (kb *keyBuf) key(name string, subject []byte) (key string, borrowed bool) {
+	size := len(name) + 1 + len(subject)
+	if kb == nil || size > len(kb.b)-kb.n {
+		return name + ":" + string(subject), false // one allocation
+	}
+	b := kb.b[kb.n : kb.n+size]
+	copy(b[copy(b, name)+1:], subject)
+	b[len(name)] = ':'
+	kb.n += size
+	return unsafe.String(&b[0], size), true
+}
+
+// ownKeys replaces every borrowed key of counters by a copy of its own.
+func ownKeys(counters []planned) {
+	for i := range counters {
+		if p := &counters[i]; p.borrowed {
+			p.key, p.borrowed = strings.Clone(p.key), false
+		}
+	}
 }
 
 // sub returns the subject part of the key (hashed when configured).
