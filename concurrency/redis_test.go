@@ -21,7 +21,7 @@ import (
 // newLimiter returns a Limiter on srv, with its own client (a node of its own), closed in Cleanup.
 func newLimiter(tb testing.TB, srv *redistest.Server, opts ...concurrency.Option) *concurrency.Limiter {
 	tb.Helper()
-	rdb := srv.Client(tb, func(o *redis.Options) { o.MaxRetries = -1 })
+	rdb := srv.Client(tb, redistest.NoRetries)
 	// A generous timeout: two cores shared with other test runs must not turn a slow call into a
 	// failure-policy decision; the failure tests set their own.
 	lim, err := concurrency.New(rdb, append([]concurrency.Option{concurrency.WithTimeout(2 * time.Second)}, opts...)...)
@@ -527,7 +527,7 @@ func TestLeastPrivilegeACL(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	srv.Do(t, append([]any{"ACL", "SETUSER", "conc"}, concurrencyACL...)...)
-	rdb := srv.Client(t, func(o *redis.Options) { o.Username, o.Password, o.MaxRetries = "conc", "pw", -1 })
+	rdb := srv.Client(t, redistest.As("conc", "pw"))
 	lim, err := concurrency.New(rdb, concurrency.WithFailurePolicy(outcome.FailClosed), concurrency.WithTimeout(2*time.Second))
 	require.NoError(t, err)
 	defer lim.Close(context.Background())

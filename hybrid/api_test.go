@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/outcome"
 )
@@ -258,7 +257,7 @@ func TestResetStartsAFullBucket(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: p.m.Addr()})
 	t.Cleanup(func() { _ = rdb.Close() })
 	limit := hybrid.Limit{Rate: 1e-3, Burst: 3}
-	bucket := central.BucketKey(hybrid.DefaultKeyPrefix, "k")
+	bucket := bucketKey("k")
 
 	require.Equal(t, 3, allowed(t, p.lim, "k", limit, 1, 4))
 	require.NoError(t, p.lim.Flush(ctx))

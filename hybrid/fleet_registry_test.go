@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/outcome"
@@ -58,7 +57,7 @@ func TestFleetRegistryCountsLiveLimiters(t *testing.T) {
 	assert.Equal(t, outcome.SourceCentral, d.Source, "no cold-start credit when the fleet outnumbers the burst")
 	// That node sees the key for the first time: its decision was a one-off take, counted by Redis
 	// at once, with no lease and no node record (the bucket and the one-off takes' demand).
-	fields, err := srv.Client(t).HKeys(ctx, central.BucketKey(hybrid.DefaultKeyPrefix, "cold:small")).Result()
+	fields, err := srv.Client(t).HKeys(ctx, bucketKey("cold:small")).Result()
 	require.NoError(t, err)
 	assert.ElementsMatch(t, []string{"b", "o"}, fields, "a one-off take writes no node record")
 	require.NoError(t, lims[0].Flush(ctx))

@@ -67,7 +67,7 @@ func TestLimitChangeKeepsTheKeysConsumption(t *testing.T) {
 		require.NoError(t, a.Flush(context.Background()))
 		require.NoError(t, b.Flush(context.Background()))
 		keys := srv.Do(t, "KEYS", hybrid.DefaultKeyPrefix+":*:b:*").([]any)
-		assert.Equal(t, []any{central.BucketKey(hybrid.DefaultKeyPrefix, "k")}, keys, "one bucket for both limits")
+		assert.Equal(t, []any{bucketKey("k")}, keys, "one bucket for both limits")
 		assert.EqualValues(t, 3, consumedIn(t, srv, "k"))
 	})
 }
@@ -75,7 +75,7 @@ func TestLimitChangeKeepsTheKeysConsumption(t *testing.T) {
 // consumedIn returns the tokens Redis has counted as admitted for key.
 func consumedIn(t *testing.T, srv *redistest.Server, key string) int64 {
 	t.Helper()
-	b, ok := srv.Do(t, "HGET", central.BucketKey(hybrid.DefaultKeyPrefix, key), central.BucketField).(string)
+	b, ok := srv.Do(t, "HGET", bucketKey(key), central.BucketField).(string)
 	require.True(t, ok, "the bucket exists")
 	st, err := central.ParseBucket(b)
 	require.NoError(t, err)

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
@@ -66,7 +65,7 @@ func TestMetricsDecisionsBySourceWithStableInstance(t *testing.T) {
 }
 
 func TestMetricsRedisErrorsAndBreakerState(t *testing.T) {
-	mr, rdb := redistest.Mini(t, func(o *redis.Options) { o.MaxRetries = -1 })
+	mr, rdb := redistest.Mini(t, redistest.NoRetries)
 	metrics := metrictest.New(t)
 	lim, err := hybrid.New(rdb, hybrid.WithMeterProvider(metrics.Provider), hybrid.WithFailurePolicy(outcome.FailOpen), hybrid.WithoutColdStart(),
 		hybrid.WithCheckTimeout(100*time.Millisecond), hybrid.WithSyncInterval(time.Minute), hybrid.WithFlushTimeout(100*time.Millisecond))

@@ -14,7 +14,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
 )
@@ -116,7 +115,7 @@ func TestKeyCardinalityAttack(t *testing.T) {
 	// Every bucket in Redis: it has a TTL, and the consumed counters add up to what was admitted.
 	ctx := context.Background()
 	var buckets, noTTL, total int64
-	iter := rdb.Scan(ctx, 0, "hr:"+central.Version+":b:{card:*", 10_000).Iterator()
+	iter := rdb.Scan(ctx, 0, bucketKeys("card:")+"*", 10_000).Iterator()
 	batch := make([]string, 0, 1000)
 	check := func() {
 		pipe := rdb.Pipeline()
@@ -140,7 +139,7 @@ func TestKeyCardinalityAttack(t *testing.T) {
 		batch = batch[:0]
 	}
 	for iter.Next(ctx) {
-		if k := iter.Val(); strings.HasPrefix(k, "hr:"+central.Version+":b:{card:") {
+		if k := iter.Val(); strings.HasPrefix(k, bucketKeys("card:")) {
 			batch = append(batch, k)
 		}
 		if len(batch) == cap(batch) {

@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/outcome"
@@ -173,11 +172,11 @@ func TestClusterFailoverUnderLoad(t *testing.T) {
 		return cl.Client(t, func(o *redis.ClusterOptions) { o.ContextTimeoutEnabled = true })
 	}
 	keys := keyNames("cfo:", 24)
-	victim := cl.MasterFor(t, central.BucketKey(hybrid.DefaultKeyPrefix, keys[0]))
+	victim := cl.MasterFor(t, bucketKey(keys[0]))
 	lost := make([]bool, len(keys))
 	var onVictim int
 	for i, k := range keys {
-		lost[i] = cl.MasterFor(t, central.BucketKey(hybrid.DefaultKeyPrefix, k)) == victim
+		lost[i] = cl.MasterFor(t, bucketKey(k)) == victim
 		if lost[i] {
 			onVictim++
 		}
@@ -185,7 +184,7 @@ func TestClusterFailoverUnderLoad(t *testing.T) {
 	require.Less(t, onVictim, len(keys), "keys on every master")
 	var probeKey string
 	for i := 0; probeKey == ""; i++ {
-		if k := "cfo:probe:" + strconv.Itoa(i); cl.MasterFor(t, central.BucketKey(hybrid.DefaultKeyPrefix, k)) == victim {
+		if k := "cfo:probe:" + strconv.Itoa(i); cl.MasterFor(t, bucketKey(k)) == victim {
 			probeKey = k
 		}
 	}

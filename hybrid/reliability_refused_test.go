@@ -54,7 +54,7 @@ func runRefused(t *testing.T, lim *hybrid.Limiter, keys []string, limit hybrid.L
 // admitted meanwhile is applied once Redis accepts writes again.
 func TestRedisOOMGoesToFailurePolicy(t *testing.T) {
 	srv := redistest.Start(t, "--maxmemory-policy", "noeviction")
-	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
+	rdb := srv.Client(t, redistest.NoRetries)
 	// Strict mode (drift 0): every decision needs Redis, so every one meets the OOM.
 	lim := newLimiter(t, rdb, hybrid.WithFailurePolicy(outcome.FailOpen), hybrid.WithDriftThreshold(0),
 		hybrid.WithSyncInterval(5*time.Millisecond), hybrid.WithCheckTimeout(200*time.Millisecond))
@@ -145,7 +145,7 @@ func TestNoPermGoesToFailurePolicy(t *testing.T) {
 		}
 	}
 	srv.Do(t, append([]any{"ACL", "SETUSER", "lim"}, acl...)...)
-	rdb := srv.Client(t, func(o *redis.Options) { o.Username, o.Password, o.MaxRetries = "lim", "pw", -1 })
+	rdb := srv.Client(t, redistest.As("lim", "pw"))
 	require.ErrorContains(t, rdb.EvalSha(context.Background(), "0000000000000000000000000000000000000000", nil).Err(), "NOPERM")
 	lim := newLimiter(t, rdb, hybrid.WithFailurePolicy(outcome.FailClosed), hybrid.WithDriftThreshold(0),
 		hybrid.WithSyncInterval(5*time.Millisecond))

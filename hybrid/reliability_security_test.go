@@ -51,7 +51,7 @@ func exerciseLimiter(t *testing.T, rdb, rdb2 redis.UniversalClient) {
 	}
 	require.NoError(t, lim.Flush(ctx))
 	assert.Zero(t, lim.Stats().Pending)
-	b, err := rdb.HGet(ctx, central.BucketKey("hr", "acl:k"), "b").Result()
+	b, err := rdb.HGet(ctx, bucketKey("acl:k"), "b").Result()
 	if err == nil { // the restricted user may read its own keys only through the scripts
 		got, err := bucketConsumed(b)
 		require.NoError(t, err)
@@ -81,7 +81,7 @@ func exerciseLimiter(t *testing.T, rdb, rdb2 redis.UniversalClient) {
 func TestLeastPrivilegeACL(t *testing.T) {
 	srv := redistest.Start(t)
 	srv.Do(t, append([]any{"ACL", "SETUSER", "lim"}, limiterACL...)...)
-	user := func(o *redis.Options) { o.Username, o.Password, o.MaxRetries = "lim", "pw", -1 }
+	user := redistest.As("lim", "pw")
 	rdb, rdb2 := srv.Client(t, user), srv.Client(t, user)
 	exerciseLimiter(t, rdb, rdb2)
 
@@ -153,7 +153,7 @@ func TestUserKeysNamedLikeInternalsOnRealRedis(t *testing.T) {
 		if strings.HasPrefix(k, internal) {
 			continue // the limiter's own structures
 		}
-		assert.True(t, strings.HasPrefix(k, "hr:"+central.Version+":b:{"), "%q: a user key only names a bucket", k)
+		assert.True(t, strings.HasPrefix(k, bucketKeys("")), "%q: a user key only names a bucket", k)
 	}
 }
 
@@ -165,7 +165,7 @@ func TestOneBadKeyCostsOnlyThatKeyOnRealRedis(t *testing.T) {
 	lim := newLimiter(t, rdb, hybrid.WithCheckTimeout(time.Second))
 	ctx := context.Background()
 	limit := hybrid.Limit{Rate: 1, Burst: 100}
-	require.NoError(t, rdb.Set(ctx, central.BucketKey("hr", "poisoned"), "x", 0).Err())
+	require.NoError(t, rdb.Set(ctx, bucketKey("poisoned"), "x", 0).Err())
 	keys := []string{"good:1", "poisoned", "good:2"}
 	for range 5 {
 		for _, k := range keys {

@@ -1,9 +1,10 @@
 package hybrid_test
 
-// Reliability tests of issue #4 against real redis-server processes: a hung Redis, a restart that
-// loses the script cache, a slow Redis, clock jumps, Close under load and a reconcile whose reply is
-// lost. Cluster and Sentinel failovers are in reliability_failover_test.go, the key-cardinality
-// attack in reliability_cardinality_test.go, ACL and TLS in reliability_security_test.go.
+// Reliability tests of issue #4 against real redis-server processes: a hung Redis (and, for issue
+// 26, the bounds of every call on a hung server or Cluster master), a restart that loses the script
+// cache, a slow Redis, clock jumps, Close under load and a reconcile whose reply is lost. Cluster
+// and Sentinel failovers are in reliability_failover_test.go, the key-cardinality attack in
+// reliability_cardinality_test.go, ACL and TLS in reliability_security_test.go.
 
 import (
 	"context"
@@ -30,268 +31,6 @@ import (
 	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/outcome"
 )
-
-// newLimiter returns a limiter over rdb that is closed (with a final flush) in t.Cleanup. Register
-// rdb's own cleanup first, so that the limiter is closed before its client.
-func newLimiter(t *testing.T, rdb redis.UniversalClient, opts ...hybrid.Option) *hybrid.Limiter {
-	t.Helper()
-	lim, err := hybrid.New(rdb, opts...)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = lim.Close(ctx)
-	})
-	return lim
-}
-
-// awaitBans waits until lim has read the ban list, from when it grants new keys cold-start credit.
-func awaitBans(t testing.TB, lim *hybrid.Limiter) {
-	t.Helper()
-	require.Eventually(t, lim.Ready, 5*time.Second, time.Millisecond, "the ban list is read and the fleet counted")
-}
-
-// flushed flushes lim until nothing is pending (a breaker may need a cooldown after an outage).
-func flushed(t *testing.T, lim *hybrid.Limiter, within time.Duration) {
-	t.Helper()
-	var last error
-	ok := assert.Eventually(t, func() bool {
-		last = lim.Flush(context.Background())
-		return last == nil && lim.Stats().Pending == 0
-	}, within, 20*time.Millisecond)
-	if !ok {
-		t.Fatalf("pending consumption not flushed within %v: last error %v, stats %+v", within, last, lim.Stats())
-	}
-}
-
-// consumed returns the 'c' field (tokens consumed in total) of the bucket of each key, under the
-// default prefix; a missing bucket counts 0. It works on every kind of client (pipelines are split
-// per node by a cluster client).
-// bucketConsumed returns c, the tokens admitted in total, from a bucket's packed "b" field
-// (lua/reconcile.lua: "t:s:c:w:nt:x").
-func bucketConsumed(b string) (int64, error) {
-	st, err := central.ParseBucket(b)
-	return st.Consumed, err
-}
-
-func consumed(t *testing.T, rdb redis.UniversalClient, keys []string) []int64 {
-	t.Helper()
-	all := consumedByKey(t, rdb, hybrid.DefaultKeyPrefix)
-	out := make([]int64, len(keys))
-	for i, k := range keys {
-		out[i] = all[k]
-	}
-	return out
-}
-
-// consumedByKey reads Redis's accounting (c, the third element of the packed "b" field) of every bucket under prefix, summed per limiter key
-// over the limits it was used with. It scans every master of a cluster.
-func consumedByKey(t *testing.T, rdb redis.UniversalClient, prefix string) map[string]int64 {
-	t.Helper()
-	ctx := context.Background()
-	out := map[string]int64{}
-	var mu sync.Mutex
-	head := prefix + ":" + central.Version + ":b:{"
-	scan := func(ctx context.Context, c *redis.Client) error {
-		var names []string
-		iter := c.Scan(ctx, 0, head+"*", 1000).Iterator()
-		for iter.Next(ctx) {
-			names = append(names, iter.Val())
-		}
-		if err := iter.Err(); err != nil {
-			return err
-		}
-		for lo := 0; lo < len(names); lo += 1000 {
-			hi := min(lo+1000, len(names))
-			pipe := c.Pipeline()
-			cmds := make([]*redis.StringCmd, hi-lo)
-			for i := lo; i < hi; i++ {
-				cmds[i-lo] = pipe.HGet(ctx, names[i], "b")
-			}
-			_, _ = pipe.Exec(ctx)
-			for i, cmd := range cmds {
-				b, err := cmd.Result()
-				if err == redis.Nil || redis.HasErrorPrefix(err, "WRONGTYPE") { // not a bucket (a test's poisoned key)
-					continue
-				}
-				if err != nil {
-					return err
-				}
-				v, err := bucketConsumed(b)
-				if err != nil {
-					return err
-				}
-				name := names[lo+i]
-				// "<head><key>}": the key is what lies before the last "}".
-				rest := name[len(head):]
-				k := rest[:len(rest)-1]
-				mu.Lock()
-				out[k] += v
-				mu.Unlock()
-			}
-		}
-		return nil
-	}
-	switch c := rdb.(type) {
-	case *redis.ClusterClient:
-		require.NoError(t, c.ForEachMaster(ctx, scan))
-	case *redis.Client:
-		require.NoError(t, scan(ctx, c))
-	default:
-		t.Fatalf("consumedByKey: unsupported client %T", rdb)
-	}
-	return out
-}
-
-func sum(xs []int64) int64 {
-	var s int64
-	for _, x := range xs {
-		s += x
-	}
-	return s
-}
-
-// loader drives Allow calls on keys from several goroutines until stop, and counts what it saw.
-type loader struct {
-	lim   *hybrid.Limiter
-	keys  []string
-	limit hybrid.Limit
-	// pace is the pause after each call of one goroutine; zero runs flat out.
-	pace time.Duration
-	// observe, if set, sees every decision (it must be safe for concurrent use).
-	observe func(key int, d hybrid.Decision, err error, latency time.Duration)
-
-	admitted []atomic.Int64 // per key
-	calls    atomic.Int64
-	errs     atomic.Int64
-	sources  [5]atomic.Int64 // by outcome.Source
-	errMu    sync.Mutex
-	errSeen  []string // distinct error messages (at most 10)
-	stop     chan struct{}
-	wg       sync.WaitGroup
-}
-
-func (l *loader) start(goroutines int) {
-	l.admitted = make([]atomic.Int64, len(l.keys))
-	l.stop = make(chan struct{})
-	for g := range goroutines {
-		l.wg.Add(1)
-		go func() {
-			defer l.wg.Done()
-			ctx := context.Background()
-			for i := g; ; i++ {
-				select {
-				case <-l.stop:
-					return
-				default:
-				}
-				k := i % len(l.keys)
-				t0 := time.Now()
-				d, err := l.lim.Decide(ctx, l.keys[k], l.limit)
-				lat := time.Since(t0)
-				l.calls.Add(1)
-				if err != nil {
-					l.errs.Add(1)
-					l.errMu.Lock()
-					if len(l.errSeen) < 10 && !slices.Contains(l.errSeen, err.Error()) {
-						l.errSeen = append(l.errSeen, err.Error())
-					}
-					l.errMu.Unlock()
-				} else {
-					l.sources[d.Source].Add(1)
-					if d.Allowed {
-						l.admitted[k].Add(1)
-					}
-				}
-				if l.observe != nil {
-					l.observe(k, d, err, lat)
-				}
-				if l.pace > 0 {
-					time.Sleep(l.pace)
-				}
-			}
-		}()
-	}
-}
-
-// halt stops the goroutines and waits for them.
-func (l *loader) halt() {
-	close(l.stop)
-	l.wg.Wait()
-}
-
-func (l *loader) total() int64 {
-	var s int64
-	for i := range l.admitted {
-		s += l.admitted[i].Load()
-	}
-	return s
-}
-
-func (l *loader) String() string {
-	return fmt.Sprintf("calls=%d errors=%d local=%d central=%d deny-cache=%d fallback=%d admitted=%d",
-		l.calls.Load(), l.errs.Load(), l.sources[outcome.SourceLocal].Load(), l.sources[outcome.SourceCentral].Load(),
-		l.sources[outcome.SourceDenyCache].Load(), l.sources[outcome.SourceFallback].Load(), l.total())
-}
-
-func (l *loader) errors() []string {
-	l.errMu.Lock()
-	defer l.errMu.Unlock()
-	return slices.Clone(l.errSeen)
-}
-
-func keyNames(prefix string, n int) []string {
-	keys := make([]string, n)
-	for i := range keys {
-		keys[i] = prefix + strconv.Itoa(i)
-	}
-	return keys
-}
-
-// percentile returns the p-quantile (0 to 1) of ds, which it sorts.
-func percentile(ds []time.Duration, p float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	slices.Sort(ds)
-	return ds[min(int(p*float64(len(ds))), len(ds)-1)]
-}
-
-// heapInUse returns the live heap after a GC.
-func heapInUse() uint64 {
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapInuse
-}
-
-// warm decides on each key until a decision is local: the first goes to Redis and brings the key a
-// local allowance.
-func warm(t *testing.T, lim *hybrid.Limiter, keys []string, limit hybrid.Limit) {
-	t.Helper()
-	ctx := context.Background()
-	for _, k := range keys {
-		require.Eventually(t, func() bool {
-			d, err := lim.Decide(ctx, k, limit)
-			require.NoError(t, err)
-			return d.Allowed && d.Source == outcome.SourceLocal
-		}, 5*time.Second, time.Millisecond, "key %s gets a local allowance", k)
-	}
-}
-
-// allowLocally asks lim n times for each of keys under limit, requiring each decision to be made
-// locally (from the keys' allowances, see warm).
-func allowLocally(t *testing.T, lim *hybrid.Limiter, keys []string, limit hybrid.Limit, n int) {
-	t.Helper()
-	ctx := context.Background()
-	for _, k := range keys {
-		for range n {
-			d, err := lim.Decide(ctx, k, limit)
-			require.NoError(t, err)
-			require.Equal(t, outcome.SourceLocal, d.Source, "key %s", k)
-		}
-	}
-}
 
 // TestRedisHung is issue #4 item 2: Redis is stopped with SIGSTOP for 3.5s, longer than every
 // timeout (sync check 20ms, flush 100ms, the client's 1s read timeout). Decisions on keys with local
@@ -440,7 +179,7 @@ func infoCount(t *testing.T, srv *redistest.Server, section, prefix string) int6
 // the restarted Redis ends up with exactly the consumption that had not been applied yet.
 func TestRestartLosesScriptCacheWhileReconcileIsDue(t *testing.T) {
 	srv := redistest.Start(t)
-	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
+	rdb := srv.Client(t, redistest.NoRetries)
 	// A one-minute interval: the background loop never flushes during the test, so the reconcile is
 	// due exactly when the test says and the restart cannot race with it.
 	lim := newLimiter(t, rdb, hybrid.WithSyncInterval(time.Minute))
@@ -483,9 +222,7 @@ func behindProxy(t *testing.T) (*redistest.Proxy, *redis.Client) {
 	t.Helper()
 	srv := redistest.Start(t)
 	p := redistest.NewProxy(t, srv.Addr)
-	rdb := redis.NewClient(&redis.Options{Addr: p.Addr, MaxRetries: -1})
-	t.Cleanup(func() { _ = rdb.Close() })
-	return p, rdb
+	return p, p.Client(t, redistest.NoRetries)
 }
 
 // TestSlowRedisCoalescesFlushes is issue #4 item 6: every reply from Redis is delayed by 60ms, three
@@ -664,7 +401,7 @@ func TestClockJumpsDoNotRefill(t *testing.T) {
 		t.Skip("multi-second load test; run without -short")
 	}
 	srv := redistest.Start(t)
-	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
+	rdb := srv.Client(t, redistest.NoRetries)
 	var offset atomic.Int64
 	clock := func() time.Time { return time.Now().Round(0).Add(time.Duration(offset.Load())) }
 	const interval, drift = 20 * time.Millisecond, 0.1
@@ -700,7 +437,7 @@ func TestClockJumpsDoNotRefill(t *testing.T) {
 	now, err := rdb.Time(context.Background()).Result()
 	require.NoError(t, err)
 	for _, k := range keys {
-		b, err := rdb.HGet(context.Background(), central.BucketKey(hybrid.DefaultKeyPrefix, k), "b").Result()
+		b, err := rdb.HGet(context.Background(), bucketKey(k), "b").Result()
 		require.NoError(t, err)
 		st, err := central.ParseBucket(b)
 		require.NoError(t, err)
@@ -795,8 +532,7 @@ func TestReplayedBatchIsAppliedOnce(t *testing.T) {
 	srv := redistest.Start(t)
 	direct := srv.Client(t) // for the test's own reads, around the proxy
 	p := redistest.NewProxy(t, srv.Addr)
-	rdb := redis.NewClient(&redis.Options{Addr: p.Addr, ReadTimeout: 150 * time.Millisecond}) // default MaxRetries: 3
-	t.Cleanup(func() { _ = rdb.Close() })
+	rdb := p.Client(t, func(o *redis.Options) { o.ReadTimeout = 150 * time.Millisecond }) // default MaxRetries: 3
 	// One ban in Redis's list before the limiter starts, so that the test can see when the
 	// limiter's first ban-list read (a script call, run once its ban channel is subscribed, in the
 	// background) is done: it would count as EVALSHA too. CI saw it land after ResetStats.
@@ -850,7 +586,7 @@ func TestReplayedBatchIsAppliedOnce(t *testing.T) {
 // because the breaker was open.
 func TestCloseWaitsOutAnOpenBreaker(t *testing.T) {
 	srv := redistest.Start(t)
-	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
+	rdb := srv.Client(t, redistest.NoRetries)
 	lim, err := hybrid.New(rdb, hybrid.WithSyncInterval(time.Minute), hybrid.WithFlushTimeout(20*time.Millisecond))
 	require.NoError(t, err)
 	ctx := context.Background()
@@ -882,4 +618,102 @@ func TestCloseWaitsOutAnOpenBreaker(t *testing.T) {
 	t.Logf("Close took %v with the breaker open at the start; stats %+v", time.Since(t0), lim.Stats())
 	assert.Zero(t, lim.Stats().Pending)
 	assert.Equal(t, admitted, consumed(t, rdb, keys), "every admitted token reached Redis")
+}
+
+// TestHungRedisBounded: on a redis-server stopped with SIGSTOP (a hung host: it accepts connections
+// and answers nothing), with a client created with go-redis's defaults (ContextTimeoutEnabled
+// false, ReadTimeout 3s), AllowN waits at most about the check timeout and Peek and Reset at most
+// about the flush timeout (their documented bounds), never the client's ReadTimeout; after SIGCONT
+// Redis answers again.
+func TestHungRedisBounded(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	rdb := srv.Client(t) // go-redis defaults: the deadline of a call is not applied to the socket
+	const check, flush = 20 * time.Millisecond, 100 * time.Millisecond
+	lim := newLimiter(t, rdb, hybrid.WithCheckTimeout(check), hybrid.WithFlushTimeout(flush),
+		hybrid.WithFailurePolicy(outcome.FailOpen), hybrid.WithoutColdStart()) // a new key's first decision asks Redis
+	ctx := context.Background()
+	limit := hybrid.PerSecond(1000)
+	_, err := lim.Peek(ctx, "warm", limit) // opens a pooled connection and reaches Redis
+	require.NoError(t, err)
+
+	srv.Pause(t)
+	timed := func(what string, bound time.Duration, f func()) {
+		t.Helper()
+		redistest.Timed(t, what+" on a hung Redis", bound, f)
+	}
+	for i := range 4 { // keys never seen: each needs Redis
+		timed("Allow", 4*check, func() {
+			d, err := lim.Decide(ctx, "cold-"+string(rune('a'+i)), limit)
+			require.NoError(t, err)
+			assert.True(t, d.Allowed)
+		})
+	}
+	timed("Peek", 4*flush, func() {
+		_, err := lim.Peek(ctx, "unknown", limit)
+		assert.Error(t, err)
+	})
+	timed("Reset", 4*flush, func() { assert.Error(t, lim.Reset(ctx, "unknown", limit)) })
+
+	srv.Resume(t)
+	require.Eventually(t, func() bool {
+		_, err := lim.Peek(ctx, "unknown", limit)
+		return err == nil && lim.Reset(ctx, "unknown", limit) == nil
+	}, 10*time.Second, 20*time.Millisecond, "Redis answers again after SIGCONT")
+}
+
+// TestHungClusterBounded: TestHungRedisBounded on a Redis Cluster whose master for the keys' slot is
+// stopped with SIGSTOP, for cluster clients with go-redis's defaults (ContextTimeoutEnabled false,
+// ReadTimeout 5s), with no read timeout at all, and with ContextTimeoutEnabled: AllowN waits at most
+// about the check timeout, Peek and Reset about the flush timeout (it took the client's 5s
+// ReadTimeout, or forever, before the limiter used a cluster client of its own), Close returns
+// within its context, and the caller's client stays open.
+func TestHungClusterBounded(t *testing.T) {
+	redistest.ForEachClusterSetup(t, func(t *testing.T, run redistest.ClusterRun) {
+		cl, rdb, name := run.Cluster, run.Client, run.Name
+		const check, flush = 20 * time.Millisecond, 100 * time.Millisecond
+		lim, err := hybrid.New(rdb, hybrid.WithCheckTimeout(check), hybrid.WithFlushTimeout(flush),
+			hybrid.WithFailurePolicy(outcome.FailOpen), hybrid.WithoutColdStart())
+		require.NoError(t, err)
+		ctx := context.Background()
+		limit := hybrid.PerSecond(1000)
+		warm := "hung-" + name
+		require.Eventually(t, func() bool { // opens a pooled connection to the key's master
+			_, err := lim.Peek(ctx, warm, limit)
+			return err == nil
+		}, 10*time.Second, 10*time.Millisecond, "warm-up")
+		master := cl.MasterFor(t, "{"+warm+"}") // a key is its bucket's hash tag
+		var keys []string                       // keys never seen, on that master
+		for i := 0; len(keys) < 6; i++ {
+			if k := fmt.Sprintf("%s-%d", warm, i); cl.MasterFor(t, "{"+k+"}") == master {
+				keys = append(keys, k)
+			}
+		}
+		master.Pause(t)
+		timed := func(what string, bound time.Duration, f func()) {
+			t.Helper()
+			redistest.Timed(t, what+" on a hung master", bound, f)
+		}
+		for _, k := range keys[:4] { // each needs Redis
+			timed("Allow", 10*check, func() {
+				d, err := lim.Decide(ctx, k, limit)
+				require.NoError(t, err)
+				assert.True(t, d.Allowed)
+			})
+		}
+		timed("Peek", 10*flush, func() {
+			_, err := lim.Peek(ctx, keys[4], limit)
+			assert.Error(t, err)
+		})
+		timed("Reset", 10*flush, func() { assert.Error(t, lim.Reset(ctx, keys[5], limit)) })
+		timed("Close", 10*flush+time.Second, func() {
+			cctx, cancel := context.WithTimeout(ctx, time.Second)
+			defer cancel()
+			_ = lim.Close(cctx) // its final flush fails: the master is still hung
+		})
+
+		master.Resume(t)
+		cl.WaitHealthy(t, 30*time.Second)
+		require.NoError(t, rdb.Ping(ctx).Err(), "the caller's client is not closed")
+	})
 }

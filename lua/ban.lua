@@ -42,6 +42,22 @@ local function logged(key)
   end
 end
 
+-- in_force appends to out the key and remaining ms of each ban of kv (flat {key, deadline_ms, ...}
+-- from HGETALL or HSCAN of the bans hash) still in force, removes the expired ones from the hash,
+-- and returns out.
+local function in_force(kv, out)
+  for i = 1, #kv, 2 do
+    local until_ms = tonumber(kv[i + 1])
+    if until_ms == nil or until_ms <= now_ms then
+      redis.call('HDEL', bans, kv[i])
+    else
+      out[#out + 1] = kv[i]
+      out[#out + 1] = until_ms - now_ms
+    end
+  end
+  return out
+end
+
 local function page_size(s)
   local n = tonumber(s)
   if n == nil or n ~= n or n < 1 or n > 100000 or n ~= math.floor(n) then
@@ -68,18 +84,7 @@ elseif action == 'unban' then
   redis.call('PUBLISH', ARGV[2], 'u 0 ' .. ARGV[3])
   return 1
 elseif action == 'list' then
-  local all = redis.call('HGETALL', bans)
-  local out = {}
-  for i = 1, #all, 2 do
-    local until_ms = tonumber(all[i + 1])
-    if until_ms == nil or until_ms <= now_ms then
-      redis.call('HDEL', bans, all[i])
-    else
-      out[#out + 1] = all[i]
-      out[#out + 1] = until_ms - now_ms
-    end
-  end
-  return out
+  return in_force(redis.call('HGETALL', bans), {})
 elseif action == 'changes' then
   local since = tonumber(ARGV[3])
   local n = page_size(ARGV[4])
@@ -129,18 +134,7 @@ elseif action == 'scan' then
     return redis.error_reply('ERR hybridrate: bad scan request')
   end
   local r = redis.call('HSCAN', bans, ARGV[3], 'COUNT', n)
-  local out = {r[1], now_ms}
-  local kv = r[2]
-  for i = 1, #kv, 2 do
-    local until_ms = tonumber(kv[i + 1])
-    if until_ms == nil or until_ms <= now_ms then
-      redis.call('HDEL', bans, kv[i])
-    else
-      out[#out + 1] = kv[i]
-      out[#out + 1] = until_ms - now_ms
-    end
-  end
-  return out
+  return in_force(r[2], {r[1], now_ms})
 elseif action == 'check' then
   local out = {}
   if #ARGV < 5 then

@@ -99,8 +99,7 @@ func TestRevealSubjectsIsBoundedAndOptional(t *testing.T) {
 // small report per instance, with a TTL and no raw key, in the limiter's namespace.
 func TestFleetReportsOnRealRedis(t *testing.T) {
 	srv := redistest.Start(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { _ = rdb.Close() })
+	rdb := srv.Client(t)
 	ctx := context.Background()
 	shared := []byte("fleet-wide")
 	now := time.Now()
@@ -223,7 +222,7 @@ var fleetACL = []any{"on", ">pw", "resetkeys", "resetchannels", "~hr:*", "&hr:*"
 func TestFleetUnderLeastPrivilegeACL(t *testing.T) {
 	srv := redistest.Start(t)
 	srv.Do(t, append([]any{"ACL", "SETUSER", "lim"}, fleetACL...)...)
-	rdb := srv.Client(t, func(o *redis.Options) { o.Username, o.Password, o.MaxRetries = "lim", "pw", -1 })
+	rdb := srv.Client(t, redistest.As("lim", "pw"))
 	ctx := context.Background()
 	f := newFixture(t, []observe.Option{observe.WithInstance("pod-a")})
 	fl, err := observe.NewFleet(f.obs, rdb, observe.WithReportInterval(time.Second))
@@ -262,8 +261,7 @@ func TestFleetReportIsBounded(t *testing.T) {
 		}
 	}
 	srv := redistest.Start(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { _ = rdb.Close() })
+	rdb := srv.Client(t)
 	fl, err := observe.NewFleet(f.obs, rdb, observe.WithReportID("big"))
 	require.NoError(t, err)
 	require.NoError(t, fl.Publish(context.Background()))

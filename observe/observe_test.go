@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
@@ -273,7 +272,7 @@ func (fakeChecker) Check(context.Context, *policy.Request) (policy.Result, error
 }
 
 func TestStrictAndBreakerHealthWhenRedisIsDown(t *testing.T) {
-	mr, rdb := redistest.Mini(t, func(o *redis.Options) { o.MaxRetries = -1 })
+	mr, rdb := redistest.Mini(t, redistest.NoRetries)
 	metrics := metrictest.New(t)
 	enf := policytest.NewEnforcer(t, rdb,
 		policy.WithStrictTimeout(100*time.Millisecond),

@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/outcome"
@@ -32,7 +30,7 @@ func BenchmarkCheck(b *testing.B) {
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			srv := redistest.Start(b)
-			rdb := srv.Client(b, func(o *redis.Options) { o.MaxRetries = -1 })
+			rdb := srv.Client(b, redistest.NoRetries)
 			opts := append([]policy.Option{policy.WithHybridOptions(hybrid.WithCheckTimeout(time.Second))}, tc.opts...)
 			enf, err := policy.NewEnforcer(rdb, opts...)
 			if err != nil {

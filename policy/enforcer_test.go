@@ -37,7 +37,7 @@ var exact = []hybrid.Option{hybrid.WithDriftThreshold(0), hybrid.WithCheckTimeou
 func newEnv(t *testing.T, opts []policy.Option, p *policy.Policy) *env {
 	t.Helper()
 	srv := redistest.Start(t)
-	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
+	rdb := srv.Client(t, redistest.NoRetries)
 	opts = append([]policy.Option{policy.WithHybridOptions(exact...), policy.WithStrictTimeout(time.Second)}, opts...)
 	enf := policytest.NewEnforcer(t, rdb, opts...)
 	if p != nil {

@@ -12,7 +12,6 @@ import (
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
@@ -32,7 +31,7 @@ import (
 func newRealServer(t *testing.T, yaml string) *sidecar.Server {
 	t.Helper()
 	srv := redistest.Start(t)
-	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
+	rdb := srv.Client(t, redistest.NoRetries)
 	enf := policytest.NewEnforcer(t, rdb,
 		policy.WithStrictTimeout(time.Second),
 		policy.WithHybridOptions(hybrid.WithDriftThreshold(0), hybrid.WithCheckTimeout(time.Second)),
@@ -136,7 +135,7 @@ func TestBadRequestsGiveTheirReasonAndTheirOwnCode(t *testing.T) {
 	t.Parallel()
 	metrics := metrictest.New(t)
 	srv := redistest.Start(t)
-	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
+	rdb := srv.Client(t, redistest.NoRetries)
 	enf := policytest.NewEnforcer(t, rdb,
 		policy.WithStrictTimeout(time.Second),
 		policy.WithHybridOptions(hybrid.WithCheckTimeout(time.Second)),

@@ -9,7 +9,6 @@ import (
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/hybridrate/hybridrate/internal/cputime"
 	"github.com/hybridrate/hybridrate/internal/metrictest"
@@ -42,7 +41,7 @@ func BenchmarkUpstreamObserved(b *testing.B) {
 func upstreamBenchServer(b *testing.B, observed bool) (*sidecar.Server, *policy.Enforcer, []*rlsv3.RateLimitRequest) {
 	b.Helper()
 	srv := redistest.Start(b)
-	rdb := srv.Client(b, func(o *redis.Options) { o.MaxRetries = -1 })
+	rdb := srv.Client(b, redistest.NoRetries)
 	enf := policytest.NewEnforcer(b, rdb,
 		policy.WithStrictTimeout(time.Second),
 		policy.WithWindowLeases(10*time.Second),

@@ -9,7 +9,6 @@ import (
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -37,7 +36,7 @@ descriptors:
 func newUpstreamServer(t *testing.T, headers *sidecar.HeaderNames, now time.Time) *sidecar.Server {
 	t.Helper()
 	srv := redistest.Start(t)
-	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
+	rdb := srv.Client(t, redistest.NoRetries)
 	enf := policytest.NewEnforcer(t, rdb, policy.WithStrictTimeout(time.Second))
 	cfg := policytest.Upstream(t, "config/rl.yaml", upstreamYAML)
 	require.NoError(t, enf.SetPolicy(cfg.Policy()))

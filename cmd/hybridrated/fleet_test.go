@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -164,8 +163,7 @@ func TestFleetDashboardInChromium(t *testing.T) {
 	})
 
 	// What Redis holds: one index and one report per instance, with TTLs, small, and no raw key.
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	defer rdb.Close()
+	rdb := srv.Client(t)
 	keys, err := rdb.Keys(ctx, "hr:v3:x:{dashboard}*").Result()
 	require.NoError(t, err)
 	assert.Len(t, keys, 3, "%q", keys)

@@ -10,7 +10,6 @@ import (
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -49,7 +48,7 @@ func BenchmarkGRPC(b *testing.B) {
 // run wires it in upstream's mode.
 func benchSidecar(b *testing.B) rlsv3.RateLimitServiceServer {
 	srv := redistest.Start(b)
-	rdb := srv.Client(b, func(o *redis.Options) { o.MaxRetries = -1 })
+	rdb := srv.Client(b, redistest.NoRetries)
 	enf := policytest.NewEnforcer(b, rdb,
 		policy.WithStrictTimeout(time.Second),
 		policy.WithWindowLeases(10*time.Second),

@@ -12,7 +12,6 @@ import (
 	"github.com/HdrHistogram/hdrhistogram-go"
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -88,8 +87,7 @@ func TestLoad(t *testing.T) {
 	measure(t, "sidecar over gRPC, loopback", reqs, grpcCall)
 
 	// The same requests answered in this process, without gRPC: the same packages, on the same Redis.
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
-	defer rdb.Close()
+	rdb := srv.Client(t, redistest.NoRetries)
 	enf, err := policy.NewEnforcer(rdb, policy.WithKeyPrefix("inproc"), policy.WithCostFuncs(map[string]policy.CostFunc{sidecar.HitsCostName: sidecar.HitsCost}))
 	require.NoError(t, err)
 	defer enf.Close(ctx)

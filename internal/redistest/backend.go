@@ -27,11 +27,5 @@ func ForEachBackend(t *testing.T, fn func(t *testing.T, rdb redis.UniversalClien
 func Mini(tb testing.TB, opt ...func(*redis.Options)) (*miniredis.Miniredis, *redis.Client) {
 	tb.Helper()
 	m := miniredis.RunT(tb)
-	o := &redis.Options{Addr: m.Addr()}
-	for _, f := range opt {
-		f(o)
-	}
-	rdb := redis.NewClient(o)
-	tb.Cleanup(func() { _ = rdb.Close() })
-	return m, rdb
+	return m, newClient(tb, &redis.Options{Addr: m.Addr()}, opt)
 }

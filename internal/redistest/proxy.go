@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // proxyBufSize is the size of the chunks a Proxy reads and forwards.
@@ -74,6 +76,13 @@ func NewProxy(tb testing.TB, target string) *Proxy {
 	go p.acceptLoop()
 	tb.Cleanup(p.close)
 	return p
+}
+
+// Client returns a go-redis client that connects through the proxy, with Addr preset before opt
+// are applied. The client is closed in tb.Cleanup, before the proxy (registered earlier) is.
+func (p *Proxy) Client(tb testing.TB, opt ...func(*redis.Options)) *redis.Client {
+	tb.Helper()
+	return newClient(tb, &redis.Options{Addr: p.Addr}, opt)
 }
 
 // SetLatency delays each chunk of data the proxy reads from the server by d

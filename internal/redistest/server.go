@@ -243,13 +243,29 @@ func (s *Server) stopLocked() error {
 // applied. The client is closed in tb.Cleanup.
 func (s *Server) Client(tb testing.TB, opt ...func(*redis.Options)) *redis.Client {
 	tb.Helper()
-	o := &redis.Options{Addr: s.Addr, Password: s.password}
+	return newClient(tb, &redis.Options{Addr: s.Addr, Password: s.password}, opt)
+}
+
+// newClient applies opt to o and returns a client with the result, closed in tb.Cleanup.
+func newClient(tb testing.TB, o *redis.Options, opt []func(*redis.Options)) *redis.Client {
+	tb.Helper()
 	for _, f := range opt {
 		f(o)
 	}
 	c := redis.NewClient(o)
 	tb.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// NoRetries is a client option for [Server.Client], [Proxy.Client] and [Mini]: it turns go-redis's
+// retries off (MaxRetries -1), so that each call that fails reports its own error at once.
+func NoRetries(o *redis.Options) { o.MaxRetries = -1 }
+
+// As returns a client option for [Server.Client] and [Proxy.Client] that authenticates as the ACL
+// user name with password, without retries (see [NoRetries]): a user the server refuses, or one
+// whose permissions a command lacks, fails the call at once.
+func As(name, password string) func(*redis.Options) {
+	return func(o *redis.Options) { o.Username, o.Password, o.MaxRetries = name, password, -1 }
 }
 
 // Kill sends SIGKILL to the server and waits until it has exited, so its

@@ -70,7 +70,7 @@ func TestKillAndRestartOnTheSamePortLoseData(t *testing.T) {
 	t.Parallel()
 	s := Start(t)
 	ctx := context.Background()
-	rdb := s.Client(t, func(o *redis.Options) { o.MaxRetries = -1 })
+	rdb := s.Client(t, NoRetries)
 	port := s.Port
 
 	if err := rdb.Set(ctx, "k", "v", 0).Err(); err != nil {

@@ -111,51 +111,20 @@ func TestFleetAtScale(t *testing.T) {
 // starve their nodes), the per-user keys are not denied while under their limit, and Redis sees
 // the relays only: its buckets hold no node's record.
 func TestFleetWithRelays(t *testing.T) {
-	rdb, sc, ok := atScale(t, "overload,medium")
-	if !ok {
-		return
-	}
-	const d = 1500 * time.Millisecond
-	res, err := Run(context.Background(), Config{
-		Client: rdb,
-		Fleet:  []int{4096}, Relay: 512, Scenarios: sc, Duration: d, Warmup: 500 * time.Millisecond, Seed: 7,
+	checkRelays(t, relayCase{
+		scenarios: "overload,medium", honest: "medium", maxFalse: 0.02,
+		config: Config{Fleet: []int{4096}, Relay: 512},
 		// Before the next run flushes everything: the buckets' node records are the relays' only.
-		Flush: flushChecking(t, rdb, func(nodes []string) bool {
+		records: func(nodes []string) bool {
 			for _, n := range nodes {
 				if !strings.HasPrefix(n, "relay") {
 					return false
 				}
 			}
 			return true
-		}, "Redis should see relays only"),
+		},
+		want: "Redis should see relays only",
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(res) != 2 {
-		t.Fatalf("%d results, want 2", len(res))
-	}
-	for i, r := range res {
-		s := sc[i]
-		allowance := float64(s.Burst) + s.Rate*d.Seconds()
-		// docs/accuracy.md, "With relays": a token may wait a lease life in a relay's pool, then
-		// one in a node's lease: one more Rate·LeaseLife.
-		limit := (allowance + bound(s.Rate, s.Burst) + s.Rate*hybrid.LeaseLife.Seconds()) / allowance
-		t.Logf("%s, %d nodes, %d relays: worst key %.3f of Burst + Rate·T (bound %.2f), admitted ÷ exact %.3f, local %.1f%%, false denials %.2f%%",
-			r.Scenario, r.Nodes, r.Relays, r.WorstKey, limit, r.PerExact, 100*r.Local, 100*r.FalseDenied)
-		if r.Relays != 8 {
-			t.Errorf("%s: %d relays, want 8", r.Scenario, r.Relays)
-		}
-		if r.WorstKey > limit {
-			t.Errorf("%s: the worst key admitted %.3f × Burst + Rate·T, beyond the bound's %.3f", r.Scenario, r.WorstKey, limit)
-		}
-		if r.PerExact < 0.9 {
-			t.Errorf("%s: admitted %.3f of what the exact bucket admitted, want at least 0.9", r.Scenario, r.PerExact)
-		}
-		if s.Name == "medium" && r.FalseDenied > 0.02 {
-			t.Errorf("medium: %.2f%% of the requests of keys under their limit denied, want at most 2%%", 100*r.FalseDenied)
-		}
-	}
 }
 
 // TestFleetWithShardedRelays: 512 nodes send each key to its owner among 8 relays (relay.Sharded,
@@ -163,18 +132,45 @@ func TestFleetWithRelays(t *testing.T) {
 // the relay bound plus the cold credit (one token), and small per-user bursts, which relays per
 // host split into pools too small to last, are not falsely denied.
 func TestFleetWithShardedRelays(t *testing.T) {
-	rdb, sc, ok := atScale(t, "overload,small")
+	checkRelays(t, relayCase{
+		scenarios: "overload,small", honest: "small", maxFalse: 0.01,
+		config: Config{Fleet: []int{512}, Relays: 8, Shard: true},
+		credit: 1,
+		records: func(nodes []string) bool {
+			return len(nodes) == 0 || (len(nodes) == 1 && strings.HasPrefix(nodes[0], "relay"))
+		},
+		want: "want its owner relay's only",
+	})
+}
+
+// relayCase is one fleet behind 8 relays, for checkRelays.
+type relayCase struct {
+	scenarios string  // atScale's names: an over-limit scenario, then an honest one
+	honest    string  // the honest scenario, whose keys under their limit must not be denied
+	maxFalse  float64 // the share of its requests that may be denied falsely
+	config    Config  // the fleet and its relays; checkRelays sets the rest
+	credit    float64 // tokens the worst key may take beyond the relay bound
+	records   func(nodes []string) bool
+	want      string // what records checks, for its error
+}
+
+// checkRelays runs c's fleet on both scenarios for 1.5s and checks that no key admits more than
+// the relay bound (docs/accuracy.md, "With relays": a token may wait a lease life in a relay's
+// pool, then one in a node's lease: one more Rate·LeaseLife, plus c.credit), that the over-limit
+// keys get at least 90% of what the exact bucket admits, that the honest scenario's keys are
+// denied falsely at most c.maxFalse of the time, and that every bucket's node records pass
+// c.records (see flushChecking).
+func checkRelays(t *testing.T, c relayCase) {
+	t.Helper()
+	rdb, sc, ok := atScale(t, c.scenarios)
 	if !ok {
 		return
 	}
 	const d = 1500 * time.Millisecond
-	res, err := Run(context.Background(), Config{
-		Client: rdb,
-		Fleet:  []int{512}, Relays: 8, Shard: true, Scenarios: sc, Duration: d, Warmup: 500 * time.Millisecond, Seed: 7,
-		Flush: flushChecking(t, rdb, func(nodes []string) bool {
-			return len(nodes) == 0 || (len(nodes) == 1 && strings.HasPrefix(nodes[0], "relay"))
-		}, "want its owner relay's only"),
-	})
+	cfg := c.config
+	cfg.Client, cfg.Scenarios, cfg.Duration, cfg.Warmup, cfg.Seed = rdb, sc, d, 500*time.Millisecond, 7
+	cfg.Flush = flushChecking(t, rdb, c.records, c.want)
+	res, err := Run(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,11 +180,11 @@ func TestFleetWithShardedRelays(t *testing.T) {
 	for i, r := range res {
 		s := sc[i]
 		allowance := float64(s.Burst) + s.Rate*d.Seconds()
-		limit := (allowance + bound(s.Rate, s.Burst) + s.Rate*hybrid.LeaseLife.Seconds() + 1) / allowance
-		t.Logf("%s, %d nodes, %d relays by key: worst key %.3f of Burst + Rate·T (bound %.2f), admitted ÷ exact %.3f, false denials %.2f%%",
-			r.Scenario, r.Nodes, r.Relays, r.WorstKey, limit, r.PerExact, 100*r.FalseDenied)
-		if !r.Sharded || r.Relays != 8 {
-			t.Errorf("%s: sharded %v over %d relays, want 8 by key", r.Scenario, r.Sharded, r.Relays)
+		limit := (allowance + bound(s.Rate, s.Burst) + s.Rate*hybrid.LeaseLife.Seconds() + c.credit) / allowance
+		t.Logf("%s, %d nodes, %d relays (by key %v): worst key %.3f of Burst + Rate·T (bound %.2f), admitted ÷ exact %.3f, local %.1f%%, false denials %.2f%%",
+			r.Scenario, r.Nodes, r.Relays, r.Sharded, r.WorstKey, limit, r.PerExact, 100*r.Local, 100*r.FalseDenied)
+		if r.Sharded != cfg.Shard || r.Relays != 8 {
+			t.Errorf("%s: sharded %v over %d relays, want %v over 8", r.Scenario, r.Sharded, r.Relays, cfg.Shard)
 		}
 		if r.WorstKey > limit {
 			t.Errorf("%s: the worst key admitted %.3f × Burst + Rate·T, beyond the bound's %.3f", r.Scenario, r.WorstKey, limit)
@@ -196,8 +192,8 @@ func TestFleetWithShardedRelays(t *testing.T) {
 		if r.PerExact < 0.9 {
 			t.Errorf("%s: admitted %.3f of what the exact bucket admitted, want at least 0.9", r.Scenario, r.PerExact)
 		}
-		if s.Name == "small" && r.FalseDenied > 0.01 {
-			t.Errorf("small: %.2f%% of the requests of keys under their limit denied, want at most 1%%", 100*r.FalseDenied)
+		if s.Name == c.honest && r.FalseDenied > c.maxFalse {
+			t.Errorf("%s: %.2f%% of the requests of keys under their limit denied, want at most %.0f%%", s.Name, 100*r.FalseDenied, 100*c.maxFalse)
 		}
 	}
 }

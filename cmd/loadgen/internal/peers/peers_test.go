@@ -12,20 +12,8 @@ import (
 	"github.com/hybridrate/hybridrate/internal/redistest"
 )
 
-// forEachBackend runs fn on miniredis and on a real redis-server, because gopher-lua is not Redis's Lua.
-func forEachBackend(t *testing.T, fn func(t *testing.T, rdb *redis.Client)) {
-	t.Run("miniredis", func(t *testing.T) {
-		_, rdb := redistest.Mini(t)
-		fn(t, rdb)
-	})
-	t.Run("redis", func(t *testing.T) {
-		srv := redistest.Start(t)
-		fn(t, srv.Client(t))
-	})
-}
-
 func TestStrictTakesUpToBurstThenDenies(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, rdb *redis.Client) {
+	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
 		ctx := context.Background()
 		// 0.001 tokens/s: nothing refills during the test.
 		s, err := NewStrict(rdb, 0.001, 3)
@@ -96,7 +84,7 @@ func TestStrictRejectsBadArguments(t *testing.T) {
 	assert.Error(t, err)
 	_, err = NewStrict(nil, 1, 0)
 	assert.Error(t, err)
-	forEachBackend(t, func(t *testing.T, rdb *redis.Client) {
+	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
 		s, err := NewStrict(rdb, 10, 5)
 		require.NoError(t, err)
 		_, err = s.AllowN(context.Background(), StrictKey("t:", "bad"), 6)

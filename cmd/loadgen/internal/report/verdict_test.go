@@ -38,16 +38,19 @@ func TestJudge(t *testing.T) {
 	t.Parallel()
 	type want struct{ what, got, target, status string }
 	tests := []struct {
-		name   string
-		report func() Report
-		label  string
-		checks []want // in order
-		note   string
+		name     string
+		scenario string // verdictReport's arguments
+		pattern  string
+		load     float64
+		tweak    func(r *Report) // nil: every target met
+		label    string
+		checks   []want // in order
+		note     string
 	}{
 		{
-			name:   "sparse, every target met",
-			report: func() Report { return verdictReport("sparse", "uniform", 0.5) },
-			label:  "sparse",
+			name:     "sparse, every target met",
+			scenario: "sparse", pattern: "uniform", load: 0.5,
+			label: "sparse",
 			checks: []want{
 				{"local", "99.5%", "≥ 99%", StatusOK},
 				{"p99", "1.1µs", "≤ central/50 (16µs)", StatusOK},
@@ -57,16 +60,15 @@ func TestJudge(t *testing.T) {
 			},
 		},
 		{
-			name: "hot, each honest target missed",
-			report: func() Report {
-				r := verdictReport("hot", "uniform", 0.8)
+			name:     "hot, each honest target missed",
+			scenario: "hot", pattern: "uniform", load: 0.8,
+			tweak: func(r *Report) {
 				h := &r.Results[0]
 				h.LocalShare = 0.97
 				h.Latency.P99 = Duration(20 * time.Microsecond)
 				h.RedisCPU.MsPerThousand = 1 // 1/20 of central's
 				h.Accuracy.UnderExactRate = 0.006
 				h.Accuracy.AdmittedPerExact = 1.02
-				return r
 			},
 			label: "hot",
 			checks: []want{
@@ -78,28 +80,26 @@ func TestJudge(t *testing.T) {
 			},
 		},
 		{
-			name:   "zipf asks 95% local",
-			report: func() Report { r := verdictReport("zipf", "zipf", 0.5); r.Results[0].LocalShare = 0.96; return r },
+			name:     "zipf asks 95% local",
+			scenario: "zipf", pattern: "zipf", load: 0.5, tweak: func(r *Report) { r.Results[0].LocalShare = 0.96 },
 			label:  "zipf",
 			checks: []want{{"local", "96.0%", "≥ 95%", StatusOK}, {"p99", "", "", StatusOK}, {"redis cpu/1k vs central", "", "≤ 1/2", StatusOK}, {"false denials", "", "", StatusOK}, {"admitted/exact", "", "", StatusOK}},
 		},
 		{
-			name: "medium and sticky have their own cpu targets",
-			report: func() Report {
-				r := verdictReport("sticky", "uniform", 0.5)
+			name:     "medium and sticky have their own cpu targets",
+			scenario: "sticky", pattern: "uniform", load: 0.5,
+			tweak: func(r *Report) {
 				r.Results[0].RedisCPU.MsPerThousand = 5
-				return r
 			},
 			label:  "sticky",
 			checks: []want{{"local", "", "", StatusOK}, {"p99", "", "", StatusOK}, {"redis cpu/1k vs central", "0.25×", "≤ 1/5", StatusFail}, {"false denials", "", "", StatusOK}, {"admitted/exact", "", "", StatusOK}},
 		},
 		{
-			name: "overload: accuracy within 0.97–1.01 and no key above 1.05",
-			report: func() Report {
-				r := verdictReport("overload", "uniform", 4)
+			name:     "overload: accuracy within 0.97–1.01 and no key above 1.05",
+			scenario: "overload", pattern: "uniform", load: 4,
+			tweak: func(r *Report) {
 				r.Results[0].Accuracy.AdmittedPerExact = 0.96
 				r.Results[0].Accuracy.MaxKeyRatio = 1.06
-				return r
 			},
 			label: "overload",
 			checks: []want{
@@ -110,11 +110,10 @@ func TestJudge(t *testing.T) {
 			},
 		},
 		{
-			name: "churn: new keys' first decisions and their Redis cost",
-			report: func() Report {
-				r := verdictReport("churn", "churn", 0)
+			name:     "churn: new keys' first decisions and their Redis cost",
+			scenario: "churn", pattern: "churn", load: 0,
+			tweak: func(r *Report) {
 				r.Results[0].First.RedisCPUMsPerThousand = 25 // more per new key than central per decision
-				return r
 			},
 			label: "churn",
 			checks: []want{
@@ -123,49 +122,51 @@ func TestJudge(t *testing.T) {
 			},
 		},
 		{
-			name: "no INFO cpu (miniredis): not measured, neither ok nor FAIL",
-			report: func() Report {
-				r := verdictReport("medium", "uniform", 0.8)
+			name:     "no INFO cpu (miniredis): not measured, neither ok nor FAIL",
+			scenario: "medium", pattern: "uniform", load: 0.8,
+			tweak: func(r *Report) {
 				r.Results[0].RedisCPU, r.Results[1].RedisCPU = nil, nil
-				return r
 			},
 			label:  "medium",
 			checks: []want{{"local", "", "", StatusOK}, {"p99", "", "", StatusOK}, {"redis cpu/1k vs central", "no INFO cpu", "≤ 1/10", StatusNA}, {"false denials", "", "", StatusOK}, {"admitted/exact", "", "", StatusOK}},
 		},
 		{
-			name: "too many requests to replay: the approximate figures, marked",
-			report: func() Report {
-				r := verdictReport("sparse", "uniform", 0.5)
+			name:     "too many requests to replay: the approximate figures, marked",
+			scenario: "sparse", pattern: "uniform", load: 0.5,
+			tweak: func(r *Report) {
 				a := &r.Results[0].Accuracy
 				a.Oracle, a.AdmittedPerIdeal, a.FalseDenialRate = false, 0.999, 0.001
-				return r
 			},
 			label:  "sparse",
 			checks: []want{{"local", "", "", StatusOK}, {"p99", "", "", StatusOK}, {"redis cpu/1k vs central", "", "", StatusOK}, {"false denials", "~0.10%", "≤ 0.5%", StatusOK}, {"admitted/exact", "~0.999", "≤ 1.01", StatusOK}},
 		},
 		{
-			name:   "a custom overload run gets the overload targets without the cpu one",
-			report: func() Report { return verdictReport("", "uniform", 4) },
+			name:     "a custom overload run gets the overload targets without the cpu one",
+			scenario: "", pattern: "uniform", load: 4,
 			label:  "custom, overload targets",
 			checks: []want{{"local", "", "", StatusOK}, {"admitted/exact", "", "", StatusOK}, {"max key", "", "", StatusOK}},
 		},
 		{
-			name:   "a custom honest run gets the honest targets without the cpu one",
-			report: func() Report { return verdictReport("", "zipf", 0.9) },
+			name:     "a custom honest run gets the honest targets without the cpu one",
+			scenario: "", pattern: "zipf", load: 0.9,
 			label:  "custom, honest-load targets",
 			checks: []want{{"local", "", "", StatusOK}, {"p99", "", "", StatusOK}, {"false denials", "", "", StatusOK}, {"admitted/exact", "", "", StatusOK}},
 		},
 		{
-			name:   "without central there is nothing to judge",
-			report: func() Report { r := verdictReport("sparse", "uniform", 0.5); r.Results = r.Results[:1]; return r },
-			label:  "sparse",
-			note:   "needs hybrid and central in the same run (--mode hybrid,central)",
+			name:     "without central there is nothing to judge",
+			scenario: "sparse", pattern: "uniform", load: 0.5, tweak: func(r *Report) { r.Results = r.Results[:1] },
+			label: "sparse",
+			note:  "needs hybrid and central in the same run (--mode hybrid,central)",
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			v := Judge(tt.report())
+			r := verdictReport(tt.scenario, tt.pattern, tt.load)
+			if tt.tweak != nil {
+				tt.tweak(&r)
+			}
+			v := Judge(r)
 			assert.Equal(t, tt.label, v.Scenario)
 			assert.Equal(t, tt.note, v.Note)
 			require.Len(t, v.Checks, len(tt.checks), "%+v", v.Checks)

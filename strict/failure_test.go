@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -100,4 +101,101 @@ func TestHungClusterBounded(t *testing.T) {
 		require.NoError(t, l.Close())
 		require.NoError(t, rdb.Ping(ctx).Err(), "the caller's client is not closed")
 	})
+}
+
+// TestStrictCallerGivingUpIsNotARedisFailure: a call whose caller gives up first (its own deadline,
+// shorter than the limiter's timeout, passes, or it cancels) tells nothing about Redis: it neither
+// counts towards opening the breaker (strict used to count a caller's deadline as a failure, so
+// impatient callers could open it against a healthy Redis) nor resets a run of real failures.
+func TestStrictCallerGivingUpIsNotARedisFailure(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	proxy := redistest.NewProxy(t, srv.Addr)
+	rdb := proxy.Client(t, redistest.NoRetries, func(o *redis.Options) { o.ContextTimeoutEnabled = true })
+	l := newTestStrict(t, rdb, WithTimeout(100*time.Millisecond), WithBreaker(3, time.Hour, 0))
+	rule := Rule{Name: "r", Algorithm: GCRA, Limit: 10, Period: time.Second}
+	ctx := context.Background()
+	_, err := l.Allow(ctx, rule, "s") // loads the script
+	require.NoError(t, err)
+
+	proxy.SetLatency(time.Second) // every answer now comes after both deadlines
+	deadline := func() {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
+		defer cancel()
+		_, err := l.Allow(ctx, rule, "s")
+		require.Error(t, err)
+	}
+	cancelled := func() {
+		t.Helper()
+		ctx, cancel := context.WithCancel(ctx)
+		time.AfterFunc(10*time.Millisecond, cancel)
+		defer cancel()
+		_, err := l.Allow(ctx, rule, "s")
+		require.Error(t, err)
+	}
+	timeout := func() { // the limiter's own timeout: Redis did not answer in time
+		t.Helper()
+		_, err := l.Allow(ctx, rule, "s")
+		require.Error(t, err)
+		require.True(t, IsTransport(err), "%v", err)
+		require.ErrorIs(t, err, ErrUnavailable, "a call Redis could not serve wraps ErrUnavailable, as the open breaker's does")
+	}
+
+	for range 5 {
+		deadline()
+		cancelled()
+	}
+	assert.Equal(t, BreakerClosed, l.BreakerState(), "callers that gave up say nothing about Redis")
+	timeout()
+	timeout()
+	deadline()
+	cancelled()
+	assert.Equal(t, BreakerClosed, l.BreakerState(), "two failures of three")
+	timeout()
+	assert.Equal(t, BreakerOpen, l.BreakerState(), "the callers that gave up did not reset the run of failures")
+	assert.Equal(t, int64(15), l.Stats().Errors, "every failed call is counted as an error")
+}
+
+// TestStrictClusterFailover: after the master of a subject's slot dies and a replica takes over, the
+// limiter answers again within seconds. Strict used not to ask go-redis to reload the slot map after
+// a failed call, so it kept dialling the dead master until go-redis's periodic reload (a minute).
+func TestStrictClusterFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 6-node Redis Cluster and fails a master over; run without -short")
+	}
+	t.Parallel()
+	t.Cleanup(func() { redistest.AwaitDialRetries(t) }) // registered first: runs after the clients are closed
+	cl := redistest.StartCluster(t, 3, 1)
+	cc := cl.Client(t, func(o *redis.ClusterOptions) { o.ContextTimeoutEnabled = true })
+	l := newTestStrict(t, cc, WithTimeout(200*time.Millisecond))
+	rule := Rule{Name: "r", Algorithm: GCRA, Limit: 1_000_000, Period: time.Second}
+	const subject = "failover"
+	ctx := context.Background()
+	_, err := l.Allow(ctx, rule, subject)
+	require.NoError(t, err)
+	old := cl.MasterFor(t, key("t", subject, rule.Name, rule.Algorithm.code(), subject))
+
+	killed := time.Now()
+	old.Kill(t)
+	// Calls while the cluster elects a new master: they fail, and each failure asks for a reload.
+	for i := 0; i < 5; i++ {
+		_, err := l.Allow(ctx, rule, subject)
+		assert.Error(t, err, "the master is dead")
+	}
+	cl.WaitHealthy(t, 20*time.Second)
+	healthy := time.Now()
+	require.NotSame(t, old, cl.MasterFor(t, key("t", subject, rule.Name, rule.Algorithm.code(), subject)), "a replica took over")
+	var lastErr error
+	assert.Eventually(t, func() bool {
+		_, lastErr = l.Decide(ctx, rule, subject)
+		return lastErr == nil
+	}, 10*time.Second, 20*time.Millisecond, "no successful call within 10s of the new master")
+	require.NoError(t, lastErr, "the last call")
+	t.Logf("master killed; new master serving after %v; strict answered again %v after that",
+		healthy.Sub(killed).Round(time.Millisecond), time.Since(healthy).Round(time.Millisecond))
+	for i := 0; i < 20; i++ {
+		_, err := l.Allow(ctx, rule, subject)
+		require.NoError(t, err, "once recovered, it stays recovered")
+	}
 }
