@@ -641,9 +641,10 @@ func TestTakeMatchesReconcile(t *testing.T) {
 		st = n.call(t, 0, 4, 4)
 		assert.Equal(t, StatusCovered, st.Status)
 		assert.InDelta(t, 1+4*math.Exp(-3), st.Demand, 0.002, "the node's declared demand and the one-off takes'")
-		// The key's demand, 1.2 tokens/s, is under its rate: like its renewals, a one-off take may
-		// draw on the coming refill of the advance (1 s × 1.2 tokens/s, a whole token), once, then
-		// it is denied.
+		// The nodes' declared demand, 1 token/s, is under the key's rate: like its renewals, a
+		// one-off take may draw on the coming refill of the advance (1 s × 1 token/s), once, then it
+		// is denied. (Whether the key is under its rate is read from the declared demand alone: a
+		// node leaving one-off takes declares their rate, which the o field still counts.)
 		st, err = c.Take(ctx, Update{Key: "k", Limit: lim, Want: 1, N: 1})
 		require.NoError(t, err)
 		assert.Equal(t, StatusCovered, st.Status, "the advance lent under the rate")
@@ -651,9 +652,7 @@ func TestTakeMatchesReconcile(t *testing.T) {
 		st, err = c.Take(ctx, Update{Key: "k", Limit: lim, Want: 1, N: 1})
 		require.NoError(t, err)
 		assert.Equal(t, StatusDenied, st.Status, "the reconcile and the advance took what there was")
-		// With that take the key's demand is 2.2 tokens/s, over its rate: no advance is lent, and
-		// the bucket must refill from -1 to 1 at 2/s.
-		assert.Equal(t, time.Second, st.RetryAfter)
+		assert.Equal(t, 500*time.Millisecond, st.RetryAfter, "from -1 to 0 at 2/s: then the advance covers a token again")
 	})
 }
 
@@ -678,13 +677,14 @@ func TestOneOffTakesCountInTheKeysDemand(t *testing.T) {
 			require.Equal(t, StatusCovered, st.Status)
 			assert.InDelta(t, float64(i+1), st.Demand, 0.001, "take %d: each take adds n/τ to the rate", i)
 		}
-		// A node declaring 10 tokens/s asks for 100: the key's demand is 10 + 30 = 40 tokens/s, its
-		// share floor(100·10/40 + ½) = 25, and since 40 tokens/s over the 4 s horizon exceed the
-		// burst, the lower half of the burst stays in reserve: 70 tokens left, 20 above the reserve.
-		// (Counting the declared demand alone, its share was the whole burst and it leased all 70.)
+		// A node declaring 10 tokens/s asks for 100: the key's demand is 10 + 30 = 40 tokens/s and
+		// its share floor(100·10/40 + ½) = 25 of the 70 tokens left. (Counting the declared demand
+		// alone, its share was the whole burst and it leased all 70.) The reserve and the advance
+		// read whether the key is under its rate from the declared demand (10 tokens/s over the 4 s
+		// horizon is under the burst: no reserve).
 		n := &node{c: c, key: "k", lim: lim, inc: 1, demand: 10}
 		st := n.call(t, 0, 100, 0)
-		assert.EqualValues(t, 20, st.Charged, "the lease")
+		assert.EqualValues(t, 25, st.Charged, "the lease")
 		assert.InDelta(t, 40, st.Demand, 0.001)
 		// The rate decays with a time constant of a second: 2 s later the one-off takes count
 		// 30·e⁻² ≈ 4.06 tokens/s.

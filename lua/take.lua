@@ -102,11 +102,11 @@ if ban ~= nil then
 end
 -- While the key's declared demand is under its rate, reconcile.lua lends nodes the refill of the
 -- coming advance (the bucket may go down to -rate·advance); a one-off take may draw on the same
--- advance, on the same condition (fleet_n: see reconcile.lua), so that it is not denied while
--- the key is under its rate because leases hold the bucket below zero.
+-- advance, on the same condition (fleet_n, and the declared demand w alone: see reconcile.lua), so
+-- that it is not denied while the key is under its rate because leases hold the bucket below zero.
 local adv_max = floor(rate * advance_ms / 1000)
 local adv = 0
-if fleet_n <= burst + adv_max and w + ow < rate then adv = mmin(adv_max, floor((w + ow) * advance_ms / 1000)) end
+if fleet_n <= burst + adv_max and w < rate then adv = mmin(adv_max, floor(w * advance_ms / 1000)) end
 if tokens + adv * 1000000 < n * 1000000 then
   -- A denial writes nothing: the refill is recomputed from the stored time next call.
   return {0, 0, floor(tokens), floor((w + ow) * 1000), mmin(ceil((n * 1000000 - adv * 1000000 - tokens) / rate), 1e15),
