@@ -363,9 +363,10 @@ func (l *Limiter) DecideN(ctx context.Context, key string, limit Limit, n int64)
 
 // DecideLocalN is DecideN's fast path alone: when the input is valid, ctx is not done and key's
 // entry holds limit and the allowance for n (and is not held: a key the deny cache holds has its
-// entry held), it takes n and returns the Decision DecideN would and true. Otherwise it takes
-// nothing and returns false, and the caller goes on with DecideN, which decides the same request
-// the long way (a closed Limiter included: DecideN then returns ErrClosed). It never keeps key
+// entry held), it takes n and returns the Decision DecideN would and true. Otherwise it returns
+// false, having taken nothing (but when Close began between the take and its check, as DecideN's
+// fast path does), and the caller goes on with DecideN, which decides the same request the long
+// way or returns ErrClosed. It never keeps key
 // beyond the call, so key may be a string over a buffer the caller reuses (package policy builds its
 // counter keys that way); it does no I/O and allocates nothing.
 func (l *Limiter) DecideLocalN(ctx context.Context, key string, limit Limit, n int64) (Decision, bool) {
@@ -630,11 +631,8 @@ const maxThinHold = 8
 //   - otherwise: while this node has sent fewer than directToLease of the key's decisions to Redis
 //     within a LeaseLife (the next one asks for a lease, and learns its share from the answer);
 //     and on a fleet larger than what Redis lends of the key (thinFleet), while they come at less
-//     than thinLeaseRate·Rate/Burst a second, admitted or denied. (Until 2026-11-28 a denied one
-//     sent the node to leases: on the fleet simulator's 4× overload on 512 nodes, nodes that see a
-//     key 0.6 times a second then held leases that waited for their next request, the key's
-//     inventory, and admitted 0.923–0.926 of what an exact bucket admits, at 1.25–1.58× its Redis
-//     CPU; on one-off takes 0.999, at 0.98×.)
+//     than thinLeaseRate·Rate/Burst a second, admitted or denied: a denial is no reason to lease,
+//     since leases of a key over its rate wait at nodes that see it rarely (docs/accuracy.md).
 //
 // Such a node sees the key too rarely to use a lease before it expires. A one-off take costs Redis
 // about what a central bucket's decision does (BenchmarkOneOffTakeRedisCPU); a leasing take more
