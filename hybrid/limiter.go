@@ -495,7 +495,9 @@ func (l *Limiter) mono() int64 {
 // the limit such questions would cost a Redis command per request. The caller is told to retry once
 // the refill could cover n and the syncer has asked (at least one sync interval). Never with a zero
 // drift threshold (strict mode), never before the key's first answer, never on an answer older than
-// a second (the decision then goes to Redis).
+// a second (the decision then goes to Redis), and on a key whose demand the answer counted under its
+// rate, never once the refill since the answer covers n: the bucket was emptied by leases held at
+// other nodes, not by the key's load, and Redis may hold n again.
 func (l *Limiter) starved(e *local.Entry, limit Limit, n int64) (Decision, bool) {
 	if l.opts.drift == 0 {
 		return Decision{}, false
@@ -509,7 +511,7 @@ func (l *Limiter) starved(e *local.Entry, limit Limit, n int64) (Decision, bool)
 		return Decision{}, false // Redis had tokens beyond this node's lease: ask it
 	}
 	now := l.mono()
-	if now-at > int64(starvedTrust) {
+	if now-at > int64(starvedTrust) || (e.Under() && now >= e.RefillAt(n)) {
 		return Decision{}, false
 	}
 	e.Deny(n)

@@ -90,6 +90,7 @@ const (
 	fUsed                       // CLOCK reference bit
 	fThin                       // the last synchronous answer left nothing beyond its request (see Thin)
 	fHeld                       // Store.Take leaves the entry alone: the caller must check it elsewhere first (see Store.Hold)
+	fUnder                      // the last answer counted the key's demand under its rate (see Under)
 
 	activeShift = 8
 	maxActive   = 1<<(32-activeShift) - 1 // 16,777,215 nodes: more than any fleet's
@@ -621,6 +622,7 @@ type Answer struct {
 	At         int64  // time of the answer (caller's clock)
 	LeaseUntil int64  // the unused lease may be used until then
 	RetryAt    int64  // do not ask for more before then
+	Under      bool   // the key's demand, as Redis counted it, is under its rate
 }
 
 // Grant applies an answer. An answer older than the one already applied (smaller Seq) is ignored.
@@ -643,6 +645,11 @@ func (e *Entry) Grant(a Answer) {
 	e.globalMicro.Store(a.Global)
 	e.setRem()
 	e.flags.setActive(a.Active)
+	if a.Under {
+		e.flags.set(fUnder)
+	} else {
+		e.flags.clear(fUnder)
+	}
 	e.grantedAt.Store(a.At)
 	e.leaseUntil.Store(a.LeaseUntil)
 	if r := e.rare.Load(); r != nil || a.RetryAt != 0 {
@@ -692,6 +699,10 @@ func (e *Entry) RetryAt() int64 {
 	}
 	return 0
 }
+
+// Under reports whether the last answer counted the key's demand, over all its nodes, under its
+// rate: then a bucket it found empty is held by leases, not by the key's own load.
+func (e *Entry) Under() bool { return e.flags.has(fUnder) }
 
 // RefillAt returns when, by the last answer, the global bucket holds n tokens again (caller's clock):
 // the answer's time plus the refill the missing tokens take at the entry's rate; the answer's time

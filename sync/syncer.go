@@ -547,7 +547,7 @@ func (s *Syncer) Apply(e *local.Entry, seq uint64, u central.Update, st central.
 		Seq: seq, Stale: st.Status == central.StatusStale, Charged: st.Charged, Global: st.Tokens,
 		Active:   active,
 		SentUsed: counted, SentCum: u.Cum, Credit: credit, At: at, LeaseUntil: sent + int64(s.cfg.LeaseLife),
-		RetryAt: retryAt,
+		RetryAt: retryAt, Under: st.Demand < u.Limit.Rate,
 	})
 	if s.cfg.OnState != nil {
 		s.cfg.OnState(e, st)
