@@ -31,6 +31,17 @@ func insert(t *testing.T, s *Store, key string) *Entry {
 	return e
 }
 
+// leased returns a store of 64 keys and its entry for "k", granted its first answer: charged
+// tokens leased until leaseUntil, credit on top.
+func leased(t *testing.T, charged, credit, leaseUntil int64) (*Store, *Entry) {
+	t.Helper()
+	s := newStore(t, 64)
+	e := insert(t, s, "k")
+	c := e.Next(1)
+	e.Grant(Answer{Seq: c.Seq, Charged: charged, Credit: credit, Active: 1, At: 1, LeaseUntil: leaseUntil, SentUsed: c.Used})
+	return s, e
+}
+
 // grant applies an answer as a reconcile would: charged tokens charged, credit on top, global
 // micro-tokens in the bucket.
 func grant(e *Entry, charged, credit, global int64) {
@@ -116,10 +127,7 @@ func TestLimitIsNotPartOfTheIdentity(t *testing.T) {
 }
 
 func TestExpireWritesOffTheUnusedLease(t *testing.T) {
-	s := newStore(t, 64)
-	e := insert(t, s, "k")
-	c := e.Next(1)
-	e.Grant(Answer{Seq: c.Seq, Charged: 10, Credit: 1, Active: 1, At: 1, LeaseUntil: 100})
+	_, e := leased(t, 10, 1, 100)
 	require.Equal(t, Taken, e.TryTake(3))
 	assert.Equal(t, int64(0), e.Expire(99), "not yet")
 	assert.Equal(t, int64(7), e.Expire(100), "7 unused tokens written off")
