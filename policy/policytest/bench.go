@@ -8,6 +8,7 @@ import (
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
+	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/metrictest"
 	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/observe"
@@ -68,4 +69,28 @@ func BenchRequests() []*rlsv3.RateLimitRequest {
 			Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "user", Value: "u" + strconv.Itoa(i)}}}}}
 	}
 	return reqs
+}
+
+// Observed returns an observe.Observer for instance in front of an Enforcer on miniredis, with doc
+// (a policy file named name) in force, and the reader of the meter provider both record into: the
+// fixture of the observe and dashboard tests. Strict calls and hybrid checks time out after a
+// second; the Observer's options are WithInstance(instance), then opts, then the meter provider.
+// Both are closed in tb.Cleanup.
+func Observed(tb testing.TB, instance, doc, name string, opts ...observe.Option) (*observe.Observer, *policy.Enforcer, *metrictest.Reader) {
+	tb.Helper()
+	_, rdb := redistest.Mini(tb)
+	metrics := metrictest.New(tb)
+	enf := NewEnforcer(tb, rdb,
+		policy.WithStrictTimeout(time.Second),
+		policy.WithHybridOptions(
+			hybrid.WithCheckTimeout(time.Second), hybrid.WithMeterProvider(metrics.Provider), hybrid.WithInstance(instance)),
+	)
+	opts = append(append([]observe.Option{observe.WithInstance(instance)}, opts...), observe.WithMeterProvider(metrics.Provider))
+	obs, err := observe.New(enf, opts...)
+	if err != nil {
+		tb.Fatalf("observe.New: %v", err)
+	}
+	tb.Cleanup(func() { _ = obs.Close() })
+	SetPolicy(tb, obs, doc, name)
+	return obs, enf, metrics
 }
