@@ -10,9 +10,7 @@ import (
 )
 
 func TestPeekAndDeleteBucket(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
-		ctx := context.Background()
-		c := newTestClient(t, rdb, "n1")
+	forEachClient(t, "n1", func(t *testing.T, ctx context.Context, _ redis.UniversalClient, c *Client) {
 		lim := Limit{Rate: 0.001, Burst: 10} // one token in 1000s: no refill during the test
 
 		p, err := c.PeekBucket(ctx, "k", lim)

@@ -13,9 +13,7 @@ import (
 )
 
 func TestBanChangeLogAndPagedReads(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
-		ctx := context.Background()
-		c := newTestClient(t, rdb, "a")
+	forEachClient(t, "a", func(t *testing.T, ctx context.Context, rdb redis.UniversalClient, c *Client) {
 		_, _, start, err := c.ScanBans(ctx, "0", 10)
 		require.NoError(t, err)
 		for i := range 25 {

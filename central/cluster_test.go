@@ -26,12 +26,7 @@ var slotSeeds = []string{
 // after a master dies, the client reaches the slot's new master within seconds instead of dialling
 // the dead one until go-redis's periodic reload (item 14).
 func TestCluster(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a 6-node Redis Cluster and fails a master over; run without -short")
-	}
-	t.Parallel()
-	t.Cleanup(func() { redistest.AwaitDialRetries(t) }) // registered first: runs after the clients are closed
-	cl := redistest.StartCluster(t, 3, 1)
+	cl := redistest.StartFailoverCluster(t)
 	// ContextTimeoutEnabled makes go-redis honour our SyncTimeout and FlushTimeout (see New).
 	cc := cl.Client(t, func(o *redis.ClusterOptions) { o.ContextTimeoutEnabled = true })
 	ctx := context.Background()

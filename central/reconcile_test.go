@@ -40,6 +40,15 @@ func newTestClient(t *testing.T, rdb redis.UniversalClient, node string) *Client
 	return c
 }
 
+// forEachClient runs fn on every backend (forEachBackend) with a client from newTestClient for
+// node.
+func forEachClient(t *testing.T, node string, fn func(t *testing.T, ctx context.Context, rdb redis.UniversalClient, c *Client)) {
+	t.Helper()
+	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
+		fn(t, context.Background(), rdb, newTestClient(t, rdb, node))
+	})
+}
+
 // at pins the scripts' clock to us microseconds (test-only override of Redis TIME).
 func (c *Client) at(us int64) { c.keyArgs[len(c.keyArgs)-1] = us }
 
@@ -78,9 +87,7 @@ func (nd *node) call(t *testing.T, use, want, n int64) State {
 }
 
 func TestScriptLeaseScenarios(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
-		ctx := context.Background()
-		c := newTestClient(t, rdb, "a")
+	forEachClient(t, "a", func(t *testing.T, ctx context.Context, rdb redis.UniversalClient, c *Client) {
 		nd := &node{c: c, key: "k", lim: Limit{Rate: 0.5, Burst: 10}, inc: 1}
 		rk := BucketKey("t", "k")
 		type step struct {
@@ -289,9 +296,7 @@ func TestScriptLeaseAdvance(t *testing.T) {
 }
 
 func TestScriptIsIdempotent(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
-		ctx := context.Background()
-		c := newTestClient(t, rdb, "a")
+	forEachClient(t, "a", func(t *testing.T, ctx context.Context, rdb redis.UniversalClient, c *Client) {
 		lim := Limit{Rate: 1, Burst: 100}
 		c.at(t0)
 		u := Update{Key: "i", Limit: lim, Inc: 1, Cum: 30, Used: 30, Want: 10, Demand: 1}
@@ -457,9 +462,7 @@ func packed(v ...float64) []byte {
 // TestOneBadKeyCostsOnlyThatKey: a key whose Redis value has the wrong type (WRONGTYPE) fails alone;
 // the other keys of the same script call are applied (issue 11, item 2).
 func TestOneBadKeyCostsOnlyThatKey(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
-		ctx := context.Background()
-		c := newTestClient(t, rdb, "a")
+	forEachClient(t, "a", func(t *testing.T, ctx context.Context, rdb redis.UniversalClient, c *Client) {
 		lim := Limit{Rate: 1, Burst: 100}
 		require.NoError(t, rdb.Set(ctx, BucketKey("t", "poisoned"), "x", 0).Err())
 		var ups []Update
@@ -497,9 +500,7 @@ func TestUserKeysCannotReachInternalStructures(t *testing.T) {
 }
 
 func TestNoScriptRecovery(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
-		ctx := context.Background()
-		c := newTestClient(t, rdb, "a")
+	forEachClient(t, "a", func(t *testing.T, ctx context.Context, rdb redis.UniversalClient, c *Client) {
 		lim := Limit{Rate: 1, Burst: 100}
 		nd := &node{c: c, key: "s", lim: lim, inc: 1}
 		nd.call(t, 0, 0, 1)
@@ -522,9 +523,7 @@ func TestNoScriptRecovery(t *testing.T) {
 }
 
 func TestReconcileBatchesManyKeys(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
-		ctx := context.Background()
-		c := newTestClient(t, rdb, "a")
+	forEachClient(t, "a", func(t *testing.T, ctx context.Context, _ redis.UniversalClient, c *Client) {
 		const n = 250 // three script calls of at most 100 keys
 		ups := make([]Update, n)
 		for i := range ups {
@@ -767,9 +766,7 @@ func TestLimitChangeKeepsTheBucket(t *testing.T) {
 // gets nothing from Redis whatever the node's local copy of the ban list holds; the node's report
 // is still applied; Unban lifts it.
 func TestBanInTheBucket(t *testing.T) {
-	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
-		ctx := context.Background()
-		c := newTestClient(t, rdb, "a")
+	forEachClient(t, "a", func(t *testing.T, ctx context.Context, rdb redis.UniversalClient, c *Client) {
 		lim := Limit{Rate: 10, Burst: 10}
 		nd := &node{c: c, key: "k", lim: lim, inc: 1}
 		st := nd.call(t, 0, 2, 1) // a bucket with a node record before the ban

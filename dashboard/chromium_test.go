@@ -21,11 +21,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/hybridrate/hybridrate/dashboard"
-	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/browsertest"
-	"github.com/hybridrate/hybridrate/internal/metrictest"
-	"github.com/hybridrate/hybridrate/internal/redistest"
-	"github.com/hybridrate/hybridrate/observe"
 	"github.com/hybridrate/hybridrate/policy"
 	"github.com/hybridrate/hybridrate/policy/policytest"
 )
@@ -68,17 +64,7 @@ rules:
 // screenshot (-screenshot FILE).
 func TestDashboardInChromium(t *testing.T) {
 	browsertest.Binary(t)
-	_, rdb := redistest.Mini(t)
-	metrics := metrictest.New(t)
-	enf := policytest.NewEnforcer(t, rdb,
-		policy.WithStrictTimeout(time.Second),
-		policy.WithHybridOptions(
-			hybrid.WithCheckTimeout(time.Second), hybrid.WithMeterProvider(metrics.Provider), hybrid.WithInstance("demo-pod-1")),
-	)
-	obs, err := observe.New(enf, observe.WithMeterProvider(metrics.Provider), observe.WithInstance("demo-pod-1"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = obs.Close() })
-	policytest.SetPolicy(t, obs, browserPolicy, "browser.yaml")
+	obs, _, metrics := policytest.Observed(t, "demo-pod-1", browserPolicy, "browser.yaml")
 	srv := httptest.NewServer(http.StripPrefix("/dashboard", dashboard.Handler(obs)))
 	t.Cleanup(srv.Close)
 

@@ -161,12 +161,7 @@ func runFailover(t *testing.T, fc failoverCase) {
 // TestClusterFailoverUnderLoad is issue #4 item 4, on a Redis Cluster of 3 masters and 3 replicas:
 // the master of a loaded key is killed. See runFailover.
 func TestClusterFailoverUnderLoad(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a 6-node Redis Cluster and fails a master over; run without -short")
-	}
-	t.Parallel()
-	t.Cleanup(func() { redistest.AwaitDialRetries(t) }) // registered first: runs after the clients are closed
-	cl := redistest.StartCluster(t, 3, 1)
+	cl := redistest.StartFailoverCluster(t)
 	client := func() redis.UniversalClient {
 		// ContextTimeoutEnabled makes go-redis honour the limiter's timeouts (see WithCheckTimeout).
 		return cl.Client(t, func(o *redis.ClusterOptions) { o.ContextTimeoutEnabled = true })

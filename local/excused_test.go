@@ -12,10 +12,7 @@ import (
 // an answer gives the node Redis's charge; the next call then starts a new incarnation seeded with
 // that charge plus the excused tokens, and reports everything.
 func TestAddExcusedStartsANewIncarnationOnceAnswered(t *testing.T) {
-	s := newStore(t, 64)
-	e := insert(t, s, "k")
-	c := e.Next(1)
-	e.Grant(Answer{Seq: c.Seq, Charged: 10, Credit: 0, Active: 1, At: 1, LeaseUntil: 100, SentUsed: c.Used})
+	s, e := leased(t, 10, 0, 100)
 	require.Equal(t, Taken, e.TryTake(10)) // the lease, spent
 	inc := e.Incarnation()
 
@@ -25,7 +22,7 @@ func TestAddExcusedStartsANewIncarnationOnceAnswered(t *testing.T) {
 	assert.Equal(t, int64(18), e.Total())
 	assert.True(t, e.Pending(), "the charged part is debt to report")
 
-	c = e.Next(2) // fails: Redis is down
+	c := e.Next(2) // fails: Redis is down
 	assert.Equal(t, inc, c.Inc)
 	assert.Equal(t, int64(12), c.Cum, "the excused tokens are not charged")
 	assert.Equal(t, int64(12), c.Used)

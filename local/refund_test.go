@@ -9,10 +9,7 @@ import (
 )
 
 func TestRefundMakesTokensTakeableAgain(t *testing.T) {
-	s := newStore(t, 64)
-	e := insert(t, s, "k")
-	c := e.Next(1)
-	e.Grant(Answer{Seq: c.Seq, Charged: 4, Credit: 0, Active: 1, At: 1, LeaseUntil: 100})
+	_, e := leased(t, 4, 0, 100)
 	steps := []struct {
 		op        string // "take" or "refund"
 		n         int64
@@ -42,10 +39,7 @@ func TestRefundMakesTokensTakeableAgain(t *testing.T) {
 }
 
 func TestRefundReducesDebt(t *testing.T) {
-	s := newStore(t, 64)
-	e := insert(t, s, "k")
-	c := e.Next(1)
-	e.Grant(Answer{Seq: c.Seq, Charged: 2, Credit: 2, Active: 1, At: 1, LeaseUntil: 100})
+	_, e := leased(t, 2, 2, 100)
 	require.Equal(t, Taken, e.TryTake(4)) // 2 of lease, 2 of credit: 2 of debt
 	require.True(t, e.Pending())
 	assert.Equal(t, int64(2), e.Refund(2, 50))
@@ -54,10 +48,7 @@ func TestRefundReducesDebt(t *testing.T) {
 }
 
 func TestRefundIntoAnExpiredLeaseWritesItOff(t *testing.T) {
-	s := newStore(t, 64)
-	e := insert(t, s, "k")
-	c := e.Next(1)
-	e.Grant(Answer{Seq: c.Seq, Charged: 10, Credit: 0, Active: 1, At: 1, LeaseUntil: 100})
+	_, e := leased(t, 10, 0, 100)
 	require.Equal(t, Taken, e.TryTake(3))
 	require.Equal(t, int64(7), e.Expire(100)) // the syncer writes off the unused lease
 	assert.Equal(t, int64(2), e.Refund(2, 100), "the caller gets its refund")
@@ -70,12 +61,9 @@ func TestRefundIntoAnExpiredLeaseWritesItOff(t *testing.T) {
 }
 
 func TestRefundAfterReportNeverGoesBelowZeroOrBurned(t *testing.T) {
-	s := newStore(t, 64)
-	e := insert(t, s, "k")
-	c := e.Next(1)
-	e.Grant(Answer{Seq: c.Seq, Charged: 10, Credit: 0, Active: 1, At: 1, LeaseUntil: 100})
+	_, e := leased(t, 10, 0, 100)
 	require.Equal(t, Taken, e.TryTake(5))
-	c = e.Next(2)
+	c := e.Next(2)
 	require.Equal(t, int64(5), c.Used)
 	e.Grant(Answer{Seq: c.Seq, Charged: 10, Active: 1, SentUsed: c.Used, SentCum: c.Cum, At: 2, LeaseUntil: 100})
 	assert.Equal(t, int64(5), e.Refund(9, 50))
@@ -113,10 +101,7 @@ func TestRemoveDropsTheEntryWhateverItHolds(t *testing.T) {
 }
 
 func TestConcurrentTakesAndRefundsStayWithinTheLease(t *testing.T) {
-	s := newStore(t, 64)
-	e := insert(t, s, "k")
-	c := e.Next(1)
-	e.Grant(Answer{Seq: c.Seq, Charged: 100, Active: 1, At: 1, LeaseUntil: 1 << 62})
+	_, e := leased(t, 100, 0, 1<<62)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	held := int64(0) // tokens taken and not refunded

@@ -31,12 +31,49 @@ func insert(t *testing.T, s *Store, key string) *Entry {
 	return e
 }
 
+// leased returns a store of 64 keys and its entry for "k", granted its first answer: charged
+// tokens leased until leaseUntil, credit on top.
+func leased(t *testing.T, charged, credit, leaseUntil int64) (*Store, *Entry) {
+	t.Helper()
+	s := newStore(t, 64)
+	e := insert(t, s, "k")
+	c := e.Next(1)
+	e.Grant(Answer{Seq: c.Seq, Charged: charged, Credit: credit, Active: 1, At: 1, LeaseUntil: leaseUntil, SentUsed: c.Used})
+	return s, e
+}
+
 // grant applies an answer as a reconcile would: charged tokens charged, credit on top, global
 // micro-tokens in the bucket.
 func grant(e *Entry, charged, credit, global int64) {
 	c := e.Next(1)
 	e.Grant(Answer{Seq: c.Seq, Charged: charged, Credit: credit, Global: global, Active: 1, SentUsed: c.Used,
 		At: 1, LeaseUntil: math.MaxInt64})
+}
+
+// hammer calls body(g, i) for i from 0 to n-1 on each of 8 goroutines g, and returns, once they
+// are done, every entry a body passed to seen.
+func hammer(n int, body func(g, i int, seen func(*Entry))) map[*Entry]bool {
+	var (
+		mu  sync.Mutex
+		all = map[*Entry]bool{}
+		wg  sync.WaitGroup
+	)
+	seen := func(e *Entry) {
+		mu.Lock()
+		all[e] = true
+		mu.Unlock()
+	}
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range n {
+				body(g, i, seen)
+			}
+		}()
+	}
+	wg.Wait()
+	return all
 }
 
 func TestNewRejectsTinyCap(t *testing.T) {
@@ -116,10 +153,7 @@ func TestLimitIsNotPartOfTheIdentity(t *testing.T) {
 }
 
 func TestExpireWritesOffTheUnusedLease(t *testing.T) {
-	s := newStore(t, 64)
-	e := insert(t, s, "k")
-	c := e.Next(1)
-	e.Grant(Answer{Seq: c.Seq, Charged: 10, Credit: 1, Active: 1, At: 1, LeaseUntil: 100})
+	_, e := leased(t, 10, 1, 100)
 	require.Equal(t, Taken, e.TryTake(3))
 	assert.Equal(t, int64(0), e.Expire(99), "not yet")
 	assert.Equal(t, int64(7), e.Expire(100), "7 unused tokens written off")
@@ -309,41 +343,27 @@ func TestEvictedEntryRefusesTakes(t *testing.T) {
 // and every evicted entry must have had nothing pending.
 func TestConcurrentTakesAndEvictionsLoseNothing(t *testing.T) {
 	s := newStore(t, 64)
-	var (
-		mu      sync.Mutex
-		all     = map[*Entry]bool{}
-		granted atomic.Int64
-		wg      sync.WaitGroup
-	)
-	for g := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range 5000 {
-				k := "c" + strconv.Itoa((g*7919+i)%300)
-				h := hash(s, k)
-				e := s.Lookup(k, h)
-				if e == nil {
-					if e = s.Insert(k, h, 100, 100, 0); e == nil {
-						continue
-					}
-					mu.Lock()
-					all[e] = true
-					mu.Unlock()
-					grant(e, e.Total(), 4, 0)
-				}
-				if e.TryTake(1) == Taken {
-					granted.Add(1)
-				}
-				if i%3 == 0 { // a reconcile that applies everything, making entries clean again
-					for _, d := range s.Collect(nil) {
-						grant(d, d.Total(), 4, 0)
-					}
-				}
+	var granted atomic.Int64
+	all := hammer(5000, func(g, i int, seen func(*Entry)) {
+		k := "c" + strconv.Itoa((g*7919+i)%300)
+		h := hash(s, k)
+		e := s.Lookup(k, h)
+		if e == nil {
+			if e = s.Insert(k, h, 100, 100, 0); e == nil {
+				return
 			}
-		}()
-	}
-	wg.Wait()
+			seen(e)
+			grant(e, e.Total(), 4, 0)
+		}
+		if e.TryTake(1) == Taken {
+			granted.Add(1)
+		}
+		if i%3 == 0 { // a reconcile that applies everything, making entries clean again
+			for _, d := range s.Collect(nil) {
+				grant(d, d.Total(), 4, 0)
+			}
+		}
+	})
 	var total int64
 	for e := range all {
 		total += e.Total()
@@ -430,45 +450,31 @@ func TestTakeLeavesAHeldEntryAlone(t *testing.T) {
 // After a last Collect with no take running, Taken equals the takes that returned an entry.
 func TestTakenCountsEveryDecision(t *testing.T) {
 	s := newStore(t, 64)
-	var (
-		mu   sync.Mutex
-		all  = map[*Entry]bool{}
-		took atomic.Int64
-		wg   sync.WaitGroup
-	)
-	for g := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range 20_000 {
-				k := "c" + strconv.Itoa((g*7919+i*(1+i%3))%(70+g))
-				h := hash(s, k)
-				if e := s.Take(k, h, 100, 100, 1); e != nil {
-					took.Add(1)
-					continue
-				}
-				e := s.Insert(k, h, 100, 100, 0)
-				if e == nil {
-					continue
-				}
-				mu.Lock()
-				all[e] = true
-				mu.Unlock()
-				if e.Mark()-e.Total() < 1 {
-					grant(e, e.Total(), 1_000, 0)
-				}
-				switch {
-				case i%50 == 0: // a reconcile that applies everything, making entries clean (evictable) again
-					for _, d := range s.Collect(nil) {
-						grant(d, d.Total(), 1_000, 0)
-					}
-				case i%997 == 0:
-					s.Remove(k, h)
-				}
+	var took atomic.Int64
+	all := hammer(20_000, func(g, i int, seen func(*Entry)) {
+		k := "c" + strconv.Itoa((g*7919+i*(1+i%3))%(70+g))
+		h := hash(s, k)
+		if e := s.Take(k, h, 100, 100, 1); e != nil {
+			took.Add(1)
+			return
+		}
+		e := s.Insert(k, h, 100, 100, 0)
+		if e == nil {
+			return
+		}
+		seen(e)
+		if e.Mark()-e.Total() < 1 {
+			grant(e, e.Total(), 1_000, 0)
+		}
+		switch {
+		case i%50 == 0: // a reconcile that applies everything, making entries clean (evictable) again
+			for _, d := range s.Collect(nil) {
+				grant(d, d.Total(), 1_000, 0)
 			}
-		}()
-	}
-	wg.Wait()
+		case i%997 == 0:
+			s.Remove(k, h)
+		}
+	})
 	s.Collect(nil)
 	assert.Equal(t, took.Load(), s.Stats().Taken.Load(), "every decision counted once")
 	for e := range all {

@@ -116,18 +116,14 @@ func (m *Middleware) writeHeaders(h http.Header, set HeaderSet, res *policy.Resu
 			}
 		}
 		start[4] = len(b)
-		first := true
+		n := 0
 		for i := range res.Decisions {
 			d := &res.Decisions[i]
 			if d.Shadow {
 				continue
 			}
-			if !first {
-				b = append(b, ", "...)
-			}
-			first = false
-			b = appendSFString(b, d.Unit)
-			b = append(b, ";r="...)
+			b = appendMember(b, n, d.Unit, ";r=")
+			n++
 			if d == p && set&XRateLimitHeaders != 0 { // the same numbers as X-RateLimit-Remaining and -Reset
 				b = append(b, b[start[1]:end[1]]...)
 				b = append(b, ";t="...)
@@ -159,23 +155,29 @@ func (m *Middleware) writeHeaders(h http.Header, set HeaderSet, res *policy.Resu
 
 // appendPolicy appends the RateLimit-Policy value of ds's enforced decisions.
 func appendPolicy(b []byte, ds []policy.Decision) []byte {
-	first := true
+	n := 0
 	for i := range ds {
 		d := &ds[i]
 		if d.Shadow {
 			continue
 		}
-		if !first {
-			b = append(b, ", "...)
-		}
-		first = false
-		b = appendSFString(b, d.Unit)
-		b = append(b, ";q="...)
+		b = appendMember(b, n, d.Unit, ";q=")
+		n++
 		b = strconv.AppendInt(b, d.Limit, 10)
 		b = append(b, ";w="...)
 		b = strconv.AppendInt(b, max(policy.CeilSeconds(d.Window), 1), 10)
 	}
 	return b
+}
+
+// appendMember starts the n-th (from 0) member of a RateLimit or RateLimit-Policy list: the
+// separator before all but the first, unit as an sf-string, and param (";q=", ";r=").
+func appendMember(b []byte, n int, unit, param string) []byte {
+	if n > 0 {
+		b = append(b, ", "...)
+	}
+	b = appendSFString(b, unit)
+	return append(b, param...)
 }
 
 // writeDenied answers 429 with Retry-After and the stable JSON body

@@ -60,18 +60,7 @@ type fixture struct {
 // unless opts name another, and its meter provider the fixture's reader's.
 func newFixture(t *testing.T, opts []observe.Option) *fixture {
 	t.Helper()
-	_, rdb := redistest.Mini(t)
-	metrics := metrictest.New(t)
-	enf := policytest.NewEnforcer(t, rdb,
-		policy.WithStrictTimeout(time.Second),
-		policy.WithHybridOptions(
-			hybrid.WithCheckTimeout(time.Second), hybrid.WithMeterProvider(metrics.Provider), hybrid.WithInstance("node-1")),
-	)
-	opts = append(append([]observe.Option{observe.WithInstance("node-1")}, opts...), observe.WithMeterProvider(metrics.Provider))
-	obs, err := observe.New(enf, opts...)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = obs.Close() })
-	policytest.SetPolicy(t, obs, testPolicy, "test.yaml")
+	obs, enf, metrics := policytest.Observed(t, "node-1", testPolicy, "test.yaml", opts...)
 	return &fixture{obs: obs, enf: enf, metrics: metrics}
 }
 

@@ -23,10 +23,8 @@ import (
 // strict rule is decided in Redis again.
 func TestHungRedisBounded(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	rdb := srv.Client(t) // go-redis defaults: the deadline of a call is not applied to the socket
-	const timeout = 50 * time.Millisecond
-	enf := policytest.NewEnforcer(t, rdb, policy.WithStrictTimeout(timeout))
+	srv, enf := policytest.HungEnforcer(t)
+	const timeout = policytest.HungTimeout
 	setHungPolicy(t, enf)
 	ctx := context.Background()
 

@@ -10,8 +10,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/hybridrate/hybridrate/internal/redistest"
-	"github.com/hybridrate/hybridrate/policy"
 	"github.com/hybridrate/hybridrate/policy/policytest"
 	"github.com/hybridrate/hybridrate/sidecar"
 )
@@ -38,10 +36,8 @@ rules:
 // the client's ReadTimeout, and decides in Redis again after SIGCONT.
 func TestHungRedisBounded(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	rdb := srv.Client(t) // go-redis defaults: the deadline of a call is not applied to the socket
-	const timeout = 50 * time.Millisecond
-	enf := policytest.NewEnforcer(t, rdb, policy.WithStrictTimeout(timeout))
+	srv, enf := policytest.HungEnforcer(t)
+	const timeout = policytest.HungTimeout
 	policytest.SetPolicy(t, enf, hungPolicy, "hung.yaml")
 	side, err := sidecar.New(enf)
 	require.NoError(t, err)

@@ -2,18 +2,12 @@ package sidecar_test
 
 import (
 	"context"
-	"strconv"
 	"sync/atomic"
 	"testing"
-	"time"
 
-	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/hybridrate/hybridrate/internal/cputime"
-	"github.com/hybridrate/hybridrate/internal/metrictest"
-	"github.com/hybridrate/hybridrate/internal/redistest"
-	"github.com/hybridrate/hybridrate/observe"
 	"github.com/hybridrate/hybridrate/policy"
 	"github.com/hybridrate/hybridrate/policy/policytest"
 	"github.com/hybridrate/hybridrate/sidecar"
@@ -35,48 +29,15 @@ func BenchmarkUpstreamObserved(b *testing.B) {
 	runUpstreamBench(b, s, enf, reqs)
 }
 
-// upstreamBenchServer returns a Server answering in upstream's terms for bench/rlsbench's
-// configuration, the Enforcer behind it, and 1,000 requests, each key checked once (its first
-// check goes to Redis; later ones are served from leases).
+// upstreamBenchServer returns policytest.BenchSidecar's Server and Enforcer and
+// policytest.BenchRequests, each key checked once (its first check goes to Redis; later ones are
+// served from leases).
 func upstreamBenchServer(b *testing.B, observed bool) (*sidecar.Server, *policy.Enforcer, []*rlsv3.RateLimitRequest) {
 	b.Helper()
-	srv := redistest.Start(b)
-	rdb := srv.Client(b, redistest.NoRetries)
-	enf := policytest.NewEnforcer(b, rdb,
-		policy.WithStrictTimeout(time.Second),
-		policy.WithWindowLeases(10*time.Second),
-		policy.WithDimensions("domain"),
-	)
-	cfg := policytest.Upstream(b, "bench.yaml", "domain: bench\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 100000000}\n")
-	var checker policy.Checker = enf
-	sopts := []sidecar.Option{sidecar.WithUpstream(func() *policy.UpstreamConfig { return cfg })}
-	var target interface{ SetPolicy(*policy.Policy) error } = enf
-	if observed {
-		mp := metrictest.New(b).Provider
-		obs, err := observe.New(enf, observe.WithMeterProvider(mp), observe.WithInstance("bench"), observe.WithWindow(15*time.Minute))
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { _ = obs.Close() })
-		target = obs
-		checker = obs
-		sopts = append(sopts, sidecar.WithMeterProvider(mp), sidecar.WithInstance("bench"),
-			sidecar.WithUpstreamStats(new(sidecar.UpstreamStats)), sidecar.WithUpstreamNearLimitRatio(0.8))
-	}
-	if err := target.SetPolicy(cfg.Policy()); err != nil {
-		b.Fatal(err)
-	}
-	s, err := sidecar.New(checker, sopts...)
-	if err != nil {
-		b.Fatal(err)
-	}
-	reqs := make([]*rlsv3.RateLimitRequest, 1000)
-	for i := range reqs {
-		reqs[i] = &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*rlv3.RateLimitDescriptor{{
-			Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "user", Value: "u" + strconv.Itoa(i)}}}}}
-	}
+	s, enf := policytest.BenchSidecar(b, observed)
+	reqs := policytest.BenchRequests()
 	ctx := context.Background()
-	for _, r := range reqs { // every key's first check goes to Redis; then leases
+	for _, r := range reqs {
 		if _, err := s.ShouldRateLimit(ctx, r); err != nil {
 			b.Fatal(err)
 		}

@@ -161,12 +161,7 @@ func TestStrictCallerGivingUpIsNotARedisFailure(t *testing.T) {
 // limiter answers again within seconds. Strict used not to ask go-redis to reload the slot map after
 // a failed call, so it kept dialling the dead master until go-redis's periodic reload (a minute).
 func TestStrictClusterFailover(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a 6-node Redis Cluster and fails a master over; run without -short")
-	}
-	t.Parallel()
-	t.Cleanup(func() { redistest.AwaitDialRetries(t) }) // registered first: runs after the clients are closed
-	cl := redistest.StartCluster(t, 3, 1)
+	cl := redistest.StartFailoverCluster(t)
 	cc := cl.Client(t, func(o *redis.ClusterOptions) { o.ContextTimeoutEnabled = true })
 	l := newTestStrict(t, cc, WithTimeout(200*time.Millisecond))
 	rule := Rule{Name: "r", Algorithm: GCRA, Limit: 1_000_000, Period: time.Second}

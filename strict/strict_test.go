@@ -39,6 +39,15 @@ func newTestStrict(t testing.TB, rdb redis.UniversalClient, opts ...Option) *Lim
 	return s
 }
 
+// forEachStrict runs fn on every backend (redistest.ForEachBackend) with a limiter from
+// newTestStrict over its client.
+func forEachStrict(t *testing.T, fn func(t *testing.T, ctx context.Context, rdb redis.UniversalClient, s *Limiter)) {
+	t.Helper()
+	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
+		fn(t, context.Background(), rdb, newTestStrict(t, rdb))
+	})
+}
+
 // at pins the scripts' clock to strictT0 + offset µs (the test-only override of Redis TIME).
 func (l *Limiter) at(offset int64) { l.clock.Store(strictT0 + offset) }
 
@@ -248,9 +257,7 @@ func TestStrictUpstreamWindowCountsWhenAnotherRuleRefuses(t *testing.T) {
 }
 
 func TestStrictSlidingLog(t *testing.T) {
-	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
-		ctx := context.Background()
-		s := newTestStrict(t, rdb)
+	forEachStrict(t, func(t *testing.T, ctx context.Context, rdb redis.UniversalClient, s *Limiter) {
 		rule := Rule{Name: "api", Algorithm: SlidingLog, Limit: 10, Period: 10 * time.Second}
 		sec := time.Second
 		runStrictSteps(t, s, rule, "alice", []strictStep{
@@ -277,9 +284,7 @@ func TestStrictSlidingLog(t *testing.T) {
 }
 
 func TestStrictSlidingLogRecoversLostSum(t *testing.T) {
-	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
-		ctx := context.Background()
-		s := newTestStrict(t, rdb)
+	forEachStrict(t, func(t *testing.T, ctx context.Context, rdb redis.UniversalClient, s *Limiter) {
 		rule := Rule{Name: "api", Algorithm: SlidingLog, Limit: 10, Period: time.Second}
 		s.at(0)
 		for _, n := range []int64{3, 4} {
@@ -301,9 +306,7 @@ func TestStrictSlidingLogRecoversLostSum(t *testing.T) {
 }
 
 func TestStrictShaper(t *testing.T) {
-	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
-		ctx := context.Background()
-		s := newTestStrict(t, rdb)
+	forEachStrict(t, func(t *testing.T, ctx context.Context, rdb redis.UniversalClient, s *Limiter) {
 		sh, err := s.NewShaper(ShaperRule{Name: "jobs", Limit: 10, Period: 10 * time.Second, MaxWait: 10 * time.Second})
 		require.NoError(t, err)
 		sec := time.Second
@@ -381,9 +384,7 @@ func strictSnapshot(t *testing.T, rdb redis.UniversalClient) map[string]string {
 }
 
 func TestStrictMultiAllOrNothing(t *testing.T) {
-	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
-		ctx := context.Background()
-		s := newTestStrict(t, rdb)
+	forEachStrict(t, func(t *testing.T, ctx context.Context, rdb redis.UniversalClient, s *Limiter) {
 		tenant := Rule{Name: "tenant", Algorithm: FixedWindow, Limit: 3, Period: time.Minute}
 		checks := func(user string) []Check {
 			return []Check{
@@ -428,9 +429,7 @@ func TestStrictMultiAllOrNothing(t *testing.T) {
 }
 
 func TestStrictMultiSameAlgorithm(t *testing.T) {
-	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
-		ctx := context.Background()
-		s := newTestStrict(t, rdb)
+	forEachStrict(t, func(t *testing.T, ctx context.Context, rdb redis.UniversalClient, s *Limiter) {
 		perSec := Rule{Name: "sec", Algorithm: SlidingLog, Limit: 3, Period: time.Second}
 		perMin := Rule{Name: "min", Algorithm: SlidingLog, Limit: 4, Period: time.Minute}
 		s.at(0)
@@ -525,9 +524,7 @@ func TestStrictWindowBoundary(t *testing.T) {
 	)
 	// The buckets: 100 + 100/min · 11.97s (the last request is one step before the end) = 119.95.
 	want := map[Algorithm]int{FixedWindow: 200, SlidingLog: 100, TokenBucket: 119, GCRA: 119}
-	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
-		ctx := context.Background()
-		s := newTestStrict(t, rdb)
+	forEachStrict(t, func(t *testing.T, ctx context.Context, _ redis.UniversalClient, s *Limiter) {
 		for _, a := range []Algorithm{FixedWindow, SlidingWindow, SlidingLog, TokenBucket, GCRA} {
 			rule := Rule{Name: "edge", Algorithm: a, Limit: 100, Period: time.Minute}
 			before, after := 0, 0
@@ -715,9 +712,7 @@ func TestStrictShebang(t *testing.T) {
 }
 
 func TestStrictNoScriptRecovery(t *testing.T) {
-	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
-		ctx := context.Background()
-		s := newTestStrict(t, rdb)
+	forEachStrict(t, func(t *testing.T, ctx context.Context, rdb redis.UniversalClient, s *Limiter) {
 		rule := Rule{Name: "r", Algorithm: SlidingWindow, Limit: 5, Period: time.Second}
 		s.at(0)
 		for i := 0; i < 3; i++ {
@@ -849,9 +844,7 @@ func TestStrictRuleBounds(t *testing.T) {
 }
 
 func TestStrictAllowNSharesMultiCounter(t *testing.T) {
-	redistest.ForEachBackend(t, func(t *testing.T, rdb redis.UniversalClient, _ bool) {
-		ctx := context.Background()
-		s := newTestStrict(t, rdb)
+	forEachStrict(t, func(t *testing.T, ctx context.Context, rdb redis.UniversalClient, s *Limiter) {
 		rule := Rule{Name: "r", Algorithm: FixedWindow, Limit: 5, Period: time.Minute}
 		s.at(0)
 		r, err := s.DecideN(ctx, rule, "acme", 2)

@@ -3,23 +3,15 @@ package main
 import (
 	"context"
 	"net"
-	"strconv"
 	"sync/atomic"
 	"testing"
-	"time"
 
-	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/hybridrate/hybridrate/internal/cputime"
-	"github.com/hybridrate/hybridrate/internal/metrictest"
-	"github.com/hybridrate/hybridrate/internal/redistest"
-	"github.com/hybridrate/hybridrate/observe"
-	"github.com/hybridrate/hybridrate/policy"
 	"github.com/hybridrate/hybridrate/policy/policytest"
-	"github.com/hybridrate/hybridrate/sidecar"
 )
 
 // echoRLS answers every call OK with no work: gRPC's own cost.
@@ -45,32 +37,9 @@ func BenchmarkGRPC(b *testing.B) {
 }
 
 // benchSidecar returns hybridrated's RateLimitService for bench/rlsbench's configuration, wired as
-// run wires it in upstream's mode.
+// run wires it in upstream's mode (policytest.BenchSidecar, observed).
 func benchSidecar(b *testing.B) rlsv3.RateLimitServiceServer {
-	srv := redistest.Start(b)
-	rdb := srv.Client(b, redistest.NoRetries)
-	enf := policytest.NewEnforcer(b, rdb,
-		policy.WithStrictTimeout(time.Second),
-		policy.WithWindowLeases(10*time.Second),
-		policy.WithDimensions("domain"),
-		policy.WithCostFuncs(map[string]policy.CostFunc{sidecar.HitsCostName: sidecar.HitsCost}),
-	)
-	mp := metrictest.New(b).Provider
-	obs, err := observe.New(enf, observe.WithMeterProvider(mp), observe.WithInstance("bench"), observe.WithWindow(15*time.Minute))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = obs.Close() })
-	cfg := policytest.Upstream(b, "bench.yaml", "domain: bench\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 100000000}\n")
-	if err := obs.SetPolicy(cfg.Policy()); err != nil {
-		b.Fatal(err)
-	}
-	s, err := sidecar.New(obs, sidecar.WithMeterProvider(mp), sidecar.WithInstance("bench"),
-		sidecar.WithUpstream(func() *policy.UpstreamConfig { return cfg }),
-		sidecar.WithUpstreamStats(new(sidecar.UpstreamStats)), sidecar.WithUpstreamNearLimitRatio(0.8))
-	if err != nil {
-		b.Fatal(err)
-	}
+	s, _ := policytest.BenchSidecar(b, true)
 	return s
 }
 
@@ -91,11 +60,7 @@ func benchGRPC(b *testing.B, impl rlsv3.RateLimitServiceServer, opts []grpc.Serv
 	}
 	b.Cleanup(func() { _ = conn.Close() })
 	c := rlsv3.NewRateLimitServiceClient(conn)
-	reqs := make([]*rlsv3.RateLimitRequest, 1000)
-	for i := range reqs {
-		reqs[i] = &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*rlv3.RateLimitDescriptor{{
-			Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "user", Value: "u" + strconv.Itoa(i)}}}}}
-	}
+	reqs := policytest.BenchRequests()
 	ctx := context.Background()
 	for _, r := range reqs { // connections up, every key's first trip to Redis done
 		if _, err := c.ShouldRateLimit(ctx, r); err != nil {

@@ -349,6 +349,19 @@ func AwaitDialRetries(tb testing.TB) {
 	tb.Logf("a go-redis dial retry is still running after 3s")
 }
 
+// StartFailoverCluster is the frame of a test that fails a master over: it skips the test under
+// -short, marks it parallel, registers AwaitDialRetries as its first cleanup (so that it runs after
+// the clients are closed) and returns a Redis Cluster of 3 masters with a replica each.
+func StartFailoverCluster(t *testing.T) *Cluster {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a 6-node Redis Cluster and fails a master over; run without -short")
+	}
+	t.Parallel()
+	t.Cleanup(func() { AwaitDialRetries(t) })
+	return StartCluster(t, 3, 1)
+}
+
 // ClusterSetup is a cluster client set-up a test runs under: Opt adjusts the client's options.
 type ClusterSetup struct {
 	Name string

@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/hybridrate/hybridrate/internal/redistest"
 	"github.com/hybridrate/hybridrate/policy"
 )
 
@@ -65,4 +66,16 @@ func Upstream(tb testing.TB, name, doc string, opts ...policy.UpstreamOption) *p
 		tb.Fatalf("policy.NewUpstreamConfig %s: %v", name, err)
 	}
 	return cfg
+}
+
+// HungTimeout is the strict timeout of [HungEnforcer]'s Enforcer.
+const HungTimeout = 50 * time.Millisecond
+
+// HungEnforcer starts a redis-server of the test's own and returns it with an Enforcer over a
+// client with go-redis's defaults (the deadline of a call is not applied to the socket), for a test
+// that stops the server (redistest.Server.Hung): its strict timeout is HungTimeout, then opts apply.
+func HungEnforcer(tb testing.TB, opts ...policy.Option) (*redistest.Server, *policy.Enforcer) {
+	tb.Helper()
+	srv := redistest.Start(tb)
+	return srv, NewEnforcer(tb, srv.Client(tb), append([]policy.Option{policy.WithStrictTimeout(HungTimeout)}, opts...)...)
 }
