@@ -11,8 +11,8 @@ func TestGCPercent(t *testing.T) {
 		live uint64
 		want int
 	}{
-		{0, 300}, {1 << 20, 300}, {2 << 20, 300}, {3 << 20, 166}, {4 << 20, 100}, {6 << 20, 100},
-		{8 << 20, 100}, {1 << 30, 100},
+		{0, 400}, {1 << 20, 400}, {3 << 20, 400}, {4 << 20, 300}, {6 << 20, 166}, {8 << 20, 100},
+		{16 << 20, 100}, {1 << 30, 100},
 	} {
 		if got := gcPercent(c.live); got != c.want {
 			t.Errorf("gcPercent(%d) = %d, want %d", c.live, got, c.want)
@@ -40,7 +40,7 @@ func TestTuneGCSetsOnChange(t *testing.T) {
 		}, func(p int) int { set = append(set, p); return 0 })
 	}()
 	<-done
-	if want := []int{300, 100, 300}; len(set) != len(want) || set[0] != want[0] || set[1] != want[1] || set[2] != want[2] {
+	if want := []int{400, 100, 400}; len(set) != len(want) || set[0] != want[0] || set[1] != want[1] || set[2] != want[2] {
 		t.Fatalf("set %v, want %v", set, want)
 	}
 }

@@ -61,11 +61,11 @@ const (
 	// gcHeadroom bounds the heap's goal that tuneGC sets: a GC percent above the runtime's default
 	// (100) only while the live heap times (1 + percent/100) stays within gcHeadroom, so the heap
 	// grows to at most gcHeadroom between collections where it would grow to less at the default
-	// (at most 4 MiB more, with a live heap of 2 MiB).
-	gcHeadroom = 8 << 20
+	// (at most 8 MiB more, with a live heap of 4 MiB).
+	gcHeadroom = 16 << 20
 	// gcMaxPercent is the highest GC percent tuneGC sets: a collection after the heap has grown by
-	// 3 times what was live at the last one.
-	gcMaxPercent = 300
+	// 4 times what was live at the last one.
+	gcMaxPercent = 400
 )
 
 // gcPercent is the GC percent tuneGC sets for a live heap of live bytes: gcMaxPercent while the
@@ -83,14 +83,16 @@ func gcPercent(live uint64) int {
 // as of the last collection), checking every interval until ctx ends; hybridrated runs it unless
 // GOGC is set.
 //
-// Why: hybridrated serving upstream's windows holds a live heap of about 2 MB, and at the runtime's
-// default the collector ran 11 times a second under rlsbench (8 callers), each cycle taking a
-// processor for its mark phase and waking threads on 2 cores shared with the callers and Redis:
-// about 8% of the server's CPU in a profile. With a heap goal of 8 MB instead of 4 (300%), it runs a
-// third as often; in interleaved runs the server spent less CPU per call and its p99 fell
-// (docs/benchmarks.md, issue 22's "Session 10"). A larger heap goal did not pay: 64 MiB above the live
-// heap (session 8) doubled the CPU per call, every allocation then touching memory out of cache.
-// So the extra heap is bounded by gcHeadroom, and a process holding many keys runs at the default.
+// Why: hybridrated serving upstream's windows holds a live heap of 2–3 MB, and at the runtime's
+// default the collector ran about 18 times a second under rlsbench (8 callers, 2 cores), each cycle
+// stopping the world twice (0.1–2 ms each on a loaded machine, waiting for every thread) and taking
+// a processor for its mark phase: about 8% of the server's CPU in a profile, and a pause that
+// overlapped about 1% of the calls, at the p99. With a heap goal of 16 MB instead of 6 it ran 3.6
+// times a second; in 12 interleaved runs against the default its p99 fell from 0.42 to 0.35 of
+// upstream's (median) and its CPU per call by about 7% (docs/benchmarks.md, issue 22's "Session
+// 10"). A larger heap goal did not pay: 64 MiB above the live heap (session 8) doubled the CPU per
+// call, every allocation then touching memory out of cache. So the heap's goal is bounded by
+// gcHeadroom, and a process holding many keys runs at the default.
 func tuneGC(ctx context.Context, interval time.Duration, live func() uint64, set func(int) int) {
 	cur := -1
 	t := time.NewTicker(interval)
