@@ -85,9 +85,9 @@ func gcPercent(live uint64) int {
 //
 // Why: hybridrated serving upstream's windows holds a live heap of 2–3 MB, and at the runtime's
 // default the collector ran about 18 times a second under rlsbench (8 callers, 2 cores), each cycle
-// stopping the world twice (0.1–2 ms each on a loaded machine, waiting for every thread) and taking
-// a processor for its mark phase: about 8% of the server's CPU in a profile, and a pause that
-// overlapped about 1% of the calls, at the p99. With a heap goal of 16 MB instead of 6 it ran 3.6
+// stopping the world twice (0.04–4.9 ms each on a loaded machine: it waits for every thread) and
+// taking a processor for its mark phase: about 8% of the server's CPU in a profile, and the world
+// stopped 0.85% of the time, the p99's share of the calls. With a heap goal of 16 MB instead of 6 it ran 3.6
 // times a second; in 12 interleaved runs against the default its p99 fell from 0.42 to 0.35 of
 // upstream's (median) and its CPU per call by about 7% (docs/benchmarks.md, issue 22's "Session
 // 10"). A larger heap goal did not pay: 64 MiB above the live heap (session 8) doubled the CPU per
