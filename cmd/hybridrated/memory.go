@@ -61,7 +61,7 @@ const (
 	// gcHeadroom bounds the heap's goal that tuneGC sets: a GC percent above the runtime's default
 	// (100) only while the live heap times (1 + percent/100) stays within gcHeadroom, so the heap
 	// grows to at most gcHeadroom between collections where it would grow to less at the default
-	// (at most 8 MiB more, with a live heap of 4 MiB).
+	// (at most 9.6 MiB more, with a live heap of 3.2 MiB).
 	gcHeadroom = 16 << 20
 	// gcMaxPercent is the highest GC percent tuneGC sets: a collection after the heap has grown by
 	// 4 times what was live at the last one.
@@ -87,8 +87,8 @@ func gcPercent(live uint64) int {
 // default the collector ran about 18 times a second under rlsbench (8 callers, 2 cores), each cycle
 // stopping the world twice (0.04–4.9 ms each on a loaded machine: it waits for every thread) and
 // taking a processor for its mark phase: about 8% of the server's CPU in a profile, and the world
-// stopped 0.85% of the time, the p99's share of the calls. With a heap goal of 16 MB instead of 6 it ran 3.6
-// times a second; in 12 interleaved runs against the default its p99 fell from 0.42 to 0.35 of
+// stopped 0.85% of the time, the p99's share of the calls. With a heap goal of 16 MB instead of 6
+// it ran 3.6 times a second; in 12 interleaved runs against the default its p99 fell from 0.42 to 0.35 of
 // upstream's (median) and its CPU per call by about 7% (docs/benchmarks.md, issue 22's "Session
 // 10"). A larger heap goal did not pay: 64 MiB above the live heap (session 8) doubled the CPU per
 // call, every allocation then touching memory out of cache. So the heap's goal is bounded by
