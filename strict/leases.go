@@ -53,8 +53,9 @@ const (
 
 // WithWindowLeases counts [UpstreamWindow] rules without strict.lua: each epoch-aligned window is a
 // string key named by the window's start ("<key>:<start in µs>"), charged with INCRBY and set to
-// expire after the window's end (PEXPIRE, sent once, by the call that created the key), as
-// envoyproxy/ratelimit counts them. The window is decided by this process's clock ([WithClock]),
+// expire after the window's end (PEXPIRE, sent with this process's first charge of the window in
+// one pipeline, and by a later call that finds it created the key), as envoyproxy/ratelimit counts
+// them. The window is decided by this process's clock ([WithClock]),
 // as upstream decides it, not by Redis TIME.
 //
 // With life > 0, a call that reaches Redis also takes a lease of the window: k more units, charged
@@ -330,23 +331,52 @@ func (l *Limiter) leased(ctx context.Context, base string, rule Rule, n int64) (
 		count = v
 	} else {
 		charge := n - e.lease + k // the unused lease pays for part of n
+		ttl := time.Duration(end-now)*time.Microsecond + windowKeyMargin
+		// This process's first charge of a window sends the key's expiry with it, in one round trip:
+		// the key is then most often new (every key of a window is created by some process's first
+		// charge of it), and a key another process created gets the same expiry again, as upstream
+		// sends EXPIRE with every INCRBY.
+		first := e.wkey != wkey
+		expFailed := false
 		v, err := l.windowCmd(ctx, func(ctx context.Context) (int64, error) {
-			return l.rdb.IncrBy(ctx, wkey, charge).Result()
+			if !first {
+				return l.rdb.IncrBy(ctx, wkey, charge).Result()
+			}
+			l.stats.Calls.Add(1) // windowCmd counted one command
+			var incr *redis.IntCmd
+			var exp *redis.BoolCmd
+			_, _ = l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+				incr = p.IncrBy(ctx, wkey, charge)
+				exp = p.PExpire(ctx, wkey, ttl)
+				return nil
+			})
+			if err := incr.Err(); err != nil {
+				return 0, err
+			}
+			if err := exp.Err(); err != nil {
+				expFailed = true
+				return incr.Val(), err
+			}
+			return incr.Val(), nil
 		})
+		if err != nil && expFailed {
+			// Counted, but the key may live on: harmless to later windows (they have keys of their
+			// own); the next call that finds the count at its own charge sets it again.
+			e.count, e.lease = v-k, 0
+			return Decision{}, err
+		}
 		if err != nil {
 			// The lease is spent either way: the units may or may not have been counted.
 			e.count += e.lease
 			e.lease = 0
 			return Decision{}, err
 		}
-		if v == charge {
-			// This call created the window's key: it expires after the window's end.
-			ttl := time.Duration(end-now)*time.Microsecond + windowKeyMargin
+		if v == charge && !first {
+			// This call created the window's key (it had expired or been deleted since this
+			// process's first charge of the window): it expires after the window's end.
 			if _, err := l.windowCmd(ctx, func(ctx context.Context) (int64, error) {
 				return 0, l.rdb.PExpire(ctx, wkey, ttl).Err()
 			}); err != nil {
-				// Counted, but the key may live on: harmless to later windows (they have keys of their
-				// own); the next call that finds the count at its own charge sets it again.
 				e.count, e.lease = v-k, 0
 				return Decision{}, err
 			}

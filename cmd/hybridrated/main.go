@@ -55,6 +55,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -85,6 +86,9 @@ func main() {
 		os.Exit(2)
 	}
 	cfg.hup = hup
+	if os.Getenv("GOGC") == "" {
+		go tuneGC(ctx, time.Second, liveHeap, debug.SetGCPercent) // a small heap collected less often
+	}
 	log := newLogger(cfg, os.Stderr)
 	// go-redis's own lines (failed dials while Redis is down) through our log, one per 10s at most.
 	redis.SetLogger(hybrid.NewRedisLog(log, 10*time.Second))
