@@ -191,8 +191,7 @@ func TestScriptDebtFloorAndRetry(t *testing.T) {
 // TestScriptLeaseAdvance: while a key's demand is under its rate, leases may draw
 // on the next Advance of refill: the bucket is lent below zero, down to -Rate·Advance, and the node is
 // told what could still be lent. At or over the rate, a node that called before may lend the refill its
-// leases hold while they wait (the lend: -½·Rate/demand rounded down, at most -Rate·Advance), not
-// told to the node.
+// leases hold while they wait (the lend: -Rate/demand, at most -Rate·Advance), not told to the node.
 func TestScriptLeaseAdvance(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, rdb redis.UniversalClient) {
 		cfg := testConfig(rdb, "a")
@@ -235,45 +234,37 @@ func TestScriptLeaseAdvance(t *testing.T) {
 		assert.Equal(t, int64(20), st.Charged, "demand 10/s, at the rate: no advance")
 		// Over the rate (demand 20/s) the advance is not lent either. While other nodes declare
 		// demand on the key, a node that called before may lend the refill its leases hold while
-		// they wait for its requests instead: half of Rate/demand tokens below zero,
-		// rounded down, not told to the node. A node alone on a key lends nothing: no other node
-		// holds its tokens.
+		// they wait for its requests instead: Rate/demand tokens below zero, rounded (here 10/20
+		// → 1), not told to the node. A node alone on a key lends nothing: no other node holds
+		// its tokens.
 		alone := &node{c: c, key: "alone", lim: Limit{Rate: 10, Burst: 20}, inc: 1, demand: 20}
 		st = alone.call(t, 0, 80, 0)
 		assert.Equal(t, int64(20), st.Charged, "the burst")
 		st = alone.call(t, 20, 80, 1) // the lease spent, one more now
 		assert.Equal(t, StatusDenied, st.Status, "alone on the key: no lend")
-		// Two nodes at 5/s each, the key at its rate: when the bucket is empty, a node that called
-		// before may lend half its term, Rate/demand (10/5 → 1), rounded down: 1,
-		// up to Rate·Advance (10), after taking at most its share of the burst.
-		minor := &node{c: c, key: "over", lim: Limit{Rate: 10, Burst: 20}, inc: 1, demand: 5}
+		// A node with a small share of the key's demand (declared first here) lends more (its
+		// requests are further apart), up to Rate·Advance (10), and takes at most its share of the
+		// burst.
+		minor := &node{c: c, key: "over", lim: Limit{Rate: 10, Burst: 20}, inc: 1, demand: 0.5}
 		mcfg := testConfig(rdb, "minor")
 		mcfg.Advance = time.Second
 		minor.c, err = New(mcfg)
 		require.NoError(t, err)
 		minor.c.at(t0)
 		minor.call(t, 0, 0, 0) // its first call declares its demand
-		hot := &node{c: c, key: "over", lim: Limit{Rate: 10, Burst: 20}, inc: 1, demand: 5}
+		hot := &node{c: c, key: "over", lim: Limit{Rate: 10, Burst: 20}, inc: 1, demand: 20}
 		st = hot.call(t, 0, 80, 0)
-		assert.Equal(t, int64(10), st.Charged, "only its share of the burst: 20·5/10")
-		st = minor.call(t, 0, 80, 0)
-		assert.Equal(t, int64(10), st.Charged, "its share: 20·5/10")
+		assert.Equal(t, int64(20), st.Charged, "only the burst: the node's share")
 		assert.Equal(t, int64(0), st.Tokens, "the lend is not what could be lent")
-		st = hot.call(t, 10, 80, 1) // the lease spent, one more now
+		st = hot.call(t, 20, 80, 1) // the lease spent, one more now
 		assert.Equal(t, StatusCovered, st.Status, "the lend covers one token")
 		assert.Equal(t, int64(-1_000_000), bucketField(t, rdb, BucketKey("t", "over"), 0), "lent one token below zero")
 		st = hot.call(t, 1, 80, 1) // and one more
 		assert.Equal(t, StatusDenied, st.Status, "no further than the lend")
 		assert.Equal(t, 100*time.Millisecond, st.RetryAfter, "the bucket's -1 is the lend: a token refills in 0.1 s")
-		// A node whose term is under two tokens lends nothing (10/8 · 1/2 → 0).
-		busier := &node{c: c, key: "over2", lim: Limit{Rate: 10, Burst: 20}, inc: 1, demand: 8}
-		other := &node{c: minor.c, key: "over2", lim: Limit{Rate: 10, Burst: 20}, inc: 1, demand: 4}
-		other.call(t, 0, 0, 0)
-		st = busier.call(t, 0, 80, 0)
-		assert.Equal(t, int64(13), st.Charged, "its share: 20·8/12")
-		other.call(t, 0, 80, 0)
-		st = busier.call(t, 13, 80, 1)
-		assert.Equal(t, StatusDenied, st.Status, "no lend: half of 10/8 is under a token")
+		st = minor.call(t, 0, 80, 0)
+		assert.Equal(t, int64(1), st.Charged, "its share: 20·0.5/20.5 rounds to 0, at least 1")
+		assert.Equal(t, int64(-2_000_000), bucketField(t, rdb, BucketKey("t", "over"), 0))
 		// Debt floors at -(Burst + Rate·Advance): a lent bucket's debt is never forgiven.
 		st = nd.call(t, 100, 0, 0)
 		assert.Equal(t, int64(-25_000_000), st.Tokens, "floor -30, plus what the demand takes of the advance, 5")
