@@ -408,8 +408,10 @@ func (sv *server) close() {
 	_ = sv.rs.Wait()
 }
 
-// warmUp waits for an answer with the limit loaded, then calls for a second: connections, leases,
-// scripts.
+// warmUp waits for an answer with the limit loaded, calls every key once, then calls for a second:
+// connections, leases, scripts, and each key's window created before the measured seconds (a
+// window's first charge creates its Redis key: once per key and window in production, where a run
+// of a few seconds would otherwise count it for the keys a loaded machine's warm-up did not reach).
 func (sv *server) warmUp() error {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -423,6 +425,14 @@ func (sv *server) warmUp() error {
 			return fmt.Errorf("%s: no answer within 30s: %v\n%s", sv.name, err, sv.log.String())
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+	for _, req := range sv.reqs {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := sv.c.ShouldRateLimit(ctx, req)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("%s: warm-up call: %v", sv.name, err)
+		}
 	}
 	var errs, over atomic.Int64
 	sv.loop(time.Now().Add(time.Second), nil, &errs, &over)
