@@ -81,7 +81,7 @@ func (e *Entry) more() *rare {
 }
 
 // The bits of Entry.flags. Each is set and cleared by an atomic Or or And on the word, so that the
-// five need 4 bytes of the hot cache line, not 20, and TryTake reads all three it needs at once.
+// six need 4 bytes of the hot cache line, not 24, and TryTake reads all three it needs at once.
 // The word's bits from activeShift up hold the number of nodes active on the key by the last
 // answer (Global), written by Grant with a CAS that leaves the flag bits as they are.
 const (

@@ -391,8 +391,8 @@ local function process(i, key)
   -- no longer ended a run 1–3 tokens over Burst + Rate·T, but loadgen's zipf scenario on 8 nodes
   -- then left 0.82% of the exact bucket's tokens not admitted, against its target of 0.5%.) Only
   -- while other nodes declare demand on the key (w > demand): a node alone on a key holds no tokens
-  -- elsewhere, and the lend let a burst of 5 requests on a key of burst 3 and 1/s admit 4. On a fleet larger
-  -- than the burst, at most a quarter of the burst: the lend is debt, repaid only as the inventory
+  -- elsewhere, and the lend let a burst of 5 requests on a key of burst 3 and 1/s admit 4. On a
+  -- fleet larger than the burst, at most a quarter of the burst: the lend is debt, repaid only as the inventory
   -- it stands for is spent, and on 128 nodes (keys of 80/s, burst 80 at 4×, a lend of 32) the
   -- worst key admitted 1.011 of Burst + Rate·T; capped at burst/4, 0.997–0.999, with 1.1% of an
   -- exact bucket's tokens not admitted (0.2% uncapped; 2.3% at burst/8, 2.9% at burst/16). On
