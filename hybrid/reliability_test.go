@@ -125,7 +125,9 @@ func TestRedisHung(t *testing.T) {
 	assert.Less(t, p99, time.Millisecond, "hot-path p99 while Redis is hung")
 	// AllowN's contract: a decision that must ask Redis waits at most the check timeout.
 	assert.Positive(t, nCold, "cold keys were decided while Redis was hung")
-	assert.Less(t, cmax, 20*time.Millisecond+100*time.Millisecond, "a decision needing Redis waits about the check timeout, not go-redis's read timeout")
+	// The bound tells the check timeout (20ms) from go-redis's read timeout (1s); the margin is for a
+	// loaded machine's scheduling (128ms was seen with other builds on two cores).
+	assert.Less(t, cmax, 20*time.Millisecond+400*time.Millisecond, "a decision needing Redis waits about the check timeout, not go-redis's read timeout")
 	assert.Zero(t, hl.errs.Load()+cl.errs.Load(), "no decision failed: %v %v", hl.errors(), cl.errors())
 	assert.Zero(t, hl.sources[outcome.SourceFallback].Load(), "hot keys never needed Redis")
 	assert.Positive(t, cl.sources[outcome.SourceFallback].Load(), "cold keys were decided by the failure policy")
