@@ -116,6 +116,7 @@ type windowRenewal struct {
 	end   int64  // the window's end, µs
 	k     int64  // the units to charge
 	limit int64  // the rule's limit: a renewal that takes the count above it is given back
+	next  bool   // a lease of the next window, taken ahead (takeNext)
 	done  chan struct{}
 
 	sent      bool // taken by the renewer to send; guarded by windowLeases.mu
@@ -139,6 +140,7 @@ type windowEntry struct {
 	gap   int64          // the longest pause between uses that counts in full, µs; 0: any
 	size  int64          // the lease's size when last taken or topped up (renewal's low-water mark)
 	renew *windowRenewal // the renewal in flight, if any
+	next  *windowRenewal // the next window's lease, taken ahead (takeNext), if any
 	wkey  string         // the Redis key of the window start describes, once a trip named it
 	end   int64          // the end of that window, µs
 	uses  atomic.Uint32  // lookups, for entry's recency refresh (not guarded by sem)
@@ -178,6 +180,9 @@ func (l *Limiter) giveBack(ctx context.Context) {
 		}
 		if r := e.renew; r != nil && w.cancel(r) {
 			e.renew = nil // not sent: nothing to give back for it
+		}
+		if r := e.next; r != nil && w.cancel(r) {
+			e.next = nil // the next window's lease, not sent (a sent one stays counted there)
 		}
 		if !e.settle(ctx) { // sent: its units land before they go back
 			<-e.sem
@@ -265,8 +270,14 @@ func (l *Limiter) leased(ctx context.Context, base string, rule Rule, n int64) (
 	start := now - now%period
 	if e.start != start {
 		// A new window: what this process knew of the last one is void (its lease expired with it,
-		// and so will a renewal of it in flight), but the demand carries over.
-		e.start, e.count, e.lease, e.renew = start, 0, 0, nil
+		// and so will a renewal of it in flight), but the demand carries over. A lease of this
+		// window taken ahead (takeNext) becomes the renewal in flight: it names the window's key,
+		// and its units join the lease once it landed (fold).
+		nx := e.next
+		e.start, e.count, e.lease, e.renew, e.next = start, 0, 0, nil, nil
+		if nx != nil && nx.start == start {
+			e.renew, e.wkey, e.end, e.size = nx, nx.wkey, nx.end, nx.k
+		}
 	}
 	if r := e.renew; r != nil {
 		select {
@@ -289,6 +300,9 @@ func (l *Limiter) leased(ctx context.Context, base string, rule Rule, n int64) (
 		l.stats.LeaseHits.Add(1)
 		if e.lease*windowRenewAt < e.size && e.renew == nil {
 			l.renewAhead(e, rule, now, end)
+		}
+		if e.next == nil && end-now <= l.leases.ahead(period) {
+			l.takeNext(e, base, rule, now, end)
 		}
 		return windowResult(rule, e.count, now, end), nil
 	}
@@ -461,15 +475,20 @@ func (l *Limiter) leaseSize(e *windowEntry, rule Rule, now, n int64) int64 {
 	if l.leases.life <= 0 {
 		return 0
 	}
-	elapsed := max(now-e.last-e.idle, min(l.leases.life/10, windowDemandSpan).Microseconds(), 1000) // µs
-	rate := float64(e.since+n) / float64(elapsed)
-	k := int64(rate * float64(l.leases.life.Microseconds()))
+	k := int64(l.demand(e, now, n) * float64(l.leases.life.Microseconds()))
 	left := rule.Limit - e.count - e.lease - n
 	k = min(k, left/WindowLeaseShare)
 	if k < 2 {
 		return 0
 	}
 	return k
+}
+
+// demand is e's demand at now, units per µs, with n more units used now: see leaseSize. e.sem is
+// held.
+func (l *Limiter) demand(e *windowEntry, now, n int64) float64 {
+	elapsed := max(now-e.last-e.idle, min(l.leases.life/10, windowDemandSpan).Microseconds(), 1000) // µs
+	return float64(e.since+n) / float64(elapsed)
 }
 
 // renewAhead queues a renewal of e's lease, which has fallen below 1/windowRenewAt of its size: a
@@ -506,6 +525,52 @@ func (l *Limiter) renewAhead(e *windowEntry, rule Rule, now, end int64) {
 	e.since, e.last, e.idle = 0, now, 0
 	e.size = e.lease + k
 	e.gap = windowIdleGaps * w.life.Microseconds() / e.size
+}
+
+// ahead is how long before a window's end a key served from a lease takes the next window's lease
+// (takeNext): long enough for the renewer to send it (it waits up to w.every) and for Redis to
+// answer before the window turns, at most a quarter of the window.
+func (w *windowLeases) ahead(period int64) int64 {
+	return min(period/4, (2*w.every + 50*time.Millisecond).Microseconds())
+}
+
+// takeNext queues a lease of the window after e's (from end on) in the renewer's next pipeline, so
+// that the key's first call of that window is served from it rather than waiting for Redis: sized as
+// a renewal is (the key's demand while active times the lease life), but for at most the window's
+// length (a lease that outlasts its window is counted there and never used), and at most
+// 1/WindowLeaseShare of the window's limit; none under 2 units. A window's key is named by its start, so the INCRBY
+// counts in the next window only; the renewer sets its expiry when the charge created it and gives
+// the units back when they took the count above the limit, as for any renewal. If the key is not
+// used in that window, the lease is counted and unused, as a lease that a process holds when its
+// traffic stops is: other processes may refuse early by at most that much (docs/accuracy.md). An
+// entry evicted before its window gives back what the current window holds only; the next
+// window's lease, if sent, stays counted. e.sem is held; e was served from its lease at now, in
+// the window ending at end.
+func (l *Limiter) takeNext(e *windowEntry, base string, rule Rule, now, end int64) {
+	w := l.leases
+	if e.last == 0 {
+		return
+	}
+	period := rule.Period.Microseconds()
+	k := min(int64(l.demand(e, now, 0)*float64(min(w.life.Microseconds(), period))), rule.Limit/WindowLeaseShare)
+	if k < 2 {
+		return
+	}
+	r := &windowRenewal{wkey: base + ":" + strconv.FormatInt(end, 10), start: end, end: end + period, k: k,
+		limit: rule.Limit, next: true, done: make(chan struct{})}
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return
+	}
+	w.due = append(w.due, r)
+	if !w.renewing {
+		w.renewing = true
+		w.wg.Add(1)
+		go l.renewDue()
+	}
+	w.mu.Unlock()
+	e.next = r
 }
 
 // settle waits for e's renewal in flight, if any, and folds it into e's state. It returns false
@@ -643,11 +708,17 @@ func (w *windowLeases) cancel(r *windowRenewal) bool {
 }
 
 // close stops the renewals: the renewer sends what is due at once and ends, and close waits for
-// it; no renewal is queued after it.
+// it; no renewal is queued after it. Leases of windows still to come (takeNext) not sent yet are
+// dropped: a closed Limiter would not use them.
 func (w *windowLeases) close() {
 	w.mu.Lock()
 	if !w.closed {
 		w.closed = true
+		for _, r := range w.due {
+			if r.next && !r.sent {
+				r.cancelled = true
+			}
+		}
 		close(w.stop)
 	}
 	w.mu.Unlock()

@@ -431,3 +431,86 @@ func (h pipelineCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 		return next(ctx, cmds)
 	}
 }
+
+// A key served from its lease takes the next window's lease shortly before its window ends, so that
+// its first call of each window is served from a lease too, not from a trip to Redis; each window's
+// count in Redis is still exactly what was used in it plus what its lease held unused at its end.
+func TestWindowLeasesTakeTheNextWindowAhead(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	clk := &fakeClock{}
+	clk.us.Store(leaseT0)
+	l := newLeased(t, rdb, clk, 2*time.Second)
+	rule := Rule{Name: "r", Algorithm: UpstreamWindow, Limit: 1_000_000, Period: time.Second}
+	ctx := context.Background()
+	const keys, windows = 20, 6
+	bases := make([]string, keys)
+	for i := range bases {
+		bases[i] = key(l.opts.prefix, "s"+strconv.Itoa(i), rule.Name, "uwc", "s"+strconv.Itoa(i))
+	}
+	// landed waits for every renewal of e in flight, this window's and the next's.
+	landed := func(b string) windowEntry {
+		e := l.leases.entry(b)
+		e.sem <- struct{}{}
+		defer func() { <-e.sem }()
+		e.settle(context.Background())
+		if r := e.next; r != nil {
+			l.leases.mu.Lock()
+			cancelled := r.cancelled
+			l.leases.mu.Unlock()
+			if !cancelled {
+				<-r.done
+			}
+		}
+		return windowEntry{count: e.count, lease: e.lease}
+	}
+	used := make(map[int64]int64)     // units used per window (by its start)
+	leftover := make(map[int64]int64) // unused lease at the window's end, all keys
+	var firstCalls, firstHits int64
+	for w := range int64(windows) {
+		start := leaseT0 + w*1_000_000
+		for step := range 20 { // each key every 50 ms
+			clk.us.Store(start + int64(step)*50_000)
+			for _, b := range bases {
+				before := l.Stats().LeaseHits
+				d, err := l.leased(ctx, b, rule, 1)
+				require.NoError(t, err)
+				require.True(t, d.Allowed)
+				used[start]++
+				if step == 0 && w >= 2 {
+					firstCalls++
+					firstHits += l.Stats().LeaseHits - before
+				}
+			}
+			for _, b := range bases {
+				landed(b)
+			}
+		}
+		for _, b := range bases {
+			leftover[start] += landed(b).lease
+		}
+	}
+	assert.Equal(t, firstCalls, firstHits, "from the third window on, each key's first call of a window is served from a lease")
+	for w := range int64(windows) {
+		start := leaseT0 + w*1_000_000
+		var counted int64
+		for _, b := range bases {
+			c, err := rdb.Get(ctx, b+":"+strconv.FormatInt(start, 10)).Int64()
+			require.NoError(t, err)
+			counted += c
+			ttl, err := rdb.PTTL(ctx, b+":"+strconv.FormatInt(start, 10)).Result()
+			require.NoError(t, err)
+			assert.Positive(t, ttl, "the window's key expires")
+		}
+		assert.Equal(t, used[start]+leftover[start], counted, "window %d: Redis holds what was used and the unused lease", w)
+	}
+	// The window after the last one holds only the leases taken ahead for it.
+	var ahead int64
+	for _, b := range bases {
+		c, err := rdb.Get(ctx, b+":"+strconv.FormatInt(leaseT0+windows*1_000_000, 10)).Int64()
+		require.NoError(t, err)
+		ahead += c
+	}
+	assert.Positive(t, ahead, "the next window's leases were taken ahead")
+	assert.LessOrEqual(t, ahead, int64(keys)*rule.Limit/WindowLeaseShare)
+}

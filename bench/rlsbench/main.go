@@ -54,12 +54,15 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 )
 
-// config is the limits file, in upstream's format: every key far under its limit.
-const config = `domain: bench
+// config is the limits file, in upstream's format, for a window of unit: every key far under its
+// limit.
+func config(unit string) string {
+	return `domain: bench
 descriptors:
   - key: user
-    rate_limit: {unit: hour, requests_per_unit: 100000000}
+    rate_limit: {unit: ` + unit + `, requests_per_unit: 100000000}
 `
+}
 
 func main() {
 	echo := flag.String("echo-serve", "", "internal: serve the echo RateLimitService on this address")
@@ -73,6 +76,7 @@ func main() {
 	callers := flag.Int("callers", 8, "concurrent callers")
 	keys := flag.Int("keys", 1000, "distinct descriptor values")
 	runs := flag.Int("runs", 2, "runs of every server, interleaved")
+	unit := flag.String("unit", "hour", "the limit's window, as upstream's config names it: second, minute, hour or day")
 	profile := flag.String("profile", "", "save CPU and allocation profiles of each hybridrated and upstream run in this directory (from their DEBUG_PORT's /debug/pprof/)")
 	clientProfile := flag.String("client-profile", "", "write the load generator's own CPU profile (every run) to this file")
 	only := flag.String("servers", "upstream,hybridrated,hybridrated-exact,hybridrated-hybrid,hybridrated-before,echo", "servers to run, in order")
@@ -96,14 +100,14 @@ func main() {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	if err := run(*upstream, *hybridrated, *before, *redisServer, *duration, *slice, *sequential, *callers, *keys, *runs, strings.Split(*only, ","), *profile); err != nil {
+	if err := run(*upstream, *hybridrated, *before, *redisServer, *duration, *slice, *sequential, *callers, *keys, *runs, strings.Split(*only, ","), *profile, *unit); err != nil {
 		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "rlsbench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(upstream, hybridrated, before, redisServer string, d, slice time.Duration, sequential bool, callers, keys, runs int, servers []string, profile string) error {
+func run(upstream, hybridrated, before, redisServer string, d, slice time.Duration, sequential bool, callers, keys, runs int, servers []string, profile, unit string) error {
 	dir, err := os.MkdirTemp("", "rlsbench")
 	if err != nil {
 		return err
@@ -113,7 +117,7 @@ func run(upstream, hybridrated, before, redisServer string, d, slice time.Durati
 	if err := os.MkdirAll(cfgDir, 0o755); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(cfgDir, "bench.yaml"), []byte(config), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(cfgDir, "bench.yaml"), []byte(config(unit)), 0o644); err != nil {
 		return err
 	}
 	self, err := os.Executable()
