@@ -58,10 +58,12 @@ func WithFleetBeat(d time.Duration) Option {
 	return duration("fleet beat", d, func(c *config, d time.Duration) { c.FleetBeat = d })
 }
 
-// WithAdvance sets central's lease advance as the relay applies it, from 0 to an hour: children's
-// shares are of Burst plus what a key under its rate may be lent of the coming refill, as
-// reconcile.lua's. It must equal the Advance of the central.Config given to New (ClientConfig's is
-// DefaultAdvance). Without WithAdvance, the relay applies none (0).
+// WithAdvance sets the advance the relay lends its children, from 0 to an hour: their shares are
+// of Burst plus what a key under its rate may be lent of the coming refill over d, as
+// reconcile.lua's. It may not exceed the Advance of the central.Config given to New (what Redis
+// lends the relay; ClientConfig's is DefaultAdvance): New refuses a larger one. Without it, the
+// relay lends its children none (0) and keeps the advance Redis lends it in its own pool, which
+// costs Redis fewer calls (docs/benchmarks.md, "Any fleet size").
 func WithAdvance(d time.Duration) Option {
 	return optionFunc(func(c *config) error {
 		if d < 0 || d > time.Hour {

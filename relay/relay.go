@@ -137,8 +137,9 @@ type child struct {
 }
 
 // New returns a relay whose Redis client central.New makes from cc (ClientConfig gives package
-// hybrid's defaults): cc.NodeID is the relay's node id on every bucket, and cc.Advance must equal
-// the relay's (WithAdvance). If cc.Fleet is nil, it is set to the relay's fleet count (WithFleet):
+// hybrid's defaults): cc.NodeID is the relay's node id on every bucket, and cc.Advance is what
+// Redis lends the relay ahead of the refill; the relay lends its children the advance WithAdvance
+// gives (none by default), which may not exceed cc.Advance. If cc.Fleet is nil, it is set to the relay's fleet count (WithFleet):
 // reconcile.lua's fleet size is the number of limiters that may hold a share of a key, here the
 // relays' children. New starts nothing: call Run, or Tick on your own schedule. It does no I/O.
 // Errors: an invalid option (wrapping [ErrBadOption]), or central.New's error (wrapped).
@@ -159,6 +160,9 @@ func New(cc central.Config, opts ...Option) (*Relay, error) {
 	def(&cfg.FleetBeat, DefaultFleetBeat)
 	if cfg.MaxKeys == 0 {
 		cfg.MaxKeys = DefaultMaxKeys
+	}
+	if cfg.Advance > cc.Advance {
+		return nil, badOption("advance %v: more than the central.Config's %v, which Redis lends the relay", cfg.Advance, cc.Advance)
 	}
 	r := &Relay{cfg: cfg, start: time.Now(), keys: make(map[string]*entry)}
 	if r.cfg.Fleet == nil {

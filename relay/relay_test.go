@@ -579,3 +579,22 @@ func TestRelayBanReachesItsPool(t *testing.T) {
 		t.Errorf("after the ban's time: %+v", st)
 	}
 }
+
+// TestRelayAdvanceWithinCentrals: the relay lends its children at most the advance Redis lends it
+// (its client's): a larger WithAdvance is refused; an equal or smaller one, or none, accepted.
+func TestRelayAdvanceWithinCentrals(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // New does no I/O
+	t.Cleanup(func() { _ = rdb.Close() })
+	cc := relay.ClientConfig(rdb, "adv", "relay")
+	if _, err := relay.New(cc, relay.WithAdvance(cc.Advance+time.Millisecond)); !errors.Is(err, relay.ErrBadOption) {
+		t.Errorf("WithAdvance over the client's %v: %v, want ErrBadOption", cc.Advance, err)
+	}
+	for _, d := range []time.Duration{cc.Advance, cc.Advance / 2, 0} {
+		if _, err := relay.New(cc, relay.WithAdvance(d)); err != nil {
+			t.Errorf("WithAdvance(%v) within the client's %v: %v", d, cc.Advance, err)
+		}
+	}
+	if _, err := relay.New(cc); err != nil {
+		t.Errorf("no WithAdvance: %v", err)
+	}
+}
