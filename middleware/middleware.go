@@ -59,12 +59,24 @@ func FromContext(ctx context.Context) (policy.Result, bool) {
 // state is what the middleware keeps per request once the policy has answered, in one allocation
 // with the storage of the result's decisions and of the header values (newState). It is also the
 // context the next handler sees: the request's context plus the result, without a separate
-// context.WithValue. What only the check needs (the policy.Request and the dimension values) is in a
-// pooled scratch instead (see scratch): a state is referenced by the next handler's context and by
-// the header map for as long as they live, so it cannot be reused.
+// context.WithValue; and it holds the request the next handler gets (see request), which would
+// otherwise be an allocation of its own. What only the check needs (the policy.Request and the
+// dimension values) is in a pooled scratch instead (see scratch): a state is referenced by the next
+// handler's request and context and by the header map for as long as they live, so it cannot be
+// reused.
 type state struct {
 	context.Context // the request's context
 	res             policy.Result
+	req             http.Request // the request passed on (see request); zero until then
+}
+
+// request returns r with st as its context, as r.WithContext(st) does, but in st's own storage:
+// a shallow copy of r (WithContext, inlined here, makes its copy on the stack, which is then copied
+// into st), so that passing the request on allocates nothing beyond the state. It is called once,
+// when the request is passed on, after st.Context and st.res are set.
+func (st *state) request(r *http.Request) *http.Request {
+	st.req = *r.WithContext(st)
+	return &st.req
 }
 
 // scratch is what a request needs while the policy checks it (and while the concurrency caps take
@@ -106,11 +118,13 @@ func putScratch(sc *scratch) {
 }
 
 // The request states newState allocates: one decision or three (more than three come from an
-// allocation in the policy), with or without room for the header values. Each is one allocation;
-// the header map's values point into its buffer, so they keep the whole request state alive while
-// they are referenced. Their sizes (TestStateSizes) keep a one-rule state in the 352-byte size
-// class with header room and in the 192-byte class without (640 and 448 bytes when the state held
-// the check's scratch, 1,024 and 704 when it also had room for three decisions).
+// allocation in the policy), with or without room for the header values. Each is one allocation,
+// which also holds the request passed on (state.req); the header map's values point into its
+// buffer, so they keep the whole request state alive while they are referenced. Their sizes
+// (TestStateSizes) keep a one-rule state with header room in the 640-byte size class (632 bytes
+// and the 8-byte type header Go's allocator adds above 512) and in the 512-byte class without:
+// 640 and 496 bytes a request, where the state and net/http's copy of the request in
+// Request.WithContext were 352 + 320 and 192 + 320 bytes in two allocations.
 type (
 	stateNarrow struct {
 		state
@@ -135,14 +149,16 @@ type (
 )
 
 // The room for header values in a state: one decision's five values take about 70 bytes with
-// 10-digit limits and a 7-byte rule name, about 40 once the RateLimit-Policy and X-RateLimit-Limit
-// values are cached (writeHeaders), leaving room for longer names; values that outgrow it are still
-// written, in an array of their own (TestNarrowHeaderRoom: the cached case with 10-digit counts and
-// a 24-byte rule name fits). 80 bytes make a one-rule state with header room exactly 352 bytes, a
-// size class of its own (TestStateSizes).
+// 10-digit limits and a 7-byte rule name, about 30 once the RateLimit-Policy and X-RateLimit-Limit
+// values are cached (writeHeaders; X-RateLimit-Remaining and -Reset are then parts of the RateLimit
+// value), leaving room for longer names; values that outgrow it are still written, in an array of
+// their own (TestNarrowHeaderRoom: the cached case with 10-digit counts and a 34-byte rule name
+// fits). 56 bytes make a one-rule state with header room 632 bytes, and 216 a three-rule one 1,016
+// bytes, each with Go's 8-byte type header the whole of a size class (640, 1,024;
+// TestStateSizes).
 const (
-	narrowHeaderBytes = 80
-	wideHeaderBytes   = 256
+	narrowHeaderBytes = 56
+	wideHeaderBytes   = 216
 )
 
 // newState returns a zeroed request state, the empty storage for the decisions the policy is
@@ -240,7 +256,7 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			return
 		}
 		putScratch(sc)
-		next.ServeHTTP(w, r.WithContext(st))
+		next.ServeHTTP(w, st.request(r))
 	})
 }
 
