@@ -53,6 +53,7 @@ func BenchmarkMiddleware(b *testing.B) {
 		cfg   []policy.Option
 		rules []policy.Rule
 		opts  []middleware.Option
+		lean  bool // WithoutContextResult (the warm-up, which reads the context, goes without it)
 	}{
 		{name: "hybrid-1-rule", rules: []policy.Rule{generous}},
 		{name: "hybrid-1-rule-hashed", cfg: []policy.Option{policy.WithHashKey([]byte("0123456789abcdef0123456789abcdef"))}, rules: []policy.Rule{generous}},
@@ -62,6 +63,7 @@ func BenchmarkMiddleware(b *testing.B) {
 			{ID: "per-ip-route", Dimensions: []string{"ip", "route"}, Rate: 1e9, Burst: 1e9},
 		}, opts: []middleware.Option{middleware.WithRoute(func(*http.Request) string { return "GET /items/{id}" })}},
 		{name: "hybrid-1-rule-no-headers", rules: []policy.Rule{generous}, opts: []middleware.Option{middleware.WithHeaders(middleware.NoHeaders)}},
+		{name: "hybrid-1-rule-no-context", rules: []policy.Rule{generous}, lean: true},
 	}
 	const keys = 1000
 	reqs := make([]*http.Request, keys)
@@ -106,6 +108,11 @@ func BenchmarkMiddleware(b *testing.B) {
 				b.Fatal(err)
 			}
 			warmUp(b, m, reqs)
+			if tc.lean {
+				if m, err = middleware.New(s.enf, append(tc.opts, middleware.WithoutContextResult())...); err != nil {
+					b.Fatal(err)
+				}
+			}
 			run(b, m.Handler(bare))
 		})
 	}

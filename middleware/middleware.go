@@ -46,7 +46,7 @@ func New(c policy.Checker, opts ...Option) (*Middleware, error) {
 type ctxKey struct{}
 
 // FromContext returns the policy's result for the request whose context ctx is: present in every
-// request the middleware passed on. Its Decisions tell, per counter, the limit, what remains and who
+// request the middleware passed on, unless it was built with [WithoutContextResult]. Its Decisions tell, per counter, the limit, what remains and who
 // decided.
 func FromContext(ctx context.Context) (policy.Result, bool) {
 	st, ok := ctx.Value(ctxKey{}).(*state)
@@ -80,7 +80,8 @@ func (st *state) request(r *http.Request) *http.Request {
 }
 
 // scratch is what a request needs while the policy checks it (and while the concurrency caps take
-// their leases): the policy.Request and its dimension values. The Checker reads them only during
+// their leases): the policy.Request and its dimension values, and, under [WithoutContextResult],
+// the storage of the policy's decisions, which nothing reads once the headers are written. The Checker reads them only during
 // Check (see policy.Request and policy.Dimensions), so they are reused across requests through
 // scratchPool rather than allocated with every request's state; that keeps a one-rule state with
 // header room under 512 bytes, where Go's allocator writes no type header, and takes 232 bytes a
@@ -88,6 +89,7 @@ func (st *state) request(r *http.Request) *http.Request {
 type scratch struct {
 	req  policy.Request
 	dims dims
+	decs [3]policy.Decision // the decisions' storage under WithoutContextResult
 }
 
 var scratchPool = sync.Pool{New: func() any {
@@ -96,10 +98,14 @@ var scratchPool = sync.Pool{New: func() any {
 	return sc
 }}
 
-// getScratch returns a scratch for r, its request's decisions stored in decs. The dimension values
-// a previous request left are not cleared: done marks none of them computed.
+// getScratch returns a scratch for r, its request's decisions stored in decs (in the scratch's own
+// storage when decs is nil). The dimension values a previous request left are not cleared: done
+// marks none of them computed.
 func (m *Middleware) getScratch(r *http.Request, decs []policy.Decision) *scratch {
 	sc := scratchPool.Get().(*scratch)
+	if decs == nil {
+		decs = sc.decs[:0]
+	}
 	sc.dims.m, sc.dims.r, sc.dims.done = m, r, 0
 	q := &sc.req
 	if q.Domain != "" || q.Rule != "" || q.Cost != 0 || q.CheckOnly || q.Dims != policy.Dimensions(&sc.dims) {
@@ -110,8 +116,8 @@ func (m *Middleware) getScratch(r *http.Request, decs []policy.Decision) *scratc
 }
 
 // putScratch returns sc to the pool, dropping its references to the request and to its state so
-// that a pooled scratch keeps neither alive (the dimension values, small strings, stay until the
-// scratch's next use or the pool's clearing).
+// that a pooled scratch keeps neither alive (the dimension values and the decisions' rule names,
+// small strings, stay until the scratch's next use or the pool's clearing).
 func putScratch(sc *scratch) {
 	sc.dims.r, sc.req.HTTP, sc.req.Decisions = nil, nil, nil
 	scratchPool.Put(sc)
@@ -148,6 +154,19 @@ type (
 	}
 )
 
+// headerRoom and headerRoomWide are the storage of the header values under WithoutContextResult,
+// one allocation a request (144 and 320 bytes: TestStateSizes), kept alive by the header map.
+type (
+	headerRoom struct {
+		vals [5]string
+		buf  [narrowHeaderBytes]byte
+	}
+	headerRoomWide struct {
+		vals [5]string
+		buf  [wideHeaderBytes]byte
+	}
+)
+
 // The room for header values in a state: one decision's five values take about 70 bytes with
 // 10-digit limits and a 7-byte rule name, about 30 once the RateLimit-Policy and X-RateLimit-Limit
 // values are cached (writeHeaders; X-RateLimit-Remaining and -Reset are then parts of the RateLimit
@@ -165,7 +184,22 @@ const (
 // expected to return, and, when headers are sent, the storage of their values. A middleware starts
 // with narrow states (one decision) and switches to wide ones (three) for good after the first
 // request with more than one decision, which pays one allocation in the policy.
+//
+// Under [WithoutContextResult] there is no state: st and decs are nil (the decisions go in the
+// scratch) and only the header values' storage is allocated, when headers are sent.
 func (m *Middleware) newState(headers bool) (st *state, decs []policy.Decision, vals *[5]string, buf []byte) {
+	if m.o.noContext {
+		switch wide := m.wide.Load(); {
+		case !headers:
+			return nil, nil, nil, nil
+		case !wide:
+			h := &headerRoom{}
+			return nil, nil, &h.vals, h.buf[:0]
+		default:
+			h := &headerRoomWide{}
+			return nil, nil, &h.vals, h.buf[:0]
+		}
+	}
 	switch wide := m.wide.Load(); {
 	case !wide && headers:
 		s := &stateNarrowHeaders{}
@@ -227,7 +261,7 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			m.o.onError(w, r, err)
 			return
 		}
-		if len(res.Decisions) > cap(decs) && !m.wide.Load() {
+		if len(res.Decisions) > 1 && !m.wide.Load() { // more than a narrow state holds
 			m.wide.Store(true)
 		}
 		if !res.Allowed && res.MissingKey {
@@ -247,8 +281,10 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			writeDenied(w, &res)
 			return
 		}
-		st.res = res
-		st.Context = r.Context()
+		if st != nil {
+			st.res = res
+			st.Context = r.Context()
+		}
 		if len(m.o.caps) > 0 {
 			// The caps read the request's dimensions; the scratch is not returned if a handler panics.
 			m.serveCapped(w, r, next, st, &sc.dims, 0)
@@ -256,7 +292,10 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			return
 		}
 		putScratch(sc)
-		next.ServeHTTP(w, st.request(r))
+		if st != nil {
+			r = st.request(r)
+		}
+		next.ServeHTTP(w, r)
 	})
 }
 
