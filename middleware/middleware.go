@@ -46,8 +46,8 @@ func New(c policy.Checker, opts ...Option) (*Middleware, error) {
 type ctxKey struct{}
 
 // FromContext returns the policy's result for the request whose context ctx is: present in every
-// request the middleware passed on, unless it was built with [WithoutContextResult]. Its Decisions tell, per counter, the limit, what remains and who
-// decided.
+// request the middleware passed on, unless it was built with [WithoutContextResult]. Its Decisions
+// tell, per counter, the limit, what remains and who decided.
 func FromContext(ctx context.Context) (policy.Result, bool) {
 	st, ok := ctx.Value(ctxKey{}).(*state)
 	if !ok {
@@ -81,11 +81,10 @@ func (st *state) request(r *http.Request) *http.Request {
 
 // scratch is what a request needs while the policy checks it (and while the concurrency caps take
 // their leases): the policy.Request and its dimension values, and, under [WithoutContextResult],
-// the storage of the policy's decisions, which nothing reads once the headers are written. The Checker reads them only during
-// Check (see policy.Request and policy.Dimensions), so they are reused across requests through
-// scratchPool rather than allocated with every request's state; that keeps a one-rule state with
-// header room under 512 bytes, where Go's allocator writes no type header, and takes 232 bytes a
-// request off the collector.
+// the storage of the policy's decisions, which nothing reads once the headers are written. The
+// Checker reads them only during Check (see policy.Request and policy.Dimensions), so they are
+// reused across requests through scratchPool rather than allocated with every request's state,
+// which takes 232 bytes a request off the collector.
 type scratch struct {
 	req  policy.Request
 	dims dims

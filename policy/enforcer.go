@@ -274,7 +274,8 @@ func (e *Enforcer) check(ctx context.Context, c *compiled, req *Request) (Result
 	}
 	// The Result the steps after the plan fill in: admitted until a counter denies, with room for a
 	// Decision per counter. Set field by field: a Result returned by a helper was copied with wide
-	// loads of what narrow stores had just written (a store-forwarding stall, ~30 ns a request).
+	// loads of what narrow stores had just written (a store-forwarding stall: ~30 ns a request in a
+	// CPU profile of the middleware's benchmark).
 	var res Result
 	res.Allowed, res.ShadowDenied = true, pl.missingShadow
 	if len(counters) > 0 {
