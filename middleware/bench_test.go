@@ -147,3 +147,28 @@ func warmUp(b *testing.B, m *middleware.Middleware, reqs []*http.Request) {
 		time.Sleep(5 * time.Millisecond) // let a reconcile hand out allowances
 	}
 }
+
+// BenchmarkMiddlewareDenied measures the middleware's answer to a denied request alone: a Checker
+// that denies with one decision, without Redis (the policy's cost is BenchmarkMiddleware's). The
+// request gets every rate-limit header, Retry-After and the JSON body.
+//
+//	go test -run '^$' -bench BenchmarkMiddlewareDenied -benchmem ./middleware/
+func BenchmarkMiddlewareDenied(b *testing.B) {
+	res := policy.Result{Allowed: false, Rule: "per-key", RetryAfter: 1200 * time.Millisecond, Decisions: []policy.Decision{
+		{Rule: "per-key", Unit: "per-key", Allowed: false, Limit: 60, Window: time.Minute,
+			RetryAfter: 1200 * time.Millisecond, ResetAfter: time.Minute}}}
+	m, err := middleware.New(&fixed{res: res})
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := m.Handler(bare)
+	r := httptest.NewRequest("GET", "/items/1", nil)
+	w := &sink{h: http.Header{}}
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpu := cputime.Process()
+	for i := 0; i < b.N; i++ {
+		h.ServeHTTP(w, r)
+	}
+	cputime.Report(b, cpu)
+}

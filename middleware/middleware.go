@@ -19,9 +19,6 @@ import (
 type Middleware struct {
 	c policy.Checker
 	o options
-	// wide is set once a request had more decisions than a narrow state holds: every later request
-	// gets a wide one (see newState). It is never cleared.
-	wide atomic.Bool
 	// policy caches the RateLimit-Policy and X-RateLimit-Limit values (see writeHeaders).
 	policy       atomic.Pointer[draftPolicy]
 	policyMisses atomic.Uint64 // requests whose counters missed policy
@@ -80,15 +77,16 @@ func (st *state) request(r *http.Request) *http.Request {
 }
 
 // scratch is what a request needs while the policy checks it (and while the concurrency caps take
-// their leases): the policy.Request and its dimension values, and, under [WithoutContextResult],
-// the storage of the policy's decisions, which nothing reads once the headers are written. The
-// Checker reads them only during Check (see policy.Request and policy.Dimensions), so they are
-// reused across requests through scratchPool rather than allocated with every request's state,
-// which takes 232 bytes a request off the collector.
+// their leases): the policy.Request, its dimension values and the storage the policy writes its
+// decisions into (copied into the request's state when the request is admitted with its result in
+// the context: see newState). The Checker reads the first two only during Check (see
+// policy.Request and policy.Dimensions), and nothing reads the decisions' storage once the state
+// holds its copy or the headers are written, so all three are reused across requests through
+// scratchPool rather than allocated with every request.
 type scratch struct {
 	req  policy.Request
 	dims dims
-	decs [3]policy.Decision // the decisions' storage under WithoutContextResult
+	decs [3]policy.Decision // the storage of the policy's decisions (req.Decisions)
 }
 
 var scratchPool = sync.Pool{New: func() any {
@@ -97,14 +95,11 @@ var scratchPool = sync.Pool{New: func() any {
 	return sc
 }}
 
-// getScratch returns a scratch for r, its request's decisions stored in decs (in the scratch's own
-// storage when decs is nil). The dimension values a previous request left are not cleared: done
-// marks none of them computed.
-func (m *Middleware) getScratch(r *http.Request, decs []policy.Decision) *scratch {
+// getScratch returns a scratch for r, its request's decisions to be stored in the scratch. The
+// dimension values a previous request left are not cleared: done marks none of them computed.
+func (m *Middleware) getScratch(r *http.Request) *scratch {
 	sc := scratchPool.Get().(*scratch)
-	if decs == nil {
-		decs = sc.decs[:0]
-	}
+	decs := sc.decs[:0]
 	sc.dims.m, sc.dims.r, sc.dims.done = m, r, 0
 	q := &sc.req
 	if q.Domain != "" || q.Rule != "" || q.Cost != 0 || q.CheckOnly || q.Dims != policy.Dimensions(&sc.dims) {
@@ -122,14 +117,16 @@ func putScratch(sc *scratch) {
 	scratchPool.Put(sc)
 }
 
-// The request states newState allocates: one decision or three (more than three come from an
-// allocation in the policy), with or without room for the header values. Each is one allocation,
-// which also holds the request passed on (state.req); the header map's values point into its
-// buffer, so they keep the whole request state alive while they are referenced. Their sizes
-// (TestStateSizes) keep a one-rule state with header room in the 640-byte size class (632 bytes
-// and the 8-byte type header Go's allocator adds above 512) and in the 512-byte class without:
-// 640 and 496 bytes a request, where the state and net/http's copy of the request in
-// Request.WithContext were 352 + 320 and 192 + 320 bytes in two allocations.
+// The request states newState allocates: room for one decision or three (more than three are in
+// the policy's own allocation, which the state keeps), with or without room for the header values.
+// Each is one allocation, which also holds the request passed on (state.req); the header map's
+// values point into its buffer, so they keep the whole request state alive while they are
+// referenced. Their sizes (TestStateSizes) keep a one-rule state with header room in the 640-byte
+// size class (632 bytes and the 8-byte type header Go's allocator adds above 512) and in the
+// 512-byte class without: 640 and 496 bytes an admitted request, where the state and net/http's
+// copy of the request in Request.WithContext were 352 + 320 and 192 + 320 bytes in two
+// allocations. Denied requests, and admitted ones under WithoutContextResult, allocate only the
+// header values' storage (headerRoom).
 type (
 	stateNarrow struct {
 		state
@@ -153,8 +150,9 @@ type (
 	}
 )
 
-// headerRoom and headerRoomWide are the storage of the header values under WithoutContextResult,
-// one allocation a request (144 and 320 bytes: TestStateSizes), kept alive by the header map.
+// headerRoom and headerRoomWide are the storage of the header values of a request that has no state
+// (denied, or admitted under WithoutContextResult): one allocation, 144 or 320 bytes
+// (TestStateSizes), kept alive by the header map.
 type (
 	headerRoom struct {
 		vals [5]string
@@ -179,40 +177,43 @@ const (
 	wideHeaderBytes   = 216
 )
 
-// newState returns a zeroed request state, the empty storage for the decisions the policy is
-// expected to return, and, when headers are sent, the storage of their values. A middleware starts
-// with narrow states (one decision) and switches to wide ones (three) for good after the first
-// request with more than one decision, which pays one allocation in the policy.
-//
-// Under [WithoutContextResult] there is no state: st and decs are nil (the decisions go in the
-// scratch) and only the header values' storage is allocated, when headers are sent.
-func (m *Middleware) newState(headers bool) (st *state, decs []policy.Decision, vals *[5]string, buf []byte) {
-	if m.o.noContext {
-		switch wide := m.wide.Load(); {
-		case !headers:
-			return nil, nil, nil, nil
-		case !wide:
-			h := &headerRoom{}
-			return nil, nil, &h.vals, h.buf[:0]
-		default:
-			h := &headerRoomWide{}
-			return nil, nil, &h.vals, h.buf[:0]
-		}
-	}
-	switch wide := m.wide.Load(); {
-	case !wide && headers:
+// newState returns the state of an admitted request whose result is res: res with its decisions
+// copied into the state (up to three; more are in the policy's own allocation, which the state
+// keeps), and, when headers are sent, the storage of their values. It is sized by res: one
+// decision or three.
+func newState(res *policy.Result, headers bool) (st *state, vals *[5]string, buf []byte) {
+	n := len(res.Decisions)
+	var decs []policy.Decision // the state's storage for res.Decisions
+	switch {
+	case n <= 1 && headers:
 		s := &stateNarrowHeaders{}
-		return &s.state, s.decs[:0], &s.vals, s.buf[:0]
-	case !wide:
+		st, decs, vals, buf = &s.state, s.decs[:], &s.vals, s.buf[:0]
+	case n <= 1:
 		s := &stateNarrow{}
-		return &s.state, s.decs[:0], nil, nil
+		st, decs = &s.state, s.decs[:]
 	case headers:
 		s := &stateWideHeaders{}
-		return &s.state, s.decs[:0], &s.vals, s.buf[:0]
+		st, decs, vals, buf = &s.state, s.decs[:], &s.vals, s.buf[:0]
 	default:
 		s := &stateWide{}
-		return &s.state, s.decs[:0], nil, nil
+		st, decs = &s.state, s.decs[:]
 	}
+	st.res = *res
+	if n > 0 && n <= len(decs) {
+		st.res.Decisions = decs[:copy(decs, res.Decisions)]
+	}
+	return st, vals, buf
+}
+
+// newHeaderRoom returns the storage of the header values of a request with n decisions and no
+// state.
+func newHeaderRoom(n int) (vals *[5]string, buf []byte) {
+	if n <= 1 {
+		h := &headerRoom{}
+		return &h.vals, h.buf[:0]
+	}
+	h := &headerRoomWide{}
+	return &h.vals, h.buf[:0]
 }
 
 // Value returns the state for ctxKey{} and defers to the request's context for other keys.
@@ -249,8 +250,7 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		st, decs, vals, buf := m.newState(m.o.headers != NoHeaders)
-		sc := m.getScratch(r, decs)
+		sc := m.getScratch(r)
 		if m.o.tier != nil {
 			sc.req.Tier = m.o.tier(r)
 		}
@@ -260,15 +260,23 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			m.o.onError(w, r, err)
 			return
 		}
-		if len(res.Decisions) > 1 && !m.wide.Load() { // more than a narrow state holds
-			m.wide.Store(true)
-		}
 		if !res.Allowed && res.MissingKey {
 			putScratch(sc)
 			writeMissing(w, m.o.missingStatus, res.Rule)
 			return
 		}
-		if m.o.headers != NoHeaders {
+		headers := m.o.headers != NoHeaders
+		var st *state // nil for a denied request, and under WithoutContextResult
+		if res.Allowed && !m.o.noContext {
+			var vals *[5]string
+			var buf []byte
+			st, vals, buf = newState(&res, headers)
+			if headers {
+				m.writeHeaders(w.Header(), m.o.headers, &st.res, vals, buf)
+			}
+			st.Context = r.Context()
+		} else if headers {
+			vals, buf := newHeaderRoom(len(res.Decisions))
 			m.writeHeaders(w.Header(), m.o.headers, &res, vals, buf)
 		}
 		if !res.Allowed {
@@ -279,10 +287,6 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 			}
 			writeDenied(w, &res)
 			return
-		}
-		if st != nil {
-			st.res = res
-			st.Context = r.Context()
 		}
 		if len(m.o.caps) > 0 {
 			// The caps read the request's dimensions; the scratch is not returned if a handler panics.

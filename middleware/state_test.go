@@ -12,8 +12,8 @@ import (
 // TestStateSizes pins the request states to their size classes, counting the 8-byte type header
 // Go's allocator adds to an object over 512 bytes that holds pointers: a one-rule request's state
 // with header room in 640 bytes, and in 512 without (the state and net/http's request copy were
-// 352 + 320 and 192 + 320 bytes in two allocations); under WithoutContextResult, the header values'
-// storage in 144 and 320 bytes; see newState.
+// 352 + 320 and 192 + 320 bytes in two allocations); for a denied request, or under
+// WithoutContextResult, the header values' storage in 144 and 320 bytes; see newState.
 func TestStateSizes(t *testing.T) {
 	const typeHeader = 8
 	for _, c := range []struct {
