@@ -53,6 +53,7 @@ func BenchmarkMiddleware(b *testing.B) {
 		cfg   []policy.Option
 		rules []policy.Rule
 		opts  []middleware.Option
+		lean  bool // WithoutContextResult (the warm-up, which reads the context, goes without it)
 	}{
 		{name: "hybrid-1-rule", rules: []policy.Rule{generous}},
 		{name: "hybrid-1-rule-hashed", cfg: []policy.Option{policy.WithHashKey([]byte("0123456789abcdef0123456789abcdef"))}, rules: []policy.Rule{generous}},
@@ -62,6 +63,7 @@ func BenchmarkMiddleware(b *testing.B) {
 			{ID: "per-ip-route", Dimensions: []string{"ip", "route"}, Rate: 1e9, Burst: 1e9},
 		}, opts: []middleware.Option{middleware.WithRoute(func(*http.Request) string { return "GET /items/{id}" })}},
 		{name: "hybrid-1-rule-no-headers", rules: []policy.Rule{generous}, opts: []middleware.Option{middleware.WithHeaders(middleware.NoHeaders)}},
+		{name: "hybrid-1-rule-no-context", rules: []policy.Rule{generous}, lean: true},
 	}
 	const keys = 1000
 	reqs := make([]*http.Request, keys)
@@ -106,6 +108,11 @@ func BenchmarkMiddleware(b *testing.B) {
 				b.Fatal(err)
 			}
 			warmUp(b, m, reqs)
+			if tc.lean {
+				if m, err = middleware.New(s.enf, append(tc.opts, middleware.WithoutContextResult())...); err != nil {
+					b.Fatal(err)
+				}
+			}
 			run(b, m.Handler(bare))
 		})
 	}
@@ -139,4 +146,29 @@ func warmUp(b *testing.B, m *middleware.Middleware, reqs []*http.Request) {
 		}
 		time.Sleep(5 * time.Millisecond) // let a reconcile hand out allowances
 	}
+}
+
+// BenchmarkMiddlewareDenied measures the middleware's answer to a denied request alone: a Checker
+// that denies with one decision, without Redis (the policy's cost is BenchmarkMiddleware's). The
+// request gets every rate-limit header, Retry-After and the JSON body.
+//
+//	go test -run '^$' -bench BenchmarkMiddlewareDenied -benchmem ./middleware/
+func BenchmarkMiddlewareDenied(b *testing.B) {
+	res := policy.Result{Allowed: false, Rule: "per-key", RetryAfter: 1200 * time.Millisecond, Decisions: []policy.Decision{
+		{Rule: "per-key", Unit: "per-key", Allowed: false, Limit: 60, Window: time.Minute,
+			RetryAfter: 1200 * time.Millisecond, ResetAfter: time.Minute}}}
+	m, err := middleware.New(&fixed{res: res})
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := m.Handler(bare)
+	r := httptest.NewRequest("GET", "/items/1", nil)
+	w := &sink{h: http.Header{}}
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpu := cputime.Process()
+	for i := 0; i < b.N; i++ {
+		h.ServeHTTP(w, r)
+	}
+	cputime.Report(b, cpu)
 }

@@ -96,7 +96,10 @@ func capKey(c *Concurrency, d *dims) (string, bool) {
 // released when the handler returns, or panics.
 func (m *Middleware) serveCapped(w http.ResponseWriter, r *http.Request, next http.Handler, st *state, d *dims, i int) {
 	if i == len(m.o.caps) {
-		next.ServeHTTP(w, r.WithContext(st))
+		if st != nil { // nil under WithoutContextResult
+			r = st.request(r)
+		}
+		next.ServeHTTP(w, r)
 		return
 	}
 	c := &m.o.caps[i]

@@ -46,7 +46,8 @@
 // X-RateLimit-Remaining and X-RateLimit-Reset for the counter closest to its limit, and the
 // RateLimit-Policy and RateLimit fields of draft-ietf-httpapi-ratelimit-headers for every enforced
 // counter consulted; [WithHeaders] selects which. An admitted request carries the policy's result in
-// its context: see [FromContext].
+// its context (see [FromContext]) unless [WithoutContextResult] leaves it out, which makes a request
+// cheaper.
 //
 // # Concurrency caps
 //

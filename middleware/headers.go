@@ -76,7 +76,8 @@ const policyRefresh = 64
 // buf (a request state's room for them, empty), except the RateLimit-Policy and X-RateLimit-Limit
 // values when m.policy holds them, and the five one-value slices the map holds are in vals: no
 // allocation unless the values outgrow buf (many counters with long names) or the cache is
-// replaced (see policyRefresh).
+// replaced (see policyRefresh). With both header sets, X-RateLimit-Remaining and X-RateLimit-Reset
+// are the primary counter's numbers within the RateLimit value (the same numbers, formatted once).
 func (m *Middleware) writeHeaders(h http.Header, set HeaderSet, res *policy.Result, vals *[5]string, buf []byte) {
 	p := res.Primary()
 	if p == nil {
@@ -97,12 +98,6 @@ func (m *Middleware) writeHeaders(h http.Header, set HeaderSet, res *policy.Resu
 			b = strconv.AppendInt(b, p.Limit, 10)
 			end[0] = len(b)
 		}
-		start[1] = len(b)
-		b = strconv.AppendInt(b, max(p.Remaining, 0), 10)
-		end[1] = len(b)
-		start[2] = len(b)
-		b = strconv.AppendInt(b, p.ResetSeconds(), 10)
-		end[2] = len(b)
 	}
 	if set&DraftHeaders != 0 {
 		if pc != nil && pc.matches(res.Decisions) {
@@ -124,17 +119,27 @@ func (m *Middleware) writeHeaders(h http.Header, set HeaderSet, res *policy.Resu
 			}
 			b = appendMember(b, n, d.Unit, ";r=")
 			n++
-			if d == p && set&XRateLimitHeaders != 0 { // the same numbers as X-RateLimit-Remaining and -Reset
-				b = append(b, b[start[1]:end[1]]...)
-				b = append(b, ";t="...)
-				b = append(b, b[start[2]:end[2]]...)
-				continue
-			}
+			r0 := len(b)
 			b = strconv.AppendInt(b, max(d.Remaining, 0), 10)
+			r1 := len(b)
 			b = append(b, ";t="...)
+			t0 := len(b)
 			b = strconv.AppendInt(b, d.ResetSeconds(), 10)
+			if d == p { // never a shadow decision: X-RateLimit-Remaining and -Reset are these numbers
+				start[1], end[1], start[2], end[2] = r0, r1, t0, len(b)
+			}
 		}
 		end[4] = len(b)
+	}
+	if set&XRateLimitHeaders != 0 {
+		if set&DraftHeaders == 0 {
+			start[1] = len(b)
+			b = strconv.AppendInt(b, max(p.Remaining, 0), 10)
+			end[1] = len(b)
+			start[2] = len(b)
+			b = strconv.AppendInt(b, p.ResetSeconds(), 10)
+			end[2] = len(b)
+		}
 	}
 	// The strings alias b's bytes, buf's array or (if the values outgrew it) the one append
 	// allocated; neither is written again, and the strings keep buf's array (the request's state)

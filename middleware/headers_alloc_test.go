@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"testing"
 	"time"
 
@@ -38,8 +39,15 @@ func TestHeadersAllocateNothing(t *testing.T) {
 // TestHeaderValuesOutliveTheRequest checks that the header values, which point into the request's
 // state, stay as they were written after later requests with other values.
 func TestHeaderValuesOutliveTheRequest(t *testing.T) {
+	t.Run("by default", func(t *testing.T) { testHeaderValuesOutliveTheRequest(t) })
+	t.Run("without the result in the context", func(t *testing.T) {
+		testHeaderValuesOutliveTheRequest(t, middleware.WithoutContextResult())
+	})
+}
+
+func testHeaderValuesOutliveTheRequest(t *testing.T, opts ...middleware.Option) {
 	f := &fixed{res: allowedResult}
-	m, err := middleware.New(f)
+	m, err := middleware.New(f, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,9 +88,9 @@ func (a *appending) Check(_ context.Context, req *policy.Request) (policy.Result
 	return res, nil
 }
 
-// TestStateHoldsThePolicysDecisions checks that a request with three decisions costs, once the
-// middleware has seen one, no more allocations than a request with one: the request's state grows
-// to hold them (it starts with room for one decision).
+// TestStateHoldsThePolicysDecisions checks that a request with three decisions costs no more
+// allocations than a request with one: the request's state is sized by the policy's result (room
+// for one decision or three).
 func TestStateHoldsThePolicysDecisions(t *testing.T) {
 	r := httptest.NewRequest("GET", "/items/1", nil)
 	allocs := func(n int) float64 {
@@ -165,5 +173,97 @@ func TestPolicyValueCache(t *testing.T) {
 	})
 	if missing > hit+1.0/32 {
 		t.Errorf("allocations per request: %v when the counters alternate, %v when they repeat", missing, hit)
+	}
+}
+
+// TestWithoutContextResult checks the option's contract: the next handler gets the request itself,
+// without the result in its context; the headers and the answers to denied requests are those of a
+// middleware without the option; and a request allocates only its header values' storage (one
+// allocation, none without headers), where the default allocates one.
+func TestWithoutContextResult(t *testing.T) {
+	for _, res := range []policy.Result{allowedResult, deniedResult} {
+		var passed *http.Request
+		var inCtx bool
+		lean := mustNew(t, &fixed{res: res}, middleware.WithoutContextResult()).Handler(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+			passed = r
+			_, inCtx = middleware.FromContext(r.Context())
+		}))
+		full := mustNew(t, &fixed{res: res}).Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+		r := httptest.NewRequest("GET", "/", nil)
+		w, want := httptest.NewRecorder(), httptest.NewRecorder()
+		lean.ServeHTTP(w, r)
+		full.ServeHTTP(want, httptest.NewRequest("GET", "/", nil))
+		if got, want := w.Code, want.Code; got != want {
+			t.Errorf("allowed %v: status %d, want %d", res.Allowed, got, want)
+		}
+		if got, want := w.Body.String(), want.Body.String(); got != want {
+			t.Errorf("allowed %v: body %q, want %q", res.Allowed, got, want)
+		}
+		if len(want.Header()) < 5 || len(w.Header()) != len(want.Header()) {
+			t.Errorf("allowed %v: headers %v, want %v", res.Allowed, w.Header(), want.Header())
+		}
+		for k, v := range want.Header() {
+			if got := w.Header()[k]; len(got) != 1 || got[0] != v[0] {
+				t.Errorf("allowed %v: %s = %q, want %q", res.Allowed, k, got, v)
+			}
+		}
+		if res.Allowed && (passed != r || inCtx) {
+			t.Errorf("the next handler got request %p (sent %p), a result in its context: %v; want the same request, none", passed, r, inCtx)
+		}
+		if !res.Allowed && passed != nil {
+			t.Errorf("a denied request reached the next handler")
+		}
+	}
+	r := httptest.NewRequest("GET", "/items/1", nil)
+	allocs := func(opts ...middleware.Option) float64 {
+		h := mustNew(t, &fixed{res: allowedResult}, opts...).Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+		w := &sink{h: http.Header{}}
+		return testing.AllocsPerRun(1000, func() { h.ServeHTTP(w, r) })
+	}
+	if got := allocs(middleware.WithoutContextResult()); got != 1 {
+		t.Errorf("allocations per request with headers: %v, want 1 (the header values' storage)", got)
+	}
+	if got := allocs(middleware.WithoutContextResult(), middleware.WithHeaders(middleware.NoHeaders)); got != 0 {
+		t.Errorf("allocations per request without headers: %v, want 0", got)
+	}
+	if got := allocs(); got != 1 {
+		t.Errorf("allocations per request by default: %v, want 1 (the request's state)", got)
+	}
+}
+
+// TestDeniedRunAllocatesNoState checks that a run of denied requests allocates no request state
+// (640 bytes with one decision): after the first denial, a denied request allocates what it does
+// under WithoutContextResult, which never allocates one (its header values' storage, 144 bytes,
+// its Retry-After value and its body: 320 bytes in all; more under -race, whose sync.Pool drops
+// some scratches); and that an admitted request after denials still gets its result in the context.
+func TestDeniedRunAllocatesNoState(t *testing.T) {
+	denied := policy.Result{Allowed: false, Rule: "per-key", RetryAfter: time.Second, Decisions: []policy.Decision{
+		{Rule: "per-key", Unit: "per-key", Limit: 60, Window: time.Minute, RetryAfter: time.Second, ResetAfter: time.Minute}}}
+	r := httptest.NewRequest("GET", "/items/1", nil)
+	perDenial := func(h http.Handler) uint64 {
+		w := &sink{h: http.Header{}}
+		h.ServeHTTP(w, r)
+		const n = 2000
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		for range n {
+			h.ServeHTTP(w, r)
+		}
+		runtime.ReadMemStats(&after)
+		return (after.TotalAlloc - before.TotalAlloc) / n
+	}
+	f := &fixed{res: denied}
+	var got policy.Result
+	h := mustNew(t, f).Handler(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		got, _ = middleware.FromContext(r.Context())
+	}))
+	lean := mustNew(t, &fixed{res: denied}, middleware.WithoutContextResult()).Handler(bare)
+	if per, want := perDenial(h), perDenial(lean); per > want+100 {
+		t.Errorf("a denied request after a denial allocated %d bytes, want at most %d + 100 (no 640-byte state)", per, want)
+	}
+	f.res = allowedResult
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
+	if len(got.Decisions) != len(allowedResult.Decisions) || got.Decisions[1] != allowedResult.Decisions[1] {
+		t.Errorf("the first admitted request after denials has %+v in its context, want %+v", got, allowedResult)
 	}
 }

@@ -149,8 +149,12 @@ func TestHeaderSets(t *testing.T) {
 	} {
 		for _, res := range []policy.Result{allowedResult, deniedResult} {
 			w := do(t, mustNew(t, &fake{res: res}, middleware.WithHeaders(tc.set)).Handler(&served{}), httptest.NewRequest("GET", "/", nil))
+			all := do(t, mustNew(t, &fake{res: res}).Handler(&served{}), httptest.NewRequest("GET", "/", nil))
 			for i, name := range names {
 				assert.Equal(t, tc.want[i], w.Header().Get(name) != "", "set %d, %s", tc.set, name)
+				if tc.want[i] { // a set's values are formatted apart from the others': the same values
+					assert.Equal(t, all.Header().Get(name), w.Header().Get(name), "set %d, %s", tc.set, name)
+				}
 			}
 			if !res.Allowed {
 				assert.Equal(t, "2", w.Header().Get("Retry-After"), "Retry-After whatever the set")

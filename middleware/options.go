@@ -66,6 +66,7 @@ type options struct {
 	exempt        []string      // methods not rate-limited
 	skipPreflight bool          // CORS preflight requests are not rate-limited
 	caps          []Concurrency // in-flight caps, taken in order
+	noContext     bool          // admitted requests are passed on unchanged (WithoutContextResult)
 }
 
 func defaultOptions() options {
@@ -328,6 +329,20 @@ func WithExemptMethods(methods ...string) Option {
 func WithSkipPreflight() Option {
 	return optionFunc(func(o *options) error {
 		o.skipPreflight = true
+		return nil
+	})
+}
+
+// WithoutContextResult passes admitted requests on unchanged, without the policy's result in their
+// context: [FromContext] reports false in the next handler. It is for handlers that never call
+// FromContext; the headers and the answers to denied requests are the same. It saves what passing
+// the result costs: net/http's copy of the request (Request.WithContext, 304 bytes) and the
+// result's storage. A request then allocates only its header values' storage (one allocation of
+// 144 bytes with one counter, 320 with more), and nothing under WithHeaders(NoHeaders); by default
+// it allocates one of 640 bytes (512 without headers). By default the result is in the context.
+func WithoutContextResult() Option {
+	return optionFunc(func(o *options) error {
+		o.noContext = true
 		return nil
 	})
 }

@@ -272,7 +272,15 @@ func (e *Enforcer) check(ctx context.Context, c *compiled, req *Request) (Result
 	if pl.missing != "" {
 		return Result{Rule: pl.missing, MissingKey: true}, nil
 	}
-	res := pl.result(req, len(counters))
+	// The Result the steps after the plan fill in: admitted until a counter denies, with room for a
+	// Decision per counter. Set field by field: a Result returned by a helper was copied with wide
+	// loads of what narrow stores had just written (a store-forwarding stall: ~30 ns a request in a
+	// CPU profile of the middleware's benchmark).
+	var res Result
+	res.Allowed, res.ShadowDenied = true, pl.missingShadow
+	if len(counters) > 0 {
+		res.Decisions = decisions(req, len(counters))
+	}
 	if len(counters) == 0 {
 		e.keyBufs.Put(kb)
 		return res, nil

@@ -121,19 +121,13 @@ func (e *Enforcer) planRule(c *compiled, r *crule, req *Request, pl *plan, count
 	return counters, nil
 }
 
-// result returns the Result the steps after the plan fill in: admitted until a counter denies, with
-// room for a Decision per counter (in req.Decisions when its capacity suffices).
-func (pl plan) result(req *Request, counters int) Result {
-	res := Result{Allowed: true, ShadowDenied: pl.missingShadow}
-	if counters == 0 {
-		return res
-	}
+// decisions returns the storage for the Decisions of a request with the given number of counters:
+// req.Decisions emptied when its capacity suffices, else a new slice.
+func decisions(req *Request, counters int) []Decision {
 	if cap(req.Decisions) >= counters {
-		res.Decisions = req.Decisions[:0]
-	} else {
-		res.Decisions = make([]Decision, 0, counters)
+		return req.Decisions[:0]
 	}
-	return res
+	return make([]Decision, 0, counters)
 }
 
 // planned is one counter to consult for a request.
