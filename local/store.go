@@ -98,13 +98,6 @@ type table struct {
 	groups []group
 	mask   uint64 // the number of groups, minus one
 	off    uint64 // 0 or 1: see groups
-
-	// For Store.Take, which addresses the groups without bounds checks: ctrl0 is &groups[0].ctrl
-	// (group g's control word is g·64 bytes further), and slotAt the offset in bytes from a
-	// group's control word to its slot 0 (8 when off is 1, −56 when off is 0). Every address they
-	// give lies in groups: g ≤ mask, and a matched byte is one of the seven slots'.
-	ctrl0  unsafe.Pointer
-	slotAt int
 }
 
 // group is the unit of a table's allocation: seven slots, then a control word. See table.
@@ -193,8 +186,6 @@ func newTable(n int) *table {
 	if uintptr(unsafe.Pointer(&t.groups[0]))%64 != 0 {
 		t.off = 1
 	}
-	t.ctrl0 = unsafe.Pointer(&t.groups[0].ctrl)
-	t.slotAt = int(uintptr(unsafe.Pointer(t.slot(0, 0))) - uintptr(t.ctrl0))
 	for i := range t.groups {
 		t.groups[i].ctrl.Store(ctrlInit)
 	}
@@ -293,11 +284,9 @@ func (s *Store) Take(key string, h uint64, rate float64, burst, n int64) *Entry 
 	var e *Entry
 probe:
 	for step := uint64(1); ; step++ {
-		cw := unsafe.Add(t.ctrl0, g*uint64(unsafe.Sizeof(group{}))) // Lookup's t.groups[g].ctrl; see table.ctrl0
-		c := (*atomic.Uint64)(cw).Load()
+		c := t.groups[g].ctrl.Load()
 		for m := matchTag(c, tag); m != 0; m &= m - 1 {
-			// slot j of the group, for the byte j whose bit 7 is bit 8j+7 of m: t.slot(g, j)
-			e = (*atomic.Pointer[Entry])(unsafe.Add(cw, t.slotAt+bits.TrailingZeros64(m)&^7)).Load()
+			e = t.slot(g, uint64(bits.TrailingZeros64(m)>>3)).Load()
 			if e != nil && e.hash == uint32(h) && e.key == key {
 				break probe
 			}
