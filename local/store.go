@@ -287,7 +287,7 @@ probe:
 		c := t.groups[g].ctrl.Load()
 		for m := matchTag(c, tag); m != 0; m &= m - 1 {
 			e = t.slot(g, uint64(bits.TrailingZeros64(m)>>3)).Load()
-			if e != nil && e.hash == uint32(h) && e.key == key {
+			if e != nil && e.hash == uint32(h) {
 				break probe
 			}
 		}
@@ -295,6 +295,14 @@ probe:
 			return nil
 		}
 		g = (g + step) & t.mask
+	}
+	// The key is compared out of the probe's loop, where fewer values live across memequal's call.
+	// Another key with the same 32 hash bits (1 in 2^25 of the keys whose tag matched) takes the
+	// long way: Lookup's probe, which compares every key.
+	if e.key != key {
+		if e = s.Lookup(key, h); e == nil {
+			return nil
+		}
 	}
 	if e.rate.Load() != math.Float64bits(rate) || e.burst.Load() != burst || e.flags.v.Load()&fHeld != 0 {
 		return nil

@@ -171,3 +171,40 @@ func TestLookupsFindStableKeysUnderChurn(t *testing.T) {
 	require.Positive(t, looked.Load())
 	assert.Zero(t, missed.Load(), "lookups of keys present throughout that missed, of %d", looked.Load())
 }
+
+// TestKeysSharingTheirHashBits: two keys whose 32 kept hash bits are equal (found by a birthday
+// search: same shard, group, tag and hash) each find their own entry, by Lookup, Insert and Take,
+// whichever was inserted first (Take compares the key after its probe and goes to Lookup on a
+// mismatch).
+func TestKeysSharingTheirHashBits(t *testing.T) {
+	s := newStore(t, 1<<16)
+	seen := map[uint32]string{}
+	var a, b string
+	for i := 0; b == "" && i < 1<<22; i++ {
+		k := "k" + strconv.Itoa(i)
+		h := uint32(s.Hash(k))
+		if o, ok := seen[h]; ok {
+			a, b = o, k
+		}
+		seen[h] = k
+	}
+	require.NotEmpty(t, b, "no two keys with equal 32 hash bits found")
+	for _, order := range [][2]string{{a, b}, {b, a}} {
+		for _, k := range order {
+			e := insert(t, s, k)
+			e.mark.Store(100)
+		}
+		for _, k := range order {
+			h := s.Hash(k)
+			e := s.Lookup(k, h)
+			require.NotNil(t, e)
+			assert.Equal(t, k, e.Key())
+			assert.Same(t, e, s.Insert(k, h, 100, 100, 0))
+			assert.Same(t, e, s.Take(k, h, 100, 100, 1), "Take of %s", k)
+			assert.EqualValues(t, 1, e.Total())
+		}
+		for _, k := range order {
+			require.True(t, s.Remove(k, s.Hash(k)))
+		}
+	}
+}
