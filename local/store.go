@@ -65,7 +65,7 @@ type Store struct {
 type shard struct {
 	tab   atomic.Pointer[table] // current table; readers load it without locking
 	head  atomic.Pointer[Entry] // dirty list (a Treiber stack linked by Entry.link, ending with the store)
-	mu    sync.Mutex            // guards writes to tab's slots, live, tombs and hand
+	mu    sync.Mutex            // guards writes to tab's slots and control words, live, tombs and hand
 	live  int                   // entries in the table
 	tombs int                   // tombstones in the table
 	hand  uint64                // CLOCK hand
