@@ -15,7 +15,7 @@ import (
 const (
 	shardBits = 6
 	numShards = 1 << shardBits
-	minTable  = 8
+	minTable  = groupSlots // a table's smallest capacity: one group
 )
 
 // Config configures a [Store].
@@ -65,20 +65,99 @@ type Store struct {
 type shard struct {
 	tab   atomic.Pointer[table] // current table; readers load it without locking
 	head  atomic.Pointer[Entry] // dirty list (a Treiber stack linked by Entry.link, ending with the store)
-	mu    sync.Mutex            // guards writes to tab's slots, live, tombs and hand
+	mu    sync.Mutex            // guards writes to tab's slots and control words, live, tombs and hand
 	live  int                   // entries in the table
 	tombs int                   // tombstones in the table
 	hand  uint64                // CLOCK hand
 	_     [40]byte              // keep shards on separate cache lines
 }
 
+// A table is an open-addressed hash table of groups: seven slots and a control word of eight bytes,
+// one byte a slot (and a pad byte), in one 64-byte cache line, as Go's own maps lay them out. A
+// slot's byte is a 7-bit tag of its entry's hash (the hash's top 7 of the 32 bits an Entry keeps),
+// ctrlEmpty, or ctrlDeleted (a tombstone: probes go on past it). A probe reads a group's control word
+// and loads an entry only for a slot whose tag matches (a false match: 1 in 128 a slot), so a lookup
+// reads the group's line and its own entry's, not the other entries of its probe. A probe stops at
+// the first group with an empty byte; groups are visited in triangular order (g, g+1, g+3, g+6, …
+// modulo their number, a power of two: every group once).
+//
+// Readers load the control word, then the slot, without locking. Writers hold the shard's mutex
+// and store a slot before its byte (an insert), or its byte before clearing it (a removal); as both
+// are atomic, a reader that sees a tag finds the entry stored before it, or nil (a removal since:
+// no match). A key present throughout a lookup is found: it was inserted past a group only if that
+// group was full then, and a full group never gets an empty byte back (a removal there leaves a
+// tombstone; only a group that still has an empty byte has a removed slot marked empty).
 type table struct {
-	slots []atomic.Pointer[Entry]
-	mask  uint64
+	// groups holds the groups' words, one more group than the table has: group g's control word is
+	// groups[g].ctrl and its slots are groups[g+off].slots. The allocator places an array of more
+	// than 512 bytes and at most 32 KB with pointers 8 bytes after a 64-byte boundary (the header Go
+	// writes before such an object): there groups[g].ctrl starts a line and groups[g+1].slots fill
+	// the rest of it, so off is 1. A smaller or larger array starts on a boundary, and off is 0.
+	// newTable picks off from the address (TestTableLayout pins that both cases land on one line);
+	// were the allocator to place the array otherwise, the table would stay correct, only slower.
+	groups []group
+	mask   uint64 // the number of groups, minus one
+	off    uint64 // 0 or 1: see groups
 }
 
-// tomb marks a deleted slot; probes continue past it.
-var tomb = &Entry{}
+// group is the unit of a table's allocation: seven slots, then a control word. See table.
+type group struct {
+	slots [groupSlots]atomic.Pointer[Entry]
+	ctrl  atomic.Uint64
+}
+
+const (
+	groupSlots  = 7
+	ctrlEmpty   = 0x80 // a free slot: probes stop at its group
+	ctrlDeleted = 0xfe // a tombstone (and the control word's eighth byte, which has no slot)
+	ctrlLSB     = 0x0101010101010101
+	ctrlMSB     = 0x8080808080808080
+	// ctrlInit is a new group's control word: seven empty slots and the pad byte.
+	ctrlInit = ctrlDeleted<<56 | ctrlEmpty*(ctrlLSB>>8)
+)
+
+// tagOf returns the control byte of a slot holding an entry of hash h: its top 7 of 32 bits
+// (independent of the shard's bits and, below 2^19 groups a shard, of the group's).
+func tagOf(h uint32) uint64 { return uint64(h >> 25) }
+
+// matchTag returns the control word c with bit 7 of each byte that may equal tag set: every byte
+// that does, and (rarely: a 0x01 byte above one that does) one that does not, which the caller's
+// comparison of the entry rejects. Empty and deleted bytes never match.
+func matchTag(c, tag uint64) uint64 {
+	v := c ^ tag*ctrlLSB
+	return (v - ctrlLSB) &^ v & ctrlMSB
+}
+
+// matchEmpty returns c with bit 7 set in each byte that is ctrlEmpty (bit 7 set, bit 1 clear).
+func matchEmpty(c uint64) uint64 { return c &^ (c << 6) & ctrlMSB }
+
+// slot returns slot j of group g.
+func (t *table) slot(g, j uint64) *atomic.Pointer[Entry] { return &t.groups[g+t.off].slots[j] }
+
+// setLocked stores e in slot j of group g, then its tag: under the shard's mutex.
+func (t *table) setLocked(g, j uint64, e *Entry) {
+	t.slot(g, j).Store(e)
+	c := &t.groups[g].ctrl
+	c.Store(c.Load()&^(0xff<<(8*j)) | tagOf(e.hash)<<(8*j))
+}
+
+// clearLocked frees slot j of group g, under the shard's mutex: its byte becomes ctrlEmpty when
+// the group has an empty byte already (no probe went past the group), and a tombstone otherwise.
+// It reports whether it left a tombstone.
+func (t *table) clearLocked(g, j uint64) bool {
+	c := &t.groups[g].ctrl
+	w := c.Load()
+	b := uint64(ctrlDeleted)
+	if matchEmpty(w) != 0 {
+		b = ctrlEmpty
+	}
+	c.Store(w&^(0xff<<(8*j)) | b<<(8*j))
+	t.slot(g, j).Store(nil)
+	return b == ctrlDeleted
+}
+
+// capacity returns the number of slots.
+func (t *table) capacity() int { return int(t.mask+1) * groupSlots }
 
 // New returns an empty store.
 func New(cfg Config) (*Store, error) {
@@ -96,13 +175,21 @@ func New(cfg Config) (*Store, error) {
 		notify:   make(chan struct{}, 1),
 	}
 	for i := range s.shards {
-		s.shards[i].tab.Store(newTable(minTable))
+		s.shards[i].tab.Store(newTable(1))
 	}
 	return s, nil
 }
 
-func newTable(size int) *table {
-	return &table{slots: make([]atomic.Pointer[Entry], size), mask: uint64(size - 1)}
+// newTable returns an empty table of n groups, n a power of two.
+func newTable(n int) *table {
+	t := &table{groups: make([]group, n+1), mask: uint64(n - 1)}
+	if uintptr(unsafe.Pointer(&t.groups[0]))%64 != 0 {
+		t.off = 1
+	}
+	for i := range t.groups {
+		t.groups[i].ctrl.Store(ctrlInit)
+	}
+	return t
 }
 
 // Stats returns the store's counters.
@@ -162,14 +249,20 @@ func wymix(a, b uint64) uint64 {
 // entry's limit is the one it was last given ([Entry.SetLimit]).
 func (s *Store) Lookup(key string, h uint64) *Entry {
 	t := s.shards[h&(numShards-1)].tab.Load()
-	for i := home(h) & t.mask; ; i = (i + 1) & t.mask {
-		e := t.slots[i].Load()
-		if e == nil {
+	tag := tagOf(uint32(h))
+	g := home(h) & t.mask
+	for step := uint64(1); ; step++ {
+		c := t.groups[g].ctrl.Load()
+		for m := matchTag(c, tag); m != 0; m &= m - 1 {
+			e := t.slot(g, uint64(bits.TrailingZeros64(m)>>3)).Load()
+			if e != nil && e.hash == uint32(h) && e.key == key {
+				return e
+			}
+		}
+		if matchEmpty(c) != 0 {
 			return nil
 		}
-		if e.hash == uint32(h) && e.key == key && e != tomb {
-			return e
-		}
+		g = (g + step) & t.mask
 	}
 }
 
@@ -186,15 +279,29 @@ func (s *Store) Lookup(key string, h uint64) *Entry {
 // another caller, the CLOCK bit or the dirty list to set, an eviction) out of line.
 func (s *Store) Take(key string, h uint64, rate float64, burst, n int64) *Entry {
 	t := s.shards[h&(numShards-1)].tab.Load()
-	slots, mask := t.slots, t.mask
+	tag := tagOf(uint32(h))
+	g := home(h) & t.mask
 	var e *Entry
-	for i := home(h) & mask; ; i = (i + 1) & mask {
-		e = slots[i].Load()
-		if e == nil {
+probe:
+	for step := uint64(1); ; step++ {
+		c := t.groups[g].ctrl.Load()
+		for m := matchTag(c, tag); m != 0; m &= m - 1 {
+			e = t.slot(g, uint64(bits.TrailingZeros64(m)>>3)).Load()
+			if e != nil && e.hash == uint32(h) {
+				break probe
+			}
+		}
+		if matchEmpty(c) != 0 {
 			return nil
 		}
-		if e.hash == uint32(h) && e.key == key && e != tomb {
-			break
+		g = (g + step) & t.mask
+	}
+	// The key is compared out of the probe's loop, where fewer values live across memequal's call.
+	// Another key with the same 32 hash bits (1 in 2^25 of the keys whose tag matched) takes the
+	// long way: Lookup's probe, which compares every key.
+	if e.key != key {
+		if e = s.Lookup(key, h); e == nil {
+			return nil
 		}
 	}
 	if e.rate.Load() != math.Float64bits(rate) || e.burst.Load() != burst || e.flags.v.Load()&fHeld != 0 {
@@ -285,8 +392,8 @@ func (s *Store) fold(e *Entry) {
 	}
 }
 
-// home returns the slot a key of hash h probes from, before the table's mask: the bits above the
-// shard's of the low 32 bits, the part of the hash an Entry keeps (a rebuild finds the same slot).
+// home returns the group a key of hash h probes from, before the table's mask: the bits above the
+// shard's of the low 32 bits, the part of the hash an Entry keeps (a rebuild finds the same group).
 func home(h uint64) uint64 { return uint64(uint32(h)) >> shardBits }
 
 // Len returns the number of keys tracked.
@@ -313,21 +420,9 @@ func (s *Store) Insert(key string, h uint64, rate float64, burst, credit int64) 
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	t := sh.tab.Load()
-	free := -1
-	for i := home(h) & t.mask; ; i = (i + 1) & t.mask {
-		e := t.slots[i].Load()
-		if e == nil {
-			break
-		}
-		if e == tomb {
-			if free < 0 {
-				free = int(i)
-			}
-			continue
-		}
-		if e.hash == uint32(h) && e.key == key {
-			return e
-		}
+	g, j, free := sh.findLocked(t, key, h)
+	if g >= 0 {
+		return t.slot(uint64(g), uint64(j)).Load()
 	}
 	if sh.live >= s.perShard && !s.evictLocked(sh) {
 		s.stats.Full.Add(1)
@@ -341,21 +436,17 @@ func (s *Store) Insert(key string, h uint64, rate float64, burst, credit int64) 
 	e.mark.Store(max(credit, 0))
 	e.globalMicro.Store(burst * 1_000_000) // until Redis answers, Remaining assumes a full bucket
 	e.setRem()
-	if (sh.live+sh.tombs+1)*4 > len(t.slots)*3 {
+	if (sh.live+sh.tombs+1)*4 > t.capacity()*3 {
 		t = sh.rebuildLocked(sh.live + 1)
-		free = -1
+		free = freeSlot{}
 	}
-	if free < 0 {
-		for i := home(h) & t.mask; ; i = (i + 1) & t.mask {
-			if t.slots[i].Load() == nil {
-				free = int(i)
-				break
-			}
-		}
-	} else {
+	if !free.ok {
+		free = t.freeLocked(h)
+	}
+	if free.tomb {
 		sh.tombs--
 	}
-	t.slots[free].Store(e)
+	t.setLocked(free.g, free.j, e)
 	sh.live++
 	s.stats.Inserts.Add(1)
 	return e
@@ -402,40 +493,87 @@ func (s *Store) Remove(key string, h uint64) bool {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	t := sh.tab.Load()
-	for i := home(h) & t.mask; ; i = (i + 1) & t.mask {
-		e := t.slots[i].Load()
-		if e == nil {
-			return false
-		}
-		if e != tomb && e.hash == uint32(h) && e.key == key {
-			e.flags.set(fEvicted)
-			s.fold(e)
-			t.slots[i].Store(tomb)
-			sh.live--
-			sh.tombs++
-			return true
-		}
+	g, j, _ := sh.findLocked(t, key, h)
+	if g < 0 {
+		return false
 	}
+	e := t.slot(uint64(g), uint64(j)).Load()
+	e.flags.set(fEvicted)
+	s.fold(e)
+	sh.dropLocked(t, uint64(g), uint64(j))
+	return true
+}
+
+// freeSlot is a free slot of a table: slot j of group g, a tombstone or empty; ok is false for
+// none.
+type freeSlot struct {
+	g, j     uint64
+	tomb, ok bool
+}
+
+// findLocked returns where key's entry is in t (group g and slot j; g is −1 when key has none) and
+// the first free slot of key's probe, up to the group that ended it. The caller holds sh.mu.
+func (sh *shard) findLocked(t *table, key string, h uint64) (g, j int, free freeSlot) {
+	tag := tagOf(uint32(h))
+	i := home(h) & t.mask
+	for step := uint64(1); ; step++ {
+		c := t.groups[i].ctrl.Load()
+		for m := matchTag(c, tag); m != 0; m &= m - 1 {
+			k := uint64(bits.TrailingZeros64(m) >> 3)
+			if e := t.slot(i, k).Load(); e != nil && e.hash == uint32(h) && e.key == key {
+				return int(i), int(k), free
+			}
+		}
+		if !free.ok {
+			if m := c & ctrlMSB &^ (0xff << 56); m != 0 { // an empty or deleted slot
+				k := uint64(bits.TrailingZeros64(m) >> 3)
+				free = freeSlot{g: i, j: k, tomb: c>>(8*k)&0xff == ctrlDeleted, ok: true}
+			}
+		}
+		if matchEmpty(c) != 0 {
+			return -1, -1, free
+		}
+		i = (i + step) & t.mask
+	}
+}
+
+// freeLocked returns the first free slot of the probe of hash h in t, which has one (a table is
+// never more than 3/4 full). The caller holds the shard's mutex.
+func (t *table) freeLocked(h uint64) freeSlot {
+	g := home(h) & t.mask
+	for step := uint64(1); ; step++ {
+		c := t.groups[g].ctrl.Load()
+		if m := c & ctrlMSB &^ (0xff << 56); m != 0 {
+			j := uint64(bits.TrailingZeros64(m) >> 3)
+			return freeSlot{g: g, j: j, tomb: c>>(8*j)&0xff == ctrlDeleted, ok: true}
+		}
+		g = (g + step) & t.mask
+	}
+}
+
+// dropLocked frees slot j of group g of the shard's current table t, whose entry leaves the store;
+// the caller holds sh.mu.
+func (sh *shard) dropLocked(t *table, g, j uint64) {
+	if t.clearLocked(g, j) {
+		sh.tombs++
+	}
+	sh.live--
 }
 
 // rebuildLocked replaces the table with one sized for want live entries at most half full,
 // dropping tombstones. Readers of the old table still find every entry that existed before.
 func (sh *shard) rebuildLocked(want int) *table {
-	size := minTable
-	for size < want*2 {
-		size *= 2
+	n := 1
+	for n*groupSlots < want*2 {
+		n *= 2
 	}
 	old := sh.tab.Load()
-	t := newTable(size)
-	for i := range old.slots {
-		e := old.slots[i].Load()
-		if e == nil || e == tomb {
-			continue
-		}
-		for j := home(uint64(e.hash)) & t.mask; ; j = (j + 1) & t.mask {
-			if t.slots[j].Load() == nil {
-				t.slots[j].Store(e)
-				break
+	t := newTable(n)
+	for g := uint64(0); g <= old.mask; g++ {
+		for j := uint64(0); j < groupSlots; j++ {
+			if e := old.slot(g, j).Load(); e != nil {
+				f := t.freeLocked(uint64(e.hash))
+				t.setLocked(f.g, f.j, e)
 			}
 		}
 	}
@@ -448,12 +586,16 @@ func (sh *shard) rebuildLocked(want int) *table {
 // chance. It reports whether it freed a slot.
 func (s *Store) evictLocked(sh *shard) bool {
 	t := sh.tab.Load()
-	n := uint64(len(t.slots))
+	n := (t.mask + 1) * 8 // eight positions a group: seven slots and the pad byte's, skipped
 	for k := uint64(0); k < 2*n+1; k++ {
-		i := sh.hand & t.mask
+		i := sh.hand % n
 		sh.hand++
-		e := t.slots[i].Load()
-		if e == nil || e == tomb {
+		g, j := i>>3, i&7
+		if j == groupSlots {
+			continue
+		}
+		e := t.slot(g, j).Load()
+		if e == nil {
 			continue
 		}
 		if e.flags.has(fUsed) {
@@ -464,9 +606,7 @@ func (s *Store) evictLocked(sh *shard) bool {
 			continue
 		}
 		s.fold(e)
-		t.slots[i].Store(tomb)
-		sh.live--
-		sh.tombs++
+		sh.dropLocked(t, g, j)
 		s.stats.Evictions.Add(1)
 		return true
 	}
@@ -491,25 +631,25 @@ func (s *Store) Sweep(now, idle int64) int {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		t := sh.tab.Load()
-		for j := range t.slots {
-			e := t.slots[j].Load()
-			if e == nil || e == tomb {
-				continue
+		for g := uint64(0); g <= t.mask; g++ {
+			for j := uint64(0); j < groupSlots; j++ {
+				e := t.slot(g, j).Load()
+				if e == nil {
+					continue
+				}
+				if e.flags.has(fUsed) {
+					e.flags.clear(fUsed)
+					continue
+				}
+				if now-e.grantedAt.Load() < max(idle, e.refillNanos()) || !e.tryEvict() {
+					continue
+				}
+				s.fold(e)
+				sh.dropLocked(t, g, j)
+				n++
 			}
-			if e.flags.has(fUsed) {
-				e.flags.clear(fUsed)
-				continue
-			}
-			if now-e.grantedAt.Load() < max(idle, e.refillNanos()) || !e.tryEvict() {
-				continue
-			}
-			s.fold(e)
-			t.slots[j].Store(tomb)
-			sh.live--
-			sh.tombs++
-			n++
 		}
-		if len(t.slots) > minTable && (sh.live*8 < len(t.slots) || sh.tombs > sh.live) {
+		if t.capacity() > minTable && (sh.live*8 < t.capacity() || sh.tombs > sh.live) {
 			sh.rebuildLocked(sh.live)
 		}
 		sh.mu.Unlock()
@@ -518,11 +658,12 @@ func (s *Store) Sweep(now, idle int64) int {
 	return n
 }
 
-// TableSlots returns the slots of the store's tables, for tests and memory estimates (8 bytes each).
+// TableSlots returns the slots of the store's tables, for tests and memory estimates: a table
+// costs 64 bytes per seven slots (a group), and one group more.
 func (s *Store) TableSlots() int {
 	n := 0
 	for i := range s.shards {
-		n += len(s.shards[i].tab.Load().slots)
+		n += s.shards[i].tab.Load().capacity()
 	}
 	return n
 }

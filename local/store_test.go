@@ -97,7 +97,7 @@ func TestInsertLookupGrow(t *testing.T) {
 		assert.Equal(t, k, e.Key())
 	}
 	assert.Nil(t, s.Lookup("absent", hash(s, "absent")))
-	assert.Nil(t, s.Lookup("", hash(s, "")), "the tombstone's empty key never matches")
+	assert.Nil(t, s.Lookup("", hash(s, "")), "an empty key never inserted is not found")
 }
 
 func TestTakeWithinMark(t *testing.T) {
