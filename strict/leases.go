@@ -508,10 +508,24 @@ func (l *Limiter) renewAhead(e *windowEntry, rule Rule, now, end int64) {
 		return
 	}
 	r := &windowRenewal{wkey: e.wkey, start: e.start, end: end, k: k, limit: rule.Limit, done: make(chan struct{})}
-	w.mu.Lock()
-	if w.closed {
-		w.mu.Unlock()
+	if !l.queue(r) {
 		return
+	}
+	// The demand is measured afresh from here, as after a trip; the lease is sized for k more.
+	e.renew = r
+	e.since, e.last, e.idle = 0, now, 0
+	e.size = e.lease + k
+	e.gap = windowIdleGaps * w.life.Microseconds() / e.size
+}
+
+// queue adds r to the renewals the renewer sends next, starting the renewer if none runs, and
+// reports whether it did (not after Close).
+func (l *Limiter) queue(r *windowRenewal) bool {
+	w := l.leases
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return false
 	}
 	w.due = append(w.due, r)
 	if !w.renewing {
@@ -519,12 +533,7 @@ func (l *Limiter) renewAhead(e *windowEntry, rule Rule, now, end int64) {
 		w.wg.Add(1)
 		go l.renewDue()
 	}
-	w.mu.Unlock()
-	// The demand is measured afresh from here, as after a trip; the lease is sized for k more.
-	e.renew = r
-	e.since, e.last, e.idle = 0, now, 0
-	e.size = e.lease + k
-	e.gap = windowIdleGaps * w.life.Microseconds() / e.size
+	return true
 }
 
 // ahead is how long before a window's end a key served from a lease takes the next window's lease
@@ -558,18 +567,9 @@ func (l *Limiter) takeNext(e *windowEntry, base string, rule Rule, now, end int6
 	}
 	r := &windowRenewal{wkey: base + ":" + strconv.FormatInt(end, 10), start: end, end: end + period, k: k,
 		limit: rule.Limit, next: true, done: make(chan struct{})}
-	w.mu.Lock()
-	if w.closed {
-		w.mu.Unlock()
+	if !l.queue(r) {
 		return
 	}
-	w.due = append(w.due, r)
-	if !w.renewing {
-		w.renewing = true
-		w.wg.Add(1)
-		go l.renewDue()
-	}
-	w.mu.Unlock()
 	e.next = r
 }
 
