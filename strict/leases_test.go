@@ -47,6 +47,22 @@ func newLeased(t *testing.T, rdb redis.UniversalClient, clk *fakeClock, life tim
 	return l
 }
 
+// leasedKeys starts a redis-server and a Limiter with window leases of life on a clock at leaseT0,
+// and returns the entry names (bases) of n subjects "s0", "s1", … under rule.
+func leasedKeys(t *testing.T, life time.Duration, rule Rule, n int) (*redis.Client, *Limiter, *fakeClock, []string) {
+	t.Helper()
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	clk := &fakeClock{}
+	clk.us.Store(leaseT0)
+	l := newLeased(t, rdb, clk, life)
+	bases := make([]string, n)
+	for i := range bases {
+		bases[i] = key(l.opts.prefix, "s"+strconv.Itoa(i), rule.Name, "uwc", "s"+strconv.Itoa(i))
+	}
+	return rdb, l, clk, bases
+}
+
 // leaseOf returns the unused lease l holds for subject under rule (tag = subject), after the
 // renewal in flight, if any, landed.
 func leaseOf(l *Limiter, rule Rule, subject string) int64 {
@@ -372,18 +388,10 @@ func TestWindowLeasesSizedToDemandWhileActive(t *testing.T) {
 // with a steady demand are served from their leases on every use after their first lease, and
 // Redis counts every unit charged (the uses and the unused leases).
 func TestWindowLeasesRenewedAhead(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	clk := &fakeClock{}
-	clk.us.Store(leaseT0)
-	l := newLeased(t, rdb, clk, 10*time.Second)
 	rule := Rule{Name: "r", Algorithm: UpstreamWindow, Limit: 1_000_000_000, Period: time.Hour}
-	ctx := context.Background()
 	const keys = 50
-	bases := make([]string, keys)
-	for i := range bases {
-		bases[i] = key(l.opts.prefix, "s"+strconv.Itoa(i), rule.Name, "uwc", "s"+strconv.Itoa(i))
-	}
+	rdb, l, clk, bases := leasedKeys(t, 10*time.Second, rule, keys)
+	ctx := context.Background()
 	var pipelines atomic.Int64
 	rdb.AddHook(pipelineCounter{&pipelines})
 	var uses, hitsAfterFirstLease, usesAfterFirstLease int64
@@ -436,18 +444,10 @@ func (h pipelineCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 // its first call of each window is served from a lease too, not from a trip to Redis; each window's
 // count in Redis is still exactly what was used in it plus what its lease held unused at its end.
 func TestWindowLeasesTakeTheNextWindowAhead(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	clk := &fakeClock{}
-	clk.us.Store(leaseT0)
-	l := newLeased(t, rdb, clk, 2*time.Second)
 	rule := Rule{Name: "r", Algorithm: UpstreamWindow, Limit: 1_000_000, Period: time.Second}
-	ctx := context.Background()
 	const keys, windows = 20, 6
-	bases := make([]string, keys)
-	for i := range bases {
-		bases[i] = key(l.opts.prefix, "s"+strconv.Itoa(i), rule.Name, "uwc", "s"+strconv.Itoa(i))
-	}
+	rdb, l, clk, bases := leasedKeys(t, 2*time.Second, rule, keys)
+	ctx := context.Background()
 	// landed waits for every renewal of e in flight, this window's and the next's.
 	landed := func(b string) windowEntry {
 		e := l.leases.entry(b)
