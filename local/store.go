@@ -156,6 +156,21 @@ func (t *table) clearLocked(g, j uint64) bool {
 	return b == ctrlDeleted
 }
 
+// secondChance returns the entry in slot j of group g when it was not used since the CLOCK bit was
+// last cleared, and nil for an empty slot or a used entry (whose bit it clears: CLOCK's second
+// chance). The caller holds the shard's mutex.
+func (t *table) secondChance(g, j uint64) *Entry {
+	e := t.slot(g, j).Load()
+	if e == nil {
+		return nil
+	}
+	if e.flags.has(fUsed) {
+		e.flags.clear(fUsed)
+		return nil
+	}
+	return e
+}
+
 // capacity returns the number of slots.
 func (t *table) capacity() int { return int(t.mask+1) * groupSlots }
 
@@ -594,15 +609,8 @@ func (s *Store) evictLocked(sh *shard) bool {
 		if j == groupSlots {
 			continue
 		}
-		e := t.slot(g, j).Load()
-		if e == nil {
-			continue
-		}
-		if e.flags.has(fUsed) {
-			e.flags.clear(fUsed)
-			continue
-		}
-		if !e.tryEvict() {
+		e := t.secondChance(g, j)
+		if e == nil || !e.tryEvict() {
 			continue
 		}
 		s.fold(e)
@@ -633,15 +641,8 @@ func (s *Store) Sweep(now, idle int64) int {
 		t := sh.tab.Load()
 		for g := uint64(0); g <= t.mask; g++ {
 			for j := uint64(0); j < groupSlots; j++ {
-				e := t.slot(g, j).Load()
-				if e == nil {
-					continue
-				}
-				if e.flags.has(fUsed) {
-					e.flags.clear(fUsed)
-					continue
-				}
-				if now-e.grantedAt.Load() < max(idle, e.refillNanos()) || !e.tryEvict() {
+				e := t.secondChance(g, j)
+				if e == nil || now-e.grantedAt.Load() < max(idle, e.refillNanos()) || !e.tryEvict() {
 					continue
 				}
 				s.fold(e)
