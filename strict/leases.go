@@ -547,8 +547,8 @@ func (w *windowLeases) ahead(period int64) int64 {
 // that the key's first call of that window is served from it rather than waiting for Redis: sized as
 // a renewal is (the key's demand while active times the lease life), but for at most the window's
 // length (a lease that outlasts its window is counted there and never used), and at most
-// 1/WindowLeaseShare of the window's limit; none under 2 units. A window's key is named by its start, so the INCRBY
-// counts in the next window only; the renewer sets its expiry when the charge created it and gives
+// 1/WindowLeaseShare of the window's limit; none under 2 units. A window's key is named by its
+// start, so the INCRBY counts in the next window only; the renewer sets its expiry when the charge created it and gives
 // the units back when they took the count above the limit, as for any renewal. If the key is not
 // used in that window, the lease is counted and unused, as a lease that a process holds when its
 // traffic stops is: other processes may refuse early by at most that much (docs/accuracy.md). An
