@@ -4,9 +4,9 @@ import (
 	"context"
 	"log/slog"
 	"sync/atomic"
-	"time"
 
 	"github.com/hybridrate/hybridrate/central"
+	"github.com/hybridrate/hybridrate/internal/every"
 	"github.com/hybridrate/hybridrate/internal/redisx"
 )
 
@@ -48,16 +48,7 @@ func (l *Limiter) watchEviction(ctx context.Context) {
 		last = p
 	}
 	check()
-	t := time.NewTicker(l.opts.evictionCheck)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			check()
-		}
-	}
+	every.Tick(ctx, l.opts.evictionCheck, check)
 }
 
 // evictionPolicy returns the policy last read and whether one was.

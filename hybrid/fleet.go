@@ -3,6 +3,8 @@ package hybrid
 import (
 	"context"
 	"time"
+
+	"github.com/hybridrate/hybridrate/internal/every"
 )
 
 // The fleet registry (central.Heartbeat, lua/fleet.lua): every limiter says it is live every
@@ -53,18 +55,10 @@ func (l *Limiter) beat(ctx context.Context) {
 
 // watchFleet beats now and then every beatEvery (fleetBeat: tests shorten it) until ctx ends.
 func (l *Limiter) watchFleet(ctx context.Context) {
-	l.beat(ctx)
-	t := time.NewTimer(l.beatEvery(l.fleetSize.Load()))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			l.beat(ctx)
-			t.Reset(l.beatEvery(l.fleetSize.Load()))
-		}
-	}
+	every.Paced(ctx, func() time.Duration {
+		l.beat(ctx)
+		return l.beatEvery(l.fleetSize.Load())
+	})
 }
 
 // stepFleet beats when one is due on the limiter's own clock: the fleet simulator's step

@@ -21,6 +21,7 @@ import (
 
 	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/denycache"
+	"github.com/hybridrate/hybridrate/internal/every"
 	"github.com/hybridrate/hybridrate/internal/limits"
 	"github.com/hybridrate/hybridrate/internal/option"
 	"github.com/hybridrate/hybridrate/local"
@@ -466,16 +467,7 @@ func (l *Limiter) sweepIdle(ctx context.Context) {
 	if d <= 0 {
 		return
 	}
-	t := time.NewTicker(d)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			l.store.Sweep(l.mono(), int64(d))
-		}
-	}
+	every.Tick(ctx, d, func() { l.store.Sweep(l.mono(), int64(d)) })
 }
 
 // mono returns the time since the limiter started on the monotonic clock, in ns (always positive).

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hybridrate/hybridrate/internal/every"
 	"github.com/hybridrate/hybridrate/internal/option"
 )
 
@@ -72,16 +73,8 @@ func NewReloader(path string, target Target, opts ...ReloaderOption) (*Reloader,
 // Run reads the file every Interval until ctx ends, applying each new valid content; it returns
 // ctx's error.
 func (r *Reloader) Run(ctx context.Context) error {
-	t := time.NewTicker(r.cfg.Interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-			_ = r.Reload()
-		}
-	}
+	every.Tick(ctx, r.cfg.Interval, func() { _ = r.Reload() })
+	return ctx.Err()
 }
 
 // Reload reads the file now and applies it if its content changed since the last look. It returns

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/internal/every"
 	"github.com/hybridrate/hybridrate/policy"
 	"github.com/hybridrate/hybridrate/sidecar"
 )
@@ -337,16 +338,7 @@ func (u *upstreamSource) load(force bool) error {
 
 // run polls the directory every interval until ctx ends.
 func (u *upstreamSource) run(ctx context.Context, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			_ = u.load(false)
-		}
-	}
+	every.Tick(ctx, interval, func() { _ = u.load(false) })
 }
 
 // dirDigest hashes the names and contents of the files under dir (through symlinks).

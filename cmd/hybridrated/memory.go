@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/hybridrate/hybridrate/hybrid"
+	"github.com/hybridrate/hybridrate/internal/every"
 )
 
 // releaseMin is how many keys must have left the hybrid limiter's memory since the last release
@@ -28,22 +29,15 @@ func returnMemory(ctx context.Context, interval time.Duration, keys func() int, 
 	if interval <= 0 {
 		return
 	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
 	peak := 0
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every.Tick(ctx, interval, func() {
 		n := keys()
 		peak = max(peak, n)
 		if peak-n >= releaseMin && n <= peak/2 {
 			release()
 			peak = n
 		}
-	}
+	})
 }
 
 // heldKeys returns the keys the limiter holds in local memory; 0 while it has none (nil).
@@ -95,19 +89,13 @@ func gcPercent(live uint64) int {
 // gcHeadroom, and a process holding many keys runs at the default.
 func tuneGC(ctx context.Context, interval time.Duration, live func() uint64, set func(int) int) {
 	cur := -1
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
+	every.Paced(ctx, func() time.Duration {
 		if p := gcPercent(live()); p != cur {
 			set(p)
 			cur = p
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+		return interval
+	})
 }
 
 // liveHeap is the runtime's live heap as of the last collection (runtime/metrics' /gc/heap/live:bytes).
