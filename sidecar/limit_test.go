@@ -1,6 +1,7 @@
 package sidecar
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -38,5 +39,20 @@ func TestCurrentLimitUnits(t *testing.T) {
 			t.Errorf("%d per %v: got %d per %d×%v (%q), want %d per %d×%v", c.limit, c.window,
 				got.RequestsPerUnit, mult, got.Unit, got.Name, c.want, c.mult, c.unit)
 		}
+	}
+}
+
+// TestUnitOfMatchesTheEnum checks unitOf's shortcut against the enum's own names, in every case.
+func TestUnitOfMatchesTheEnum(t *testing.T) {
+	t.Parallel()
+	for name, v := range rlsv3.RateLimitResponse_RateLimit_Unit_value {
+		for _, spelling := range []string{name, strings.ToLower(name), strings.ToUpper(name[:1]) + strings.ToLower(name[1:])} {
+			if got, want := unitOf(spelling), rlsv3.RateLimitResponse_RateLimit_Unit(v); got != want {
+				t.Errorf("unitOf(%q) = %v, want %v", spelling, got, want)
+			}
+		}
+	}
+	if got := unitOf("fortnight"); got != rlsv3.RateLimitResponse_RateLimit_UNKNOWN {
+		t.Errorf("unitOf(%q) = %v, want UNKNOWN", "fortnight", got)
 	}
 }

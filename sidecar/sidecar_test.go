@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -257,4 +258,180 @@ func TestUnavailableWhenNoDecision(t *testing.T) {
 	assert.ErrorIs(t, err, sidecar.ErrBadOption)
 	_, err = sidecar.New(failing{}, nil)
 	assert.ErrorIs(t, err, sidecar.ErrBadOption)
+}
+
+// newRealServer returns a Server enforcing the YAML policy on a fresh redis-server, with hybrid rules
+// decided in Redis at every request (drift 0) so that counts are exact.
+func newRealServer(t *testing.T, yaml string) *sidecar.Server {
+	t.Helper()
+	srv := redistest.Start(t)
+	rdb := srv.Client(t, redistest.NoRetries)
+	enf := policytest.NewEnforcer(t, rdb,
+		policy.WithStrictTimeout(time.Second),
+		policy.WithHybridOptions(hybrid.WithDriftThreshold(0), hybrid.WithCheckTimeout(time.Second)),
+		policy.WithDimensions("domain"),
+		policy.WithCostFuncs(map[string]policy.CostFunc{sidecar.HitsCostName: sidecar.HitsCost}),
+	)
+	policytest.SetPolicy(t, enf, yaml, "policy.yaml")
+	s, err := sidecar.New(enf, sidecar.WithInstance("t"))
+	require.NoError(t, err)
+	return s
+}
+
+func code(t *testing.T, s *sidecar.Server, req *rlsv3.RateLimitRequest) rlsv3.RateLimitResponse_Code {
+	t.Helper()
+	resp, err := s.ShouldRateLimit(context.Background(), req)
+	require.NoError(t, err)
+	return resp.OverallCode
+}
+
+const (
+	ok   = rlsv3.RateLimitResponse_OK
+	over = rlsv3.RateLimitResponse_OVER_LIMIT
+)
+
+// TestDomainsAreNamespaces: a key denied in domain "api" was also denied (and counted) in
+// "totally-other-service" (issue 23).
+func TestDomainsAreNamespaces(t *testing.T) {
+	t.Parallel()
+	s := newRealServer(t, `
+version: 1
+missing_key: skip
+rules:
+  - {id: per-key, dimensions: [api_key], limit: 2, period: 1h}
+  - {id: strict-key, algorithm: gcra, dimensions: [api_key], limit: 3, period: 1h}
+`)
+	in := func(domain string) *rlsv3.RateLimitRequest {
+		return &rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*rlv3.RateLimitDescriptor{desc("api_key", "k1")}}
+	}
+	assert.Equal(t, []rlsv3.RateLimitResponse_Code{ok, ok, over},
+		[]rlsv3.RateLimitResponse_Code{code(t, s, in("api")), code(t, s, in("api")), code(t, s, in("api"))})
+	assert.Equal(t, []rlsv3.RateLimitResponse_Code{ok, ok, over},
+		[]rlsv3.RateLimitResponse_Code{code(t, s, in("totally-other-service")), code(t, s, in("totally-other-service")),
+			code(t, s, in("totally-other-service"))}, "another domain has its own counters")
+}
+
+// TestHitsAddendIsChargedByDefault: hits_addend was charged as 1 unless a rule named the
+// hits_addend cost function; 15 then 15 under a burst of 20 were both admitted (issue 23).
+func TestHitsAddendIsChargedByDefault(t *testing.T) {
+	t.Parallel()
+	s := newRealServer(t, `
+version: 1
+missing_key: skip
+rules:
+  - {id: per-key, dimensions: [api_key], rate: 0.001, burst: 20}
+  - {id: per-tenant, algorithm: gcra, dimensions: [tenant], limit: 20, period: 1h}
+  - {id: fixed, dimensions: [user], rate: 0.001, burst: 20, cost: 10}
+`)
+	hits := func(key string, n uint32) *rlsv3.RateLimitRequest {
+		return &rlsv3.RateLimitRequest{Domain: "api", HitsAddend: n, Descriptors: []*rlv3.RateLimitDescriptor{desc(key, "k1")}}
+	}
+	for _, key := range []string{"api_key", "tenant"} {
+		assert.Equal(t, ok, code(t, s, hits(key, 15)), key)
+		assert.Equal(t, over, code(t, s, hits(key, 15)), "%s: 15+15 > 20", key)
+		assert.Equal(t, ok, code(t, s, hits(key, 5)), "%s: 15+5 fits", key)
+		assert.Equal(t, over, code(t, s, hits(key, 0)), "%s: an unset hits_addend is 1", key)
+	}
+	// A rule with a cost of its own keeps it.
+	assert.Equal(t, ok, code(t, s, hits("user", 1)))
+	assert.Equal(t, ok, code(t, s, hits("user", 1)))
+	assert.Equal(t, over, code(t, s, hits("user", 1)), "10+10+10 > 20")
+
+	// A descriptor's hits_addend of 0 checks without charging.
+	check := func(key, v string) *rlsv3.RateLimitRequest {
+		d := desc(key, v)
+		d.HitsAddend = wrapperspb.UInt64(0)
+		return &rlsv3.RateLimitRequest{Domain: "api", HitsAddend: 7, Descriptors: []*rlv3.RateLimitDescriptor{d}}
+	}
+	assert.Equal(t, over, code(t, s, check("api_key", "k1")), "k1 has no token left")
+	for i := 0; i < 30; i++ {
+		require.Equal(t, ok, code(t, s, check("api_key", "k2")), "check %d charges nothing", i)
+	}
+	full := &rlsv3.RateLimitRequest{Domain: "api", HitsAddend: 20, Descriptors: []*rlv3.RateLimitDescriptor{desc("api_key", "k2")}}
+	assert.Equal(t, ok, code(t, s, full), "k2 is still full: 20 fit")
+}
+
+// sidecarCodes returns hybridrate.sidecar.requests by "api/code".
+func sidecarCodes(t *testing.T, metrics *metrictest.Reader) map[string]int64 {
+	t.Helper()
+	got := map[string]int64{}
+	for _, dp := range metrics.Points(t, "hybridrate.sidecar.requests") {
+		api, _ := dp.Attributes.Value("api")
+		code, _ := dp.Attributes.Value("code")
+		got[api.AsString()+"/"+code.AsString()] = dp.Value
+	}
+	return got
+}
+
+// TestBadRequestsGiveTheirReasonAndTheirOwnCode: 400 answers said only "bad_request", and the
+// metric's code="error" mixed bad requests with limiter failures (issue 23).
+func TestBadRequestsGiveTheirReasonAndTheirOwnCode(t *testing.T) {
+	t.Parallel()
+	metrics := metrictest.New(t)
+	srv := redistest.Start(t)
+	rdb := srv.Client(t, redistest.NoRetries)
+	enf := policytest.NewEnforcer(t, rdb,
+		policy.WithStrictTimeout(time.Second),
+		policy.WithHybridOptions(hybrid.WithCheckTimeout(time.Second)),
+	)
+	policytest.SetPolicy(t, enf, "version: 1\ndomain: api\nmissing_key: skip\nrules:\n  - {id: per-key, dimensions: [api_key], rate: 1, burst: 5}\n", "p.yaml")
+	s, err := sidecar.New(enf, sidecar.WithMeterProvider(metrics.Provider), sidecar.WithInstance("t"))
+	require.NoError(t, err)
+	failed, err := sidecar.New(failing{}, sidecar.WithMeterProvider(metrics.Provider), sidecar.WithInstance("t"))
+	require.NoError(t, err)
+
+	post := func(h http.Handler, body string) (int, map[string]string) {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("POST", "/v1/check", bytes.NewBufferString(body)))
+		var out map[string]string
+		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &out), rec.Body.String())
+		return rec.Code, out
+	}
+	for _, c := range []struct{ body, reason string }{
+		{`{"descriptors":[]}`, "no descriptors"},
+		{`{"domain":"api","descriptors":[{"entries":[]}]}`, "descriptor 0: want 1 to 16 entries"},
+		{`{"domain":"api","descriptors":[{"entries":[{"key":"api_key","value":"k"}],"hits_addend":6}]}`,
+			`rule "per-key": cost 6 above its limit 5`},
+		{`{"domain":"other","descriptors":[{"entries":[{"key":"api_key","value":"k"}]}]}`,
+			`unknown domain: "other" (the policy serves "api")`},
+		{`{"descriptors":`, "malformed RateLimitRequest JSON"},
+	} {
+		code, out := post(s.CheckHandler(), c.body)
+		assert.Equal(t, http.StatusBadRequest, code, c.body)
+		assert.Equal(t, "bad_request", out["error"], c.body)
+		assert.Contains(t, out["reason"], c.reason, c.body)
+	}
+	code, out := post(failed.CheckHandler(), `{"descriptors":[{"entries":[{"key":"api_key","value":"k"}]}]}`)
+	assert.Equal(t, http.StatusServiceUnavailable, code)
+	assert.Equal(t, "rate_limiter_unavailable", out["error"])
+
+	_, err = s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "other",
+		Descriptors: []*rlv3.RateLimitDescriptor{desc("api_key", "k")}})
+	assert.Equal(t, codes.InvalidArgument, status.Code(err))
+	assert.Contains(t, status.Convert(err).Message(), "unknown domain")
+
+	assert.Equal(t, map[string]int64{"http/bad_request": 5, "grpc/bad_request": 1, "http/error": 1}, sidecarCodes(t, metrics))
+}
+
+// TestLongDescriptorValuesAreLimited: a 300-byte descriptor value counted as missing and, under the
+// recommended missing_key: skip, escaped its rule: 30 of 30 admitted where a 250-byte one got 4
+// (issue 23).
+func TestLongDescriptorValuesAreLimited(t *testing.T) {
+	t.Parallel()
+	s := newRealServer(t, `
+version: 1
+missing_key: skip
+rules:
+  - {id: per-key, dimensions: [api_key], rate: 0.001, burst: 4}
+`)
+	for _, v := range []string{strings.Repeat("k", 250), strings.Repeat("k", 300), strings.Repeat("x", 1<<20),
+		"nul\x00byte", "bad\xffutf8", strings.Repeat("\x00\xff", 200)} {
+		n := 0
+		for i := 0; i < 30; i++ {
+			if code(t, s, &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlv3.RateLimitDescriptor{desc("api_key", v)}}) == ok {
+				n++
+			}
+		}
+		assert.Equal(t, 4, n, "%d bytes", len(v))
+	}
 }
