@@ -106,6 +106,7 @@ type stripeFields struct {
 // share one.
 const stripeBits = 10
 
+// stripes are the locks every entry of the process maps to (Entry.lock), each cond on its own mu.
 var stripes = func() *[1 << stripeBits]stripe {
 	s := new([1 << stripeBits]stripe)
 	for i := range s {
