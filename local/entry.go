@@ -18,10 +18,10 @@ import (
 // methods are safe for concurrent use.
 type Entry struct {
 	// The hot path (Lookup, TryTake, Remaining) reads only the first 64 bytes, hash to remBase: one
-	// cache line, as an Entry is exactly 192 bytes (a size class whose objects are 64-byte aligned;
+	// cache line, as an Entry is exactly 128 bytes (a size class whose objects are 64-byte aligned;
 	// TestEntryLayout pins both). docs/design.md says what each field costs.
 	hash    uint32        // low 32 bits of the store's hash: shard, slot and a tag compared first
-	flags   flags         // fDirty, fEvicted, fUsed, fThin, fHeld; above them, the nodes active on the key
+	flags   flags         // fDirty, fEvicted, fUsed, fThin, fHeld, fUnder, fFly, fWait; above them, the nodes active on the key
 	key     string        // compared on lookup
 	word    atomic.Int64  // total (tokens consumed by this incarnation) and the decisions Store.Take counted: see takeShift
 	mark    atomic.Int64  // total may grow up to mark without asking Redis
@@ -36,33 +36,107 @@ type Entry struct {
 	// link is the owning *Store while the entry is not on a dirty list; on one, it is the next
 	// *Entry of the list, or the *Store at the list's end (see markDirty and Collect). One word for
 	// both, as the store is needed only to put the entry on a list.
-	link unsafe.Pointer
-	rare atomic.Pointer[rare] // what few keys need (denials, excused tokens, one-off takes); nil until then
-	inc  uint64               // guarded by mu (excused tokens start a new one: see Next)
+	link  unsafe.Pointer
+	rare  atomic.Pointer[rare]  // what few keys need (denials, excused tokens, one-off takes); nil until then
+	calls atomic.Pointer[calls] // the state of the key's calls to Redis; nil until the first (see calls)
+	inc   uint64                // guarded by the entry's lock (excused tokens start a new one: see Next)
 
-	fly        sync.Mutex   // held by the one caller whose synchronous call is in flight; see Fly
-	mu         sync.Mutex   // serialises Grant, Expire and Next; guards the fields below
-	seq        uint64       // last call number issued
-	applied    uint64       // call number of the last answer applied
+	// The entry's mutex, which serialises Grant, Expire, Next and the other methods that change more
+	// than one field, is not a field: it is one of the package's striped locks (Entry.lock), as
+	// no method holds two entries' locks. The caller whose synchronous call is in flight holds
+	// fFly, a flag bit (Fly).
+}
+
+// calls is the part of an entry's state that its calls to Redis keep: allocated by the first
+// method that records one (Seen, Next, Grant) and kept for the entry's life. Until then each of its
+// values reads as zero. Fields without an atomic type are guarded by the entry's lock.
+//
+// seq and applied are 32 bits, compared modulo 2^32 (seqBefore): an answer is ordered against the
+// calls of its incarnation correctly as long as fewer than 2^31 calls of one key are issued
+// while it is in flight (a call is bounded by its timeout).
+type calls struct {
 	grantedAt  atomic.Int64 // time of the last answer applied, caller's monotonic clock; 0 if none
 	leaseUntil atomic.Int64 // the unused lease may be used until then (caller's clock)
 	demand     float64      // estimated demand on this node, tokens/s (admitted + denied)
 	sentUsed   int64        // used (admitted) tokens at the last call
 	sentAt     int64        // time of the last call (caller's clock); before the first call, minus the time the syncer first saw the entry
+	seq        uint32       // last call number issued (modulo 2^32)
+	applied    uint32       // call number of the last answer applied (modulo 2^32)
 }
+
+// noCalls is what an entry without a calls part reads: all zero. Never written.
+var noCalls calls
+
+// peek returns e's calls part, or noCalls (read only) when it has none yet.
+func (e *Entry) peek() *calls {
+	if c := e.calls.Load(); c != nil {
+		return c
+	}
+	return &noCalls
+}
+
+// record returns e's calls part, allocating it the first time; e's lock must be held.
+func (e *Entry) record() *calls {
+	c := e.calls.Load()
+	if c == nil {
+		c = new(calls)
+		e.calls.Store(c)
+	}
+	return c
+}
+
+// seqBefore reports whether call number a was issued before b, modulo 2^32.
+func seqBefore(a, b uint32) bool { return int32(a-b) < 0 }
+
+// stripe is one of the locks entries share (Entry.lock): mu is the mutex of each entry mapped to
+// it, and cond is what callers waiting for such an entry's call in flight sleep on (Fly).
+type stripe struct {
+	_    [(64 - unsafe.Sizeof(stripeFields{})%64) % 64]byte // a whole number of cache lines (first: a zero-size last field would add a word)
+	mu   sync.Mutex
+	cond sync.Cond
+}
+
+// stripeFields is stripe without its padding, to size it.
+type stripeFields struct {
+	mu   sync.Mutex
+	cond sync.Cond
+}
+
+// stripeBits sets the number of stripes: 1,024 (64 KB), so that two entries busy at once rarely
+// share one.
+const stripeBits = 10
+
+// stripes are the locks every entry of the process maps to (Entry.lock), each cond on its own mu.
+var stripes = func() *[1 << stripeBits]stripe {
+	s := new([1 << stripeBits]stripe)
+	for i := range s {
+		s[i].cond.L = &s[i].mu
+	}
+	return s
+}()
+
+// acquire locks e's mutex (its stripe's) and returns it.
+func (e *Entry) acquire() *sync.Mutex {
+	m := &e.lock().mu
+	m.Lock()
+	return m
+}
+
+// lock returns e's stripe, chosen by its hash (set before the entry is published, never changed).
+func (e *Entry) lock() *stripe { return &stripes[(e.hash*0x9e3779b1)>>(32-stripeBits)] }
 
 // rare is the part of an entry's state that most keys never need, allocated by the first method
 // that does (Entry.more) and kept for the entry's life: a key that was denied locally, had
 // tokens excused, sent one-off takes, waited for another caller's call, or was told to retry later.
 // Until then each of its values reads as zero. Fields without an atomic type are guarded by the
-// entry's mu.
+// entry's lock.
 type rare struct {
 	denied     atomic.Int64 // tokens this node denied locally (demand it could not serve), cumulative
 	waiters    atomic.Int64 // tokens the callers waiting for the call in flight want
 	retryAt    atomic.Int64 // a lease shorter than wanted: do not ask again before then (caller's clock)
 	sentDenied int64        // denied tokens at the last call
 	excused    int64        // tokens AddExcused excused that Redis has not been told of
-	exSeq      uint64       // the first call that left them out of its Cum
+	exSeq      uint32       // the first call that left them out of its Cum (modulo 2^32, as calls.seq)
 	directAt   int64        // start of the window Direct counts in (caller's clock); 0 before the first
 	directN    int16        // one-off takes counted in Direct's window
 	thinRun    uint8        // synchronous answers in a row that SetThin recorded as thin
@@ -81,7 +155,7 @@ func (e *Entry) more() *rare {
 }
 
 // The bits of Entry.flags. Each is set and cleared by an atomic Or or And on the word, so that the
-// six need 4 bytes of the hot cache line, not 24, and TryTake reads all three it needs at once.
+// eight need 4 bytes of the hot cache line, not 24, and TryTake reads all three it needs at once.
 // The word's bits from activeShift up hold the number of nodes active on the key by the last
 // answer (Global), written by Grant with a CAS that leaves the flag bits as they are.
 const (
@@ -91,6 +165,8 @@ const (
 	fThin                       // the last synchronous answer left nothing beyond its request (see Thin)
 	fHeld                       // Store.Take leaves the entry alone: the caller must check it elsewhere first (see Store.Hold)
 	fUnder                      // the last answer counted the key's demand under its rate (see Under)
+	fFly                        // a caller's synchronous call is in flight (see Fly)
+	fWait                       // a caller waits for it on the entry's stripe (see Fly)
 
 	activeShift = 8
 	maxActive   = 1<<(32-activeShift) - 1 // 16,777,215 nodes: more than any fleet's
@@ -145,7 +221,7 @@ func (f *flags) setActive(n int64) {
 	}
 }
 
-// setRem refreshes remBase after charged or globalMicro changed; e.mu must be held (or e not yet
+// setRem refreshes remBase after charged or globalMicro changed; e's lock must be held (or e not yet
 // published).
 func (e *Entry) setRem() { e.remBase.Store(e.globalMicro.Load()/1_000_000 + e.charged.Load()) }
 
@@ -178,8 +254,7 @@ var incarnations atomic.Uint64
 
 // Incarnation returns the entry's incarnation, unique within its process.
 func (e *Entry) Incarnation() uint64 {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.acquire().Unlock()
 	return e.inc
 }
 
@@ -264,8 +339,7 @@ func (e *Entry) Add(n int64) TakeResult {
 // its whole consumption as Cum and Used (Next).
 func (e *Entry) AddExcused(n, excused int64) TakeResult {
 	excused = min(max(excused, 0), n)
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.acquire().Unlock()
 	e.word.Add(n)
 	if e.flags.has(fEvicted) {
 		e.word.Add(-n)
@@ -274,7 +348,7 @@ func (e *Entry) AddExcused(n, excused int64) TakeResult {
 	if excused > 0 {
 		r := e.more()
 		if r.excused == 0 {
-			r.exSeq = e.seq + 1
+			r.exSeq = e.peek().seq + 1
 		}
 		r.excused += excused
 	}
@@ -294,8 +368,7 @@ func (e *Entry) Refund(n, now int64) int64 {
 	if n <= 0 {
 		return 0
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.acquire().Unlock()
 	for {
 		if e.flags.has(fEvicted) {
 			return 0
@@ -308,7 +381,7 @@ func (e *Entry) Refund(n, now int64) int64 {
 		}
 		nt := t - k
 		burn := int64(0)
-		if now >= e.leaseUntil.Load() {
+		if now >= e.LeaseUntil() {
 			burn = max(min(t, e.charged.Load())-nt, 0) // refunded into an expired lease: written off
 		}
 		if !e.word.CompareAndSwap(w, w+(nt+burn-t)) {
@@ -341,20 +414,32 @@ func (e *Entry) Deny(n int64) {
 // timeout), and reports false: the caller should then look at the renewed allowance. One call at a
 // time per key keeps concurrent callers from sending calls that Redis would see as stale.
 func (e *Entry) Fly(n int64) bool {
-	if e.fly.TryLock() {
+	if e.flags.setOnce(fFly) {
 		return true
 	}
 	r := e.more()
 	r.waiters.Add(n)
-	e.fly.Lock()
-	//lint:ignore SA2001 waiting for the call in flight to land is the point
-	e.fly.Unlock()
+	l := e.lock()
+	l.mu.Lock()
+	// fWait is set under the stripe's mutex before fFly is read again: a Land that clears fFly
+	// after this read sees fWait and broadcasts once this caller sleeps (Wait releases the mutex).
+	for e.flags.v.Or(fWait)&fFly != 0 {
+		l.cond.Wait()
+	}
+	l.mu.Unlock()
 	r.waiters.Add(-n)
 	return false
 }
 
-// Land ends the caller's call in flight (see Fly).
-func (e *Entry) Land() { e.fly.Unlock() }
+// Land ends the caller's call in flight (see Fly) and wakes the callers waiting for it.
+func (e *Entry) Land() {
+	if e.flags.v.And(^(fFly|fWait))&fWait != 0 {
+		l := e.lock()
+		l.mu.Lock()
+		l.cond.Broadcast()
+		l.mu.Unlock()
+	}
+}
 
 // Waiters returns the tokens callers waiting for the call in flight want.
 func (e *Entry) Waiters() int64 {
@@ -418,14 +503,14 @@ type Call struct {
 // over the time since, weighted against the previous estimate by an exponential decay; the first
 // estimate counts from the time the syncer first saw the entry, over at least one second.
 func (e *Entry) Next(now int64) Call {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.seq++
+	defer e.acquire().Unlock()
+	k := e.record()
+	k.seq++
 	total := e.Total()
 	cum := total
 	r := e.rare.Load()
 	if r != nil && r.excused > 0 {
-		if e.applied >= r.exSeq {
+		if !seqBefore(k.applied, r.exSeq) {
 			// An answer since the tokens were excused gave the charge Redis holds: a new
 			// incarnation's record starts from it plus the excused tokens (AddExcused). Later calls of
 			// the old incarnation are stale.
@@ -442,30 +527,30 @@ func (e *Entry) Next(now int64) Call {
 	if r != nil {
 		den = r.denied.Load()
 	}
-	got := e.sinceCall(used, den)
+	got := e.sinceCall(k, used, den)
 	active := got > 0
-	if e.sentAt <= 0 {
-		born := -e.sentAt
+	if k.sentAt <= 0 {
+		born := -k.sentAt
 		if born == 0 {
 			born = now
 		}
 		life := float64(max(now-born, int64(1e9))) / 1e9
 		if got < demandEvents {
-			e.demand = youngDemand(got, life)
+			k.demand = youngDemand(got, life)
 		} else {
-			e.demand = got / life
+			k.demand = got / life
 		}
 	} else {
-		dt := float64(max(now-e.sentAt, 1)) / 1e9
-		if seen := float64(e.sentUsed + e.sentDenied()); seen+got < demandEvents {
+		dt := float64(max(now-k.sentAt, 1)) / 1e9
+		if seen := float64(k.sentUsed + e.sentDenied()); seen+got < demandEvents {
 			// Young: the mean rate since the first request (youngDemand). The time since then is
 			// not stored: the estimate so far gives it back (count ÷ rate); with nothing seen
 			// before this call, it counts from the last call, over at least a second.
 			life := max(dt, 1)
-			if seen > 0 && e.demand > 0 {
-				life = youngLife(seen, e.demand) + dt
+			if seen > 0 && k.demand > 0 {
+				life = youngLife(seen, k.demand) + dt
 			}
-			e.demand = youngDemand(seen+got, life)
+			k.demand = youngDemand(seen+got, life)
 		} else {
 			// An exponentially weighted rate over irregular intervals: the observation got/dt
 			// weighs 1 − e^(−dt/τ), so a call soon after the last (one request in 20 ms) moves the
@@ -477,21 +562,21 @@ func (e *Entry) Next(now int64) Call {
 				rate = got / max(dt, 0.1) // a burst within a few ms is not a rate of thousands a second
 				obs = rate
 			}
-			keep := math.Exp(-dt / demandTau(e.demand, obs))
+			keep := math.Exp(-dt / demandTau(k.demand, obs))
 			if reliable {
 				keep = min(keep, 0.5) // at least half the weight
 			}
-			e.demand = e.demand*keep + rate*(1-keep)
+			k.demand = k.demand*keep + rate*(1-keep)
 		}
 	}
-	e.demand = min(e.demand, maxDemand) // a burst in a short window must not exceed what Redis accepts
-	e.sentUsed, e.sentAt = used, now
+	k.demand = min(k.demand, maxDemand) // a burst in a short window must not exceed what Redis accepts
+	k.sentUsed, k.sentAt = used, now
 	if r != nil {
 		r.sentDenied = den
 	}
 	return Call{
-		Inc: e.inc, Seq: e.seq, Cum: cum, Acked: e.charged.Load(), Used: min(used, cum), UAcked: e.uacked.Load(),
-		Demand: e.demand, Active: active,
+		Inc: e.inc, Seq: uint64(k.seq), Cum: cum, Acked: e.charged.Load(), Used: min(used, cum), UAcked: e.uacked.Load(),
+		Demand: k.demand, Active: active,
 	}
 }
 
@@ -500,27 +585,27 @@ func (e *Entry) Next(now int64) Call {
 // first call. Unlike Demand, it reacts at once to a key that went quiet: one request in the 14 s
 // since the last call reads 0.07/s whatever the estimate says.
 func (e *Entry) RecentRate(now int64) float64 {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.sentAt <= 0 {
+	defer e.acquire().Unlock()
+	k := e.peek()
+	if k.sentAt <= 0 {
 		return -1
 	}
-	return e.sinceCall(e.Total()-e.burned.Load(), e.Denied()) / max(float64(now-e.sentAt)/1e9, 1)
+	return e.sinceCall(k, e.Total()-e.burned.Load(), e.Denied()) / max(float64(now-k.sentAt)/1e9, 1)
 }
 
 // sinceCall returns the tokens admitted and denied since the last call, given the counters now:
-// used (admitted, less what was written off) and den (denied); e.mu must be held.
-func (e *Entry) sinceCall(used, den int64) float64 {
-	return float64(max(used-e.sentUsed, 0) + den - e.sentDenied()) // used falls after a Refund
+// used (admitted, less what was written off) and den (denied), and k, e's calls part; e's lock must
+// be held.
+func (e *Entry) sinceCall(k *calls, used, den int64) float64 {
+	return float64(max(used-k.sentUsed, 0) + den - e.sentDenied()) // used falls after a Refund
 }
 
 // Seen notes the first time the syncer sees the entry, for the first demand estimate.
 func (e *Entry) Seen(now int64) {
-	e.mu.Lock()
-	if e.sentAt == 0 && now > 0 {
-		e.sentAt = -now
+	defer e.acquire().Unlock()
+	if c := e.record(); c.sentAt == 0 && now > 0 {
+		c.sentAt = -now
 	}
-	e.mu.Unlock()
 }
 
 // Direct counts a decision this node sent to Redis as a one-off take (nothing leased; Redis counted
@@ -528,8 +613,7 @@ func (e *Entry) Seen(now int64) {
 // clock, ns), and returns how many it has counted in the current window of the given length, this
 // one included. The first take after a window ended starts a new one.
 func (e *Entry) Direct(now, window int64) int64 {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.acquire().Unlock()
 	r := e.more()
 	if r.directAt == 0 || now-r.directAt > window {
 		r.directAt, r.directN = now, 0
@@ -544,8 +628,7 @@ func (e *Entry) Direct(now, window int64) int64 {
 // second over the time since the window began (at least a second), at time now; 0 when the window
 // has ended or none was counted.
 func (e *Entry) DirectRate(now, window int64) float64 {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.acquire().Unlock()
 	r := e.rare.Load()
 	if r == nil || r.directAt == 0 || now-r.directAt > window {
 		return 0
@@ -557,8 +640,7 @@ func (e *Entry) DirectRate(now, window int64) float64 {
 // request it was made for (a lease, or credit): the caller's decision of its next call (hybrid's
 // direct rule).
 func (e *Entry) SetThin(v bool) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.acquire().Unlock()
 	if v {
 		e.flags.set(fThin)
 		if r := e.more(); r.thinRun < maxThinRun {
@@ -581,8 +663,7 @@ func (e *Entry) Thin() bool { return e.flags.has(fThin) }
 // ThinRun returns how many synchronous answers in a row SetThin recorded as thin (at most 16): 0
 // after an answer that left this node something beyond its request, or before any answer.
 func (e *Entry) ThinRun() int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.acquire().Unlock()
 	if r := e.rare.Load(); r != nil {
 		return int(r.thinRun)
 	}
@@ -591,9 +672,8 @@ func (e *Entry) ThinRun() int {
 
 // Active reports whether the entry admitted or denied anything since its last call.
 func (e *Entry) Active() bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.Total()-e.burned.Load() != e.sentUsed || e.Denied() != e.sentDenied()
+	defer e.acquire().Unlock()
+	return e.Total()-e.burned.Load() != e.peek().sentUsed || e.Denied() != e.sentDenied()
 }
 
 // Unreported reports whether the entry admitted tokens Redis has not counted yet.
@@ -604,9 +684,8 @@ func (e *Entry) Unreported() bool {
 
 // Demand returns the entry's demand estimate, tokens/s.
 func (e *Entry) Demand() float64 {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.demand
+	defer e.acquire().Unlock()
+	return e.peek().demand
 }
 
 // Answer is Redis's answer to a call, as [Entry.Grant] applies it.
@@ -629,12 +708,13 @@ type Answer struct {
 // The mark becomes Charged + Credit: consumption since the call (debt not yet reported) counts
 // against the new credit.
 func (e *Entry) Grant(a Answer) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if a.Stale || a.Seq < e.applied || a.Seq > e.seq {
+	defer e.acquire().Unlock()
+	k, seq := e.peek(), uint32(a.Seq)
+	if a.Stale || seqBefore(seq, k.applied) || seqBefore(k.seq, seq) {
 		return
 	}
-	e.applied = a.Seq
+	k = e.record()
+	k.applied = seq
 	if a.Charged > e.charged.Load() {
 		e.charged.Store(a.Charged)
 	}
@@ -650,15 +730,15 @@ func (e *Entry) Grant(a Answer) {
 	} else {
 		e.flags.clear(fUnder)
 	}
-	e.grantedAt.Store(a.At)
-	e.leaseUntil.Store(a.LeaseUntil)
+	k.grantedAt.Store(a.At)
+	k.leaseUntil.Store(a.LeaseUntil)
 	if r := e.rare.Load(); r != nil || a.RetryAt != 0 {
 		if r == nil {
 			r = e.more()
 		}
 		r.retryAt.Store(a.RetryAt)
 	}
-	if r := e.rare.Load(); r != nil && r.excused > 0 && e.applied >= r.exSeq {
+	if r := e.rare.Load(); r != nil && r.excused > 0 && !seqBefore(k.applied, r.exSeq) {
 		e.markDirty() // the next call tells Redis of the excused tokens (Next): soon, and at Close
 	}
 }
@@ -667,9 +747,8 @@ func (e *Entry) Grant(a Answer) {
 // to charged, so those tokens can never be admitted, and the credit above charged stays. It reports
 // the tokens written off.
 func (e *Entry) Expire(now int64) int64 {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if now < e.leaseUntil.Load() {
+	defer e.acquire().Unlock()
+	if now < e.LeaseUntil() {
 		return 0
 	}
 	c := e.charged.Load()
@@ -687,10 +766,10 @@ func (e *Entry) Expire(now int64) int64 {
 }
 
 // GrantedAt returns the time of the last answer applied with Grant, on the caller's clock; 0 if none.
-func (e *Entry) GrantedAt() int64 { return e.grantedAt.Load() }
+func (e *Entry) GrantedAt() int64 { return e.peek().grantedAt.Load() }
 
 // LeaseUntil returns the time until which the unused lease may be used (caller's clock).
-func (e *Entry) LeaseUntil() int64 { return e.leaseUntil.Load() }
+func (e *Entry) LeaseUntil() int64 { return e.peek().leaseUntil.Load() }
 
 // RetryAt returns the time before which the node should not ask for more (caller's clock).
 func (e *Entry) RetryAt() int64 {
@@ -708,7 +787,7 @@ func (e *Entry) Under() bool { return e.flags.has(fUnder) }
 // the answer's time plus the refill the missing tokens take at the entry's rate; the answer's time
 // when it already held them.
 func (e *Entry) RefillAt(n int64) int64 {
-	at, g := e.grantedAt.Load(), e.globalMicro.Load()
+	at, g := e.GrantedAt(), e.globalMicro.Load()
 	if g >= n*1_000_000 {
 		return at
 	}
@@ -730,7 +809,7 @@ func (e *Entry) Denied() int64 {
 	return 0
 }
 
-// sentDenied returns the denied tokens at the last call; e.mu must be held.
+// sentDenied returns the denied tokens at the last call; e's lock must be held.
 func (e *Entry) sentDenied() int64 {
 	if r := e.rare.Load(); r != nil {
 		return r.sentDenied

@@ -642,7 +642,7 @@ func (s *Store) Sweep(now, idle int64) int {
 		for g := uint64(0); g <= t.mask; g++ {
 			for j := uint64(0); j < groupSlots; j++ {
 				e := t.secondChance(g, j)
-				if e == nil || now-e.grantedAt.Load() < max(idle, e.refillNanos()) || !e.tryEvict() {
+				if e == nil || now-e.GrantedAt() < max(idle, e.refillNanos()) || !e.tryEvict() {
 					continue
 				}
 				s.fold(e)
