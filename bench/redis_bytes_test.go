@@ -14,7 +14,7 @@ import (
 // BenchmarkRedisBytesPerBucket reports what Redis holds per key (metric B/key: MEMORY USAGE of the
 // key, name included, averaged over 1,000 keys): impl=lua-bucket, a strict central Lua token bucket's
 // hash (loadgen's "central" peer: fields t and u), after one take per key; impl=hybrid/nodes=N, a
-// hybrid bucket ("<prefix>:v5:b:{key}") that N limiters (each its own node id) decided on, every
+// hybrid bucket ("<prefix>:v6:b:{key}") that N limiters (each its own node id) decided on, every
 // limiter making one decision per key and then a Flush, so that each node's record is written. The
 // limit is 100/s with a burst of 100 for both. Run it with -benchtime 1x:
 //

@@ -16,11 +16,11 @@ import (
 // USAGE SAMPLES 0 of the key, name included, averaged over 1,000 keys named as bench's
 // BenchmarkRedisBytesPerBucket names them, prefixes of one length). Rows:
 //   - impl=central-bucket: the strict central Lua token bucket (internal/strictbucket) after one take;
-//   - impl=v5/nodes=N: this package's bucket after N nodes (node ids of 16 hex digits, as hybrid's
+//   - impl=v6/nodes=N: this package's bucket after N nodes (node ids of 16 hex digits, as hybrid's
 //     random ones) each made one Take;
 //   - impl=shape/…: hashes written with HSET, of the field names and value lengths given in the
-//     row's name (b48 = field "b" with a 48-byte value; n18v40 = an 18-byte field name with a
-//     40-byte value): the current layout's shape, to check that the shapes measure what the scripts
+//     row's name (b37 = field "b" with a 37-byte value; n9v32 = a 9-byte field name with a
+//     32-byte value): the current layout's shape, to check that the shapes measure what the scripts
 //     write, and candidate layouts, to tell what a layout must fit in to meet a size.
 //
 // Run it with -benchtime 1x (docs/benchmarks.md, issue 24's fifth pass):
@@ -49,7 +49,7 @@ func BenchmarkBucketBytes(b *testing.B) {
 		}
 	})
 	for _, nodes := range []int{1, 2, 8} {
-		b.Run("impl=v5/nodes="+strconv.Itoa(nodes), func(b *testing.B) {
+		b.Run("impl=v6/nodes="+strconv.Itoa(nodes), func(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				prefix := "bytes" + strconv.Itoa(nodes) + "x" + strconv.Itoa(i)
 				for k := range nodes {
@@ -76,7 +76,7 @@ func BenchmarkBucketBytes(b *testing.B) {
 		})
 	}
 	// A key only one-off takes touched (take.lua: the bucket and its one-off demand, no node record).
-	b.Run("impl=v5/one-off", func(b *testing.B) {
+	b.Run("impl=v6/one-off", func(b *testing.B) {
 		for i := 0; i < b.N; i++ {
 			prefix := "bytesoneoff" + strconv.Itoa(i)
 			cfg := testConfig(rdb, "node")
@@ -97,11 +97,12 @@ func BenchmarkBucketBytes(b *testing.B) {
 		}
 	})
 	shapes := []string{
-		"b48+n18v40",        // v5, one node: the bucket and a node record
+		"b37+n9v32",         // v6, one node: the bucket and a node record (a packed 16-digit id)
+		"b37+n9v32+n9v32",   // v6, two nodes
+		"b37",               // v6's bucket alone
+		"b37+n18v32",        // v6 with a 16-character id in the field name
+		"b48+n18v40",        // v5, one node
 		"b48+n18v40+n18v40", // v5, two nodes
-		"b48",               // v5's bucket alone
-		"b48+n10v40",        // node ids of 8 bytes
-		"b48+n3v40",         // node ids of 1 byte (a node number)
 		"b32+n3v24",         // narrower numbers, node numbers
 		"b36",               // one field for the bucket and its one node's record
 		"b20",

@@ -229,7 +229,7 @@ func New(cfg Config) (*Client, error) {
 	if rc, ok := flushB.Client.(*redis.ClusterClient); ok {
 		c.cluster = rc
 	}
-	c.keyArgs = []any{cfg.NodeID, cfg.PruneAge.Milliseconds(), cfg.Recount.Milliseconds(),
+	c.keyArgs = []any{NodeField(cfg.NodeID), cfg.PruneAge.Milliseconds(), cfg.Recount.Milliseconds(),
 		cfg.ActiveWindow.Milliseconds(), cfg.Horizon.Milliseconds(), cfg.Advance.Milliseconds(), 0, 0}
 	return c, nil
 }

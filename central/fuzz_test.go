@@ -322,21 +322,24 @@ func FuzzParseBucket(f *testing.F) {
 	f.Add("", int64(0), int64(0), int64(0), int64(0), int64(0), int64(0))
 	f.Add("-5000000:18c2a3b4c5d6e:13:13880:18c2a3b4c5d6e:18c2a3b4c5", int64(-5_000_000), int64(1_700_000_000_123_456),
 		int64(13), int64(80_000), int64(1_700_000_001_000_000), int64(1_700_000_000_123))
-	f.Add(strings.Repeat("0", 48), int64(1e15), int64(0), int64(1), int64(1), int64(1), int64(1))
+	f.Add(strings.Repeat("0", 37), int64(1e15), int64(0), int64(1), int64(1), int64(1), int64(1))
 	f.Add("1:2:3:4:5", int64(-2e15), int64(1<<53), int64(0), int64(1e12), int64(0), int64(0))
 	f.Fuzz(func(t *testing.T, field string, tok, ts, con, wm, nt, x int64) {
 		if b, err := ParseBucket(field); err == nil && (math.IsNaN(b.Demand) || math.IsInf(b.Demand, 0)) {
 			t.Fatalf("%q: demand %v", field, b.Demand)
 		}
 		// What the script writes: tokens down to -(burst + rate·advance) ≥ -2e15 micro-tokens, the
-		// times and counts non-negative, all below 2^53.
-		clamp := func(v, lo int64) int64 { return min(max(v, lo), 1<<53-1) }
-		tok, ts, con, wm, nt, x = clamp(tok, -2e15), clamp(ts, 0), clamp(con, 0), clamp(wm, 0), clamp(nt, 0), clamp(x, 0)
+		// times and counts non-negative, all below 2^53; w below 2^40 milli-tokens/s, x below 2^47 ms,
+		// nt within 2^39-1 µs of s (layout v6's widths).
+		clamp := func(v, lo, hi int64) int64 { return min(max(v, lo), hi) }
+		tok, ts, con, wm, x = clamp(tok, -2e15, 1<<53-1), clamp(ts, 0, 1<<53-1), clamp(con, 0, 1<<53-1),
+			clamp(wm, 0, 1<<40-1), clamp(x, 0, 1<<47-1)
+		nt = clamp(nt, max(ts-(1<<39-1), 0), ts+(1<<39-1))
 		want := Bucket{Tokens: tok, Refilled: ts, Consumed: con, Demand: float64(wm) / 1000, NextScan: nt, TTLSet: x}
 		text := fmt.Sprintf("%d:%x:%d:%x:%x:%x", tok, ts, con, wm, nt, x)
 		packed := make([]byte, 0, bucketPacked)
-		for _, v := range []float64{float64(tok), float64(ts), float64(con), float64(wm) / 1000, float64(nt), float64(x)} {
-			packed = binary.LittleEndian.AppendUint64(packed, math.Float64bits(v))
+		for i, v := range []int64{tok, ts, con, wm, nt - ts, x} {
+			packed = binary.LittleEndian.AppendUint64(packed, uint64(v))[:len(packed)+[6]int{7, 7, 7, 5, 5, 6}[i]]
 		}
 		for _, s := range []string{text, string(packed)} {
 			got, err := ParseBucket(s)
@@ -390,7 +393,7 @@ func compareEngines(t *testing.T, src *redis.Script, real, mini redis.UniversalC
 	var errs [2]error
 	for i, rdb := range []redis.UniversalClient{real, mini} {
 		require.NoError(t, rdb.Del(ctx, key).Err())
-		res, err := src.Run(ctx, rdb, []string{key}, "node", 60000, 1000, 4000, 4000, 0, 0, t0, arg).Result()
+		res, err := src.Run(ctx, rdb, []string{key}, NodeField("node"), 60000, 1000, 4000, 4000, 0, 0, t0, arg).Result()
 		require.NoError(t, err, "a key's argument fails that key only")
 		o, e := make([]State, 1), make([]error, 1)
 		require.NoError(t, decodeStates(res, o, e))
@@ -407,4 +410,33 @@ func compareEngines(t *testing.T, src *redis.Script, real, mini redis.UniversalC
 	}
 	assert.Equal(t, out[0].Status, out[1].Status, "%x", arg)
 	assert.Equal(t, out[0].Charged, out[1].Charged, "%x", arg)
+}
+
+// TestNodeField: a node id of 16 lower-case hexadecimal digits is stored as its 8 bytes after "m",
+// any other as "n:" and the id; the two forms never meet, and IsNodeField knows both.
+func TestNodeField(t *testing.T) {
+	ids := []string{"0123456789abcdef", "0123456789ABCDEF", "6e3a616263646566", "abcdef", "a",
+		"0123456789abcde", "0123456789abcdef0", "node-1", strings.Repeat("z", 64)}
+	seen := map[string]string{}
+	for _, id := range ids {
+		f := NodeField(id)
+		if !IsNodeField(f) {
+			t.Errorf("%q: field %q is not a node field", id, f)
+		}
+		if o, ok := seen[f]; ok {
+			t.Errorf("%q and %q share field %q", id, o, f)
+		}
+		seen[f] = id
+	}
+	if f := NodeField("0123456789abcdef"); f != "m\x01\x23\x45\x67\x89\xab\xcd\xef" {
+		t.Errorf("packed field %q", f)
+	}
+	if f := NodeField("0123456789ABCDEF"); f != "n:0123456789ABCDEF" {
+		t.Errorf("upper-case id: field %q, want the text form", f)
+	}
+	for _, f := range []string{"b", "o", "ban", BucketField, BanField} {
+		if IsNodeField(f) {
+			t.Errorf("%q taken for a node field", f)
+		}
+	}
 }

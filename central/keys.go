@@ -2,9 +2,9 @@ package central
 
 import (
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 
@@ -17,9 +17,12 @@ import (
 // (hexadecimal numbers in the bucket field, node records packed with struct.pack where Redis has
 // it). v4: the bucket field packed with struct.pack too (reconcile.lua). v5: one bucket per key,
 // whatever its limit (the limit travels in the scripts' arguments, so a changed rate or burst keeps
-// the key's consumption), with the key's ban in the bucket (field "x", see [BanField]). The keys of
+// the key's consumption), with the key's ban in the bucket (field "x", see [BanField]). v6: the same
+// fields in fewer bytes (issue 24): integers of the width they need in the bucket field (37 bytes
+// instead of 48) and in the node records (32 instead of 40), and a node id of 16 hexadecimal digits
+// stored as its 8 bytes in its record's field name ([NodeField]); v5 is not read. The keys of
 // package strict ("<prefix>:v1:{tag}:…", strict.Version) never share a name with them.
-const Version = "v5"
+const Version = "v6"
 
 // internalVersion is the layout version of the limiter's own structures (the ban list and its
 // change log). Their layout has not changed since v3, so they keep their v3 names: bans survive an
@@ -29,7 +32,7 @@ const internalVersion = "v3"
 // ErrBadPrefix is returned for a key prefix that is empty or contains a '{', '}' or whitespace.
 var ErrBadPrefix = redisx.NewError(redisx.ClassInvalid, "central: key prefix must be non-empty and contain no braces or spaces")
 
-// The namespaces: buckets under "<prefix>:v5:b:", the limiter's own structures under "<prefix>:v3:x:".
+// The namespaces: buckets under "<prefix>:v6:b:", the limiter's own structures under "<prefix>:v3:x:".
 // User keys only ever appear after "b:"; no user key can reach the "x:" namespace, and a bucket's
 // name never starts like an internal one (the versions differ, and so do "b:" and "x:").
 const (
@@ -37,7 +40,7 @@ const (
 	internalSpace = ":" + internalVersion + ":x:"
 )
 
-// BucketKey returns the Redis key of the global bucket for key: "<prefix>:v5:b:{<key>}". The key is
+// BucketKey returns the Redis key of the global bucket for key: "<prefix>:v6:b:{<key>}". The key is
 // the hash tag, so in a Cluster a bucket and everything of its key live in one slot. Any key is
 // accepted, including one with braces or NUL bytes: two different keys always give two different
 // Redis keys, and none of them can equal [BansKey] or any other key of the limiter's own.
@@ -75,13 +78,32 @@ const BucketField = "b"
 // of Redis TIME, in decimal (bucketban.lua; [Client.Ban]).
 const BanField = "ban"
 
-// bucketPacked is the length of a bucket field packed with struct.pack("<dddddd").
-const bucketPacked = 48
+// bucketPacked is the length of a bucket field packed with struct.pack("<i7I7I7I5i5i6").
+const bucketPacked = 37
 
-// ParseBucket decodes a bucket's "b" field, for tests and admin tools. On Redis the field is six
-// little-endian float64s (struct.pack("<dddddd"): tokens, refill time, consumed, demand in tokens/s,
-// next scan, TTL set); where Redis's Lua has no struct library (miniredis, in tests) it is the text
-// "t:s:c:w:nt:x", t and c decimal, the others hexadecimal, w in milli-tokens/s (reconcile.lua).
+// NodeField returns the hash field of the node record that the node with id keeps in every bucket it
+// leases from (reconcile.lua): "m" and the id's 8 bytes for an id of 16 lower-case hexadecimal
+// digits (hybrid's random ids), else "n:" and the id. The two forms start with different bytes and
+// each is one-to-one, so no two ids share a field.
+func NodeField(id string) string {
+	if len(id) == 16 {
+		if b, err := hex.DecodeString(id); err == nil && hex.EncodeToString(b) == id {
+			return "m" + string(b)
+		}
+	}
+	return "n:" + id
+}
+
+// IsNodeField reports whether a bucket's hash field f is a node record's ([NodeField]).
+func IsNodeField(f string) bool {
+	return len(f) == 9 && f[0] == 'm' || strings.HasPrefix(f, "n:")
+}
+
+// ParseBucket decodes a bucket's "b" field, for tests and admin tools. On Redis the field is 37
+// bytes of little-endian integers (struct.pack("<i7I7I7I5i5i6"): tokens, refill time, consumed,
+// demand in milli-tokens/s, next scan as its offset from the refill time, TTL set); where Redis's
+// Lua has no struct library (miniredis, in tests) it is the text "t:s:c:w:nt:x", t and c decimal,
+// the others hexadecimal, w in milli-tokens/s (reconcile.lua).
 func ParseBucket(b string) (Bucket, error) {
 	if p := strings.Split(b, ":"); len(p) == 6 {
 		t, err1 := strconv.ParseInt(p[0], 10, 64)
@@ -102,16 +124,22 @@ func ParseBucket(b string) (Bucket, error) {
 	if len(b) != bucketPacked {
 		return Bucket{}, fmt.Errorf("%w: bucket field %q", ErrBadReply, b)
 	}
-	var v [6]float64
-	for i := range v {
-		v[i] = math.Float64frombits(binary.LittleEndian.Uint64([]byte(b[8*i : 8*i+8])))
-		whole := v[i] == math.Trunc(v[i]) || i == 3 // the demand is the only fraction
-		if !whole || !(math.Abs(v[i]) <= 1<<62) {   // NaN fails the comparison
-			return Bucket{}, fmt.Errorf("%w: bucket field %x", ErrBadReply, b)
+	// Little-endian integers of 7, 7, 7, 5, 5 and 6 bytes: t, s, c (signed, unsigned, unsigned), w in
+	// milli-tokens/s (unsigned), nt - s and x (signed).
+	var v [6]int64
+	off := 0
+	for i, w := range [6]int{7, 7, 7, 5, 5, 6} {
+		var buf [8]byte
+		copy(buf[:], b[off:off+w])
+		u := binary.LittleEndian.Uint64(buf[:])
+		if signed := i == 0 || i >= 4; signed && u>>(8*w-1) == 1 {
+			u |= ^uint64(0) << (8 * w) // sign extension
 		}
+		v[i] = int64(u)
+		off += w
 	}
-	return Bucket{Tokens: int64(v[0]), Refilled: int64(v[1]), Consumed: int64(v[2]), Demand: v[3],
-		NextScan: int64(v[4]), TTLSet: int64(v[5])}, nil
+	return Bucket{Tokens: v[0], Refilled: v[1], Consumed: v[2], Demand: float64(v[3]) / 1000,
+		NextScan: v[1] + v[4], TTLSet: v[5]}, nil
 }
 
 // FleetKey returns the Redis key of the registry of live nodes under prefix (fleet.lua).

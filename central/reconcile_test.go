@@ -357,7 +357,7 @@ func TestScriptPrunesDepartedNodes(t *testing.T) {
 		require.NoError(t, err)
 		var nodes []string
 		for _, f := range fields {
-			if strings.HasPrefix(f, "n:") {
+			if IsNodeField(f) {
 				nodes = append(nodes, f)
 			}
 		}
@@ -403,7 +403,7 @@ func TestScriptRejectsBadNumbers(t *testing.T) {
 			{"long argument", append(packed(1, 0, 0, 0, 0, 1, 1, 1, 1, 10), 0)},
 			{"text argument", []byte("1")},
 		} {
-			args := []any{"node", 60000, 1000, 4000, 4000, 0, 0, 0, tc.arg}
+			args := []any{NodeField("node"), 60000, 1000, 4000, 4000, 0, 0, 0, tc.arg}
 			res, err := src.Eval(ctx, rdb, []string{"t:" + Version + ":b:{bad}:1:10"}, args...).Result()
 			require.NoError(t, err, tc.name)
 			out, errs := make([]State, 1), make([]error, 1)
@@ -415,7 +415,7 @@ func TestScriptRejectsBadNumbers(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, int64(0), n, "a rejected key writes nothing")
 		// The same argument, well-formed, is applied: the cases above fail on their one bad value.
-		res, err := src.Eval(ctx, rdb, []string{"t:" + Version + ":b:{bad}:1:10"}, "node", 60000, 1000, 4000, 4000, 0, 0, 0,
+		res, err := src.Eval(ctx, rdb, []string{"t:" + Version + ":b:{bad}:1:10"}, NodeField("node"), 60000, 1000, 4000, 4000, 0, 0, 0,
 			packed(1, 0, 0, 0, 0, 1, 1, 1, 1, 10)).Result()
 		require.NoError(t, err)
 		out, errs := make([]State, 1), make([]error, 1)
@@ -428,7 +428,7 @@ func TestScriptRejectsBadNumbers(t *testing.T) {
 			packed(1, 0, 0, 0, 0, 1, 1, 1, 1, 10)).Err()
 		require.Error(t, err)
 		// So does a call with ten text numbers per key (the protocol before the packed argument).
-		err = src.Eval(ctx, rdb, []string{"t:" + Version + ":b:{bad}:1:10"}, "node", 60000, 1000, 4000, 4000, 0, 0, 0,
+		err = src.Eval(ctx, rdb, []string{"t:" + Version + ":b:{bad}:1:10"}, NodeField("node"), 60000, 1000, 4000, 4000, 0, 0, 0,
 			1, 0, 0, 0, 0, 1, 1, 1, "1", 10).Err()
 		require.ErrorContains(t, err, "want 9 arguments")
 		// Go rejects bad limits before they are sent.
@@ -483,7 +483,7 @@ func TestUserKeysCannotReachInternalStructures(t *testing.T) {
 		for _, in := range internal {
 			assert.NotEqual(t, in, BucketKey("hr", k), k)
 		}
-		assert.True(t, strings.HasPrefix(BucketKey("hr", k), "hr:v5:b:{"), k)
+		assert.True(t, strings.HasPrefix(BucketKey("hr", k), "hr:v6:b:{"), k)
 	}
 	for _, in := range internal {
 		assert.True(t, strings.HasPrefix(in, "hr:v3:x:"), in)
@@ -563,7 +563,7 @@ func TestBreakerOpensAndFailsFast(t *testing.T) {
 }
 
 func TestKeysAndSlots(t *testing.T) {
-	assert.Equal(t, "hr:v5:b:{user:1}", BucketKey("hr", "user:1"), "the limit is not part of the name")
+	assert.Equal(t, "hr:v6:b:{user:1}", BucketKey("hr", "user:1"), "the limit is not part of the name")
 	assert.Equal(t, uint16(0x31C3), redisx.CRC16("123456789"), "CRC-16/XMODEM check value")
 	assert.Equal(t, redisx.Slot("bar"), redisx.Slot("x{bar}y"))
 	assert.Equal(t, redisx.Slot("a{}b"), int(redisx.CRC16("a{}b")&16383), "empty tag hashes the whole key")

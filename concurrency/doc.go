@@ -72,7 +72,7 @@
 //
 // Keys are 1 to MaxKeyLen bytes of anything, braces and NUL bytes included. They are stored as they
 // are (hash them yourself if they are secret). A key's Redis name starts with "<prefix>:v1:c:{",
-// which no name of package hybrid (":v5:b:", ":v3:x:") or of the strict algorithms (":v1:{") starts
+// which no name of package hybrid (":v6:b:", ":v3:x:") or of the strict algorithms (":v1:{") starts
 // with, so no key can reach another structure of the limiter's. The same key must be used with one
 // limit: a call counts the key's leases against its own limit.
 package concurrency

@@ -8,7 +8,7 @@ import (
 )
 
 // keySpace is the namespace of this package's keys under the prefix: "<prefix>:v1:c:{<key>}". Package
-// hybrid's keys are "<prefix>:v5:b:…" and "<prefix>:v3:x:…", the strict algorithms'
+// hybrid's keys are "<prefix>:v6:b:…" and "<prefix>:v3:x:…", the strict algorithms'
 // "<prefix>:v1:{…", so no key of this package can name any of theirs, whatever the user key holds.
 const keySpace = ":" + Layout + ":c:{"
 

@@ -2,7 +2,6 @@ package hybrid
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -242,7 +241,7 @@ func TestDeniedOneOffTakesStayDirect(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, f := range fields {
-			if strings.HasPrefix(f, "n:") {
+			if central.IsNodeField(f) {
 				t.Errorf("field %q: the node asked for a lease after %d denials; want one-off takes only", f, denied)
 			}
 		}

@@ -400,7 +400,7 @@ func WithInstance(name string) Option {
 // Rate must be finite, from 1e-9 (one token in 31.7 years) to 1e9; Burst from 1 to 1e9.
 //
 // A key has one bucket whatever its limit: the limit is not part of the bucket's identity (neither
-// in Redis, "<prefix>:v5:b:{key}", nor in this process). To change a key's limit without resetting
+// in Redis, "<prefix>:v6:b:{key}", nor in this process). To change a key's limit without resetting
 // it, call with the same key and the new Limit: the key keeps its consumption, its tokens are
 // clamped to the new Burst and refill at the new Rate from the change on, and this node's lease
 // and credit are kept (they were charged to the same bucket, so nothing is granted twice). Nodes

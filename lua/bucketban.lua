@@ -1,5 +1,5 @@
 #!lua
--- bucketban.lua (key layout v5): keep a key's ban in its bucket, where reconcile.lua and take.lua read
+-- bucketban.lua (key layout v6): keep a key's ban in its bucket, where reconcile.lua and take.lua read
 -- it in the same HMGET as the bucket: the first call for a key sees its ban whatever a node's local
 -- copy of the ban list holds (its cap), and in a Redis Cluster the ban is in the bucket's slot. The
 -- ban list (ban.lua) keeps the same bans for the nodes' local copies; package central writes both.

@@ -1,4 +1,4 @@
--- peek.lua (key layout v5): read one global token bucket, refilled to now, without changing it.
+-- peek.lua (key layout v6): read one global token bucket, refilled to now, without changing it.
 --
 -- KEYS[1]  bucket key (reconcile.lua documents its fields; only "b" is read)
 -- ARGV[1]  rate (tokens/s), ARGV[2] burst, ARGV[3] time override in µs ("0" = use Redis TIME; tests only)
@@ -13,7 +13,7 @@ end
 if not (burst and burst >= 1 and burst <= 1e9 and burst % 1 == 0) then
   return redis.error_reply('ERR hybridrate: bad burst')
 end
-if not (now and now >= 0 and now <= 1e17) then
+if not (now and now >= 0 and now <= 7e16) then
   return redis.error_reply('ERR hybridrate: bad time override')
 end
 if now == 0 then
@@ -26,8 +26,8 @@ if not b then return { 0, burst_u, 0 } end
 local tokens, ts
 local st = rawget(_G, 'struct') -- as reconcile.lua: packed where Redis has struct, else text
 if st ~= nil then
-  if #b ~= 48 then return { 0, burst_u, 0 } end
-  tokens, ts = st.unpack('<dd', b)
+  if #b ~= 37 then return { 0, burst_u, 0 } end
+  tokens, ts = st.unpack('<i7I7', b)
 else
   local t, s = string.match(b, '^(%-?%d+):(%x+):') -- t decimal, s hexadecimal
   if t == nil then return { 0, burst_u, 0 } end

@@ -1,23 +1,34 @@
 #!lua
--- reconcile.lua (key layout v5): lease tokens of global token buckets to nodes, and apply what the
+-- reconcile.lua (key layout v6): lease tokens of global token buckets to nodes, and apply what the
 -- nodes consumed beyond their leases.
 --
 -- One call handles one or more buckets (all KEYS must share a cluster slot). Each bucket is a hash
 -- of two kinds of fields (packed into strings: every field read or written costs Redis CPU):
---   b   the bucket: t, s, c, w, nt, x, packed with struct.pack('<dddddd') where Redis's Lua has the
---       struct library (every Redis since 2.6), else (gopher-lua: miniredis, in tests) the text
---       "t:s:c:w:nt:x", t and c decimal, the others hexadecimal (lower case), w in milli-tokens/s:
+--   b   the bucket: t, s, c, w, nt, x, packed into 37 bytes with struct.pack('<i7I7I7I5i5i6', t, s,
+--       c, w in milli-tokens/s, nt - s, x) where Redis's Lua has the struct library (every Redis
+--       since 2.6), else (gopher-lua: miniredis, in tests) the text "t:s:c:w:nt:x", t and c decimal,
+--       the others hexadecimal (lower case), w in milli-tokens/s. Each integer has the width it
+--       needs (layout v6, issue 24: 37 bytes instead of v5's six float64s, 48), and is exact: struct
+--       writes the low bytes of the number's integer value and reads them back sign- or zero-extended,
+--       which is exact for integers of that width (all below 2^53):
 --       t   tokens in the bucket, in micro-tokens (integer; negative: lent ahead or debt, down to
 --           -(burst + rate·advance))
 --       s   time of the last refill, µs of Redis TIME
 --       c   tokens admitted in total, as the nodes report them (accounting; never decreases)
---       w   the demand on the key, tokens/s: the sum of the demands the active nodes declared
---       nt  next time (µs) the node records are scanned: w recomputed, departed nodes pruned
+--       w   the demand on the key, tokens/s: the sum of the demands the active nodes declared,
+--           stored rounded to milli-tokens/s (as the text always was), at most 2^40-1 of them
+--       nt  next time (µs) the node records are scanned: w recomputed, departed nodes pruned;
+--           stored as its offset from s, clamped to ±(2^39-1) µs (6.4 days: a later scan is
+--           brought forward to then; a scan period is at most a minute or so in practice)
 --       x   time (ms, Redis TIME even under a time override: Redis expires keys on its own clock)
 --           the key's TTL was last set; it is set again once half of it has passed
---   n:<node>  this node's record: inc, chg, used, demand (tokens/s), seen (ms); packed with
---             struct.pack('<ddddd') where Redis's Lua has struct, else the text
---             "inc:chg:used:demand:seen".
+--   n:<node>, or m<8 bytes>  this node's record (the field name is ARGV[1], built by the Go client:
+--             "m" and the 8 bytes of a node id of 16 lower-case hexadecimal digits, as hybrid's
+--             random ids are, else "n:" and the id; the two forms cannot collide, as their first
+--             bytes differ, and each is one-to-one): inc, chg, used, demand (milli-tokens/s,
+--             rounded), seen (ms), packed into 32 bytes with struct.pack('<I7I7I7I5I6') where
+--             Redis's Lua has struct, else the text "inc:chg:used:demand:seen" (demand in tokens/s
+--             with 3 decimals).
 --   o   the key's one-off demand: the tokens/s that one-off takes (take.lua, and inc 0 here) took,
 --       as an exponentially decayed rate with a time constant of one second, and the time (µs) it was
 --       last updated: struct.pack('<dd') where Redis's Lua has struct, else the text "rate:time"
@@ -30,13 +41,14 @@
 --       "<prefix>:v3:x:" keeps the same ban for the nodes' local copies). Read with the bucket in the
 --       same HMGET, so that the first call for a key sees its ban whatever a node's local copy holds.
 --
--- The limit is not part of the key (layout v5): each call sends its own rate and burst, and the
+-- The limit is not part of the key (layouts v5 and v6): each call sends its own rate and burst, and the
 -- bucket is refilled at the call's rate since its last write and clamped to the call's burst. A
 -- changed limit so keeps the key's consumption (tokens above a lowered burst are dropped; a raised
 -- burst fills at the rate from then on), and nodes that send different limits for one key count in
 -- one bucket: the latest call's limit refills it, and each node's lease is sized by the limit it
 -- sent.
--- Every value is an integer below 2^53 but w and demand, so a double holds it exactly.
+-- Every value is an integer below 2^53 but w and demand, so a double holds it exactly; the times
+-- (s, seen) fit their widths until the year 4000 (a time override is at most 7e16 µs).
 --
 -- Cost (what this layout is for): in Redis 7.0's Lua, tonumber of a decimal is glibc's strtod (about
 -- 0.1 µs), of a hexadecimal strtoul (about 0.04 µs); string.format of the six bucket values costs
@@ -65,7 +77,8 @@
 -- at once, or denied.
 --
 -- KEYS[i]  bucket key
--- ARGV[1]  node id (no ':'), ARGV[2] prune age ms (a node's record is dropped this long after its
+-- ARGV[1]  this node's record field ("n:<node id>", the id without ':', or "m" and 8 bytes: above),
+-- ARGV[2] prune age ms (a node's record is dropped this long after its
 -- last call), ARGV[3] scan period ms, ARGV[4] active window ms (a node's demand counts in w this
 -- long after its last call), ARGV[5] lease horizon ms (a lease is sized to last this long),
 -- ARGV[6] lease advance ms (while the key's demand is under its rate, renewals may draw
@@ -105,7 +118,7 @@ local spack, sunpack
 local st = rawget(_G, 'struct')
 if st ~= nil then spack, sunpack = st.pack, st.unpack end
 
-local node = ARGV[1]
+local field = ARGV[1]
 local prune_ms = tonum(ARGV[2])
 local scan_ms = tonum(ARGV[3])
 local window_ms = tonum(ARGV[4])
@@ -113,7 +126,8 @@ local horizon_ms = tonum(ARGV[5])
 local advance_ms = tonum(ARGV[6])
 local fleet_n = tonum(ARGV[7])
 local now = tonum(ARGV[8])
-if node == nil or node == '' or sfind(node, ':', 1, true) then
+if field == nil or not ((#field == 9 and ssub(field, 1, 1) == 'm') or
+    (#field > 2 and ssub(field, 1, 2) == 'n:' and not sfind(field, ':', 3, true))) then
   return redis.error_reply('ERR hybridrate: bad node id')
 end
 if prune_ms == nil or prune_ms ~= prune_ms or prune_ms < 1 or prune_ms > 1e10 then
@@ -134,7 +148,7 @@ end
 if fleet_n == nil or fleet_n ~= fleet_n or fleet_n < 0 or fleet_n > 1e9 then
   return redis.error_reply('ERR hybridrate: bad fleet size')
 end
-if now == nil or now ~= now or now < 0 or now > 1e17 then
+if now == nil or now ~= now or now < 0 or now > 7e16 then
   return redis.error_reply('ERR hybridrate: bad time override')
 end
 local ttl_ms -- Redis's own clock in ms: it expires keys, so a key's TTL is kept on it (the x field)
@@ -147,7 +161,6 @@ else
 end
 local now_ms = floor(now / 1000)
 if ttl_ms == nil then ttl_ms = now_ms end
-local field = 'n:' .. node
 local NG = 8
 if #ARGV ~= NG + #KEYS then
   return redis.error_reply('ERR hybridrate: want ' .. (NG + #KEYS) .. ' arguments, got ' .. #ARGV)
@@ -166,8 +179,9 @@ end
 local function parse(s)
   if not s then return nil end
   if sunpack then
-    if #s ~= 40 then return nil end
-    return sunpack('<ddddd', s)
+    if #s ~= 32 then return nil end
+    local inc, chg, used, dm, seen = sunpack('<I7I7I7I5I6', s)
+    return inc, chg, used, dm / 1000, seen
   end
   local a, b, c, d, e = smatch(s, '^(%d+):(%d+):(%d+):([%d.]+):(%d+)$')
   if a == nil then return nil end
@@ -201,17 +215,27 @@ end
 -- malformed.
 local function unbucket(s)
   if sunpack then
-    if #s ~= 48 then return nil end
-    return sunpack('<dddddd', s)
+    if #s ~= 37 then return nil end
+    local t, ts, c, wm, dnt, x = sunpack('<i7I7I7I5i5i6', s)
+    return t, ts, c, wm / 1000, ts + dnt, x
   end
   local t1, t2, t3, t4, t5, t6 = smatch(s, '^(%-?%d+):(%x+):(%d+):(%x+):(%x+):(%x+)$')
   if t1 == nil then return nil end
   return tonum(t1), tonum(t2, 16), tonum(t3), tonum(t4, 16) / 1000, tonum(t5, 16), tonum(t6, 16)
 end
 
+-- The widths' bounds: w in milli-tokens/s (5 bytes, unsigned) and nt - s in µs (5 bytes, signed).
+local W_MAX, NT_MAX = 1099511627775, 549755813887
+
 -- bucket packs the bucket field (see unbucket).
 local function bucket(tokens, ts, consumed, w, next_scan, ttl_set)
-  if spack then return spack('<dddddd', tokens, ts, consumed, w, next_scan, ttl_set) end
+  if spack then
+    local wm = floor(w * 1000 + 0.5)
+    if wm > W_MAX then wm = W_MAX elseif wm < 0 then wm = 0 end
+    local dnt = next_scan - ts
+    if dnt > NT_MAX then dnt = NT_MAX elseif dnt < -NT_MAX then dnt = -NT_MAX end
+    return spack('<i7I7I7I5i5i6', tokens, ts, consumed, wm, dnt, ttl_set)
+  end
   return sformat('%d:%x:%d:%x:%x:%x', tokens, ts, consumed, w * 1000 + 0.5, next_scan, ttl_set)
 end
 
@@ -246,7 +270,7 @@ end
 
 -- record packs a node record (see parse).
 local function record(inc, chg, used, d, seen)
-  if spack then return spack('<ddddd', inc, chg, used, d, seen) end
+  if spack then return spack('<I7I7I7I5I6', inc, chg, used, floor(d * 1000 + 0.5), seen) end
   return sformat('%d:%d:%d:%.3f:%d', inc, chg, used, d, seen)
 end
 
@@ -500,8 +524,21 @@ local function process(i, key)
     w = demand
     for j = 1, #all, 2 do
       local f = all[j]
-      if ssub(f, 1, 2) == 'n:' and f ~= field then
-        local r_inc, _, _, r_d, r_seen = parse(all[j + 1])
+      if f ~= field and ((#f == 9 and ssub(f, 1, 1) == 'm') or ssub(f, 1, 2) == 'n:') then
+        -- Only the demand and the last-seen time are read (a packed record's last 11 bytes):
+        -- struct.unpack of integers of odd widths costs more than of doubles, per number.
+        local r_inc, r_d, r_seen
+        if sunpack then
+          local v = all[j + 1]
+          if #v == 32 then
+            r_inc = 0
+            r_d, r_seen = sunpack('<I5I6', v, 22)
+            r_d = r_d / 1000
+          end
+        else
+          local c2, c3
+          r_inc, c2, c3, r_d, r_seen = parse(all[j + 1])
+        end
         if r_inc == nil or r_seen < now_ms - prune_ms then
           rcall('HDEL', key, f)
         elseif r_seen >= now_ms - window_ms then

@@ -1,5 +1,5 @@
 #!lua
--- take.lua (key layout v5): a one-off take from a global token bucket of reconcile.lua's layout: n
+-- take.lua (key layout v6): a one-off take from a global token bucket of reconcile.lua's layout: n
 -- tokens are taken and counted at once, or denied; nothing is leased and no node record is read or
 -- written. It is for a node that sees a key too rarely to use a lease before it expires, on a fleet
 -- larger than the key's burst (hybrid's direct rule, issue 21): such a decision costs Redis what a
@@ -35,7 +35,7 @@ end
 if not (window_ms ~= nil and window_ms >= 1 and window_ms <= 1e10) then
   return redis.error_reply('ERR hybridrate: bad active window')
 end
-if not (now ~= nil and now >= 0 and now <= 1e17) then return redis.error_reply('ERR hybridrate: bad time override') end
+if not (now ~= nil and now >= 0 and now <= 7e16) then return redis.error_reply('ERR hybridrate: bad time override') end
 if not (fleet_n ~= nil and fleet_n >= 0 and fleet_n <= 1e9) then return redis.error_reply('ERR hybridrate: bad fleet size') end
 -- The key's TTL is kept on Redis's own clock, which expires keys, whatever the decisions' clock
 -- (as reconcile.lua's): it is refreshed when half of it has passed. (Until 2026-11-27 a call under
@@ -52,7 +52,11 @@ local h = redis.call('HMGET', KEYS[1], 'b', 'ban', 'o')
 local b, ban = h[1], tonum(h[2])
 if b then
   if st ~= nil then
-    if #b == 48 then tokens, ts, consumed, w, next_scan, ttl_set = st.unpack('<dddddd', b) end
+    if #b == 37 then
+      local wm, dnt
+      tokens, ts, consumed, wm, dnt, ttl_set = st.unpack('<i7I7I7I5i5i6', b)
+      w, next_scan = wm / 1000, ts + dnt
+    end
   else
     local t1, t2, t3, t4, t5, t6 = string.match(b, '^(%-?%d+):(%x+):(%d+):(%x+):(%x+):(%x+)$')
     if t1 ~= nil then
@@ -125,7 +129,10 @@ end
 ow = ow + n * 1000000 / ONEOFF_TAU
 local o
 if st ~= nil then
-  b = st.pack('<dddddd', tokens, ts, consumed, w, next_scan, ttl_set)
+  -- reconcile.lua's bucket(): w in milli-tokens/s, nt as its offset from s, each clamped to its width.
+  local wm = mmin(mmax(floor(w * 1000 + 0.5), 0), 1099511627775)
+  local dnt = mmin(mmax(next_scan - ts, -549755813887), 549755813887)
+  b = st.pack('<i7I7I7I5i5i6', tokens, ts, consumed, wm, dnt, ttl_set)
   o = st.pack('<dd', ow, now)
 else
   b = string.format('%d:%x:%d:%x:%x:%x', tokens, ts, consumed, w * 1000 + 0.5, next_scan, ttl_set)

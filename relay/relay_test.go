@@ -3,9 +3,9 @@ package relay_test
 import (
 	"context"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -129,6 +129,8 @@ func nodeRecords(t *testing.T, rdb redis.UniversalClient, prefix, key string) []
 	for _, f := range fields {
 		if n, ok := strings.CutPrefix(f, "n:"); ok {
 			nodes = append(nodes, n)
+		} else if central.IsNodeField(f) {
+			nodes = append(nodes, hex.EncodeToString([]byte(f[1:])))
 		}
 	}
 	slices.Sort(nodes)
@@ -243,17 +245,17 @@ func TestRelayAnswers(t *testing.T) {
 	if err := r.Tick(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// The relay's record in the bucket (reconcile.lua: inc, chg, used, demand, seen as
-	// little-endian float64s) counts everything admitted: the two leasing takes of 1 and the one-off
-	// takes.
-	rec, err := rdb.HGet(ctx, central.BucketKey("rt2", "k"), "n:relay").Bytes()
+	// The relay's record in the bucket (reconcile.lua: inc, chg, used, demand, seen as little-endian
+	// integers of 7, 7, 7, 5 and 6 bytes) counts everything admitted: the two leasing takes of 1 and
+	// the one-off takes.
+	rec, err := rdb.HGet(ctx, central.BucketKey("rt2", "k"), central.NodeField("relay")).Bytes()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rec) != 40 {
-		t.Fatalf("record of %d bytes, want 40", len(rec))
+	if len(rec) != 32 {
+		t.Fatalf("record of %d bytes, want 32", len(rec))
 	}
-	used := math.Float64frombits(binary.LittleEndian.Uint64(rec[16:24]))
+	used := binary.LittleEndian.Uint64(append(rec[14:21:21], 0))
 	if int(used) != taken+2 {
 		t.Errorf("Redis counted %v admitted, want %d", used, taken+2)
 	}

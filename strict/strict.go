@@ -47,7 +47,7 @@ var (
 func IsTransport(err error) bool { return redisx.IsTransport(err) }
 
 // Version is the layout version embedded in every key: "<prefix>:v1:{tag}:rule:alg". The hybrid
-// limiter's keys ("<prefix>:v5:b:…" and "<prefix>:v3:x:…", central.Version) never share a name with these.
+// limiter's keys ("<prefix>:v6:b:…" and "<prefix>:v3:x:…", central.Version) never share a name with these.
 const Version = "v1"
 
 // Bounds of rules and requests, checked in Go before anything is sent and again by the scripts.

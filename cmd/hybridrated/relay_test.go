@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/internal/redistest"
 )
 
@@ -127,6 +129,8 @@ func bucketRecords(t *testing.T, srv *redistest.Server) map[string][]string {
 		for _, f := range fields {
 			if n, ok := strings.CutPrefix(f, "n:"); ok {
 				nodes = append(nodes, n)
+			} else if central.IsNodeField(f) {
+				nodes = append(nodes, hex.EncodeToString([]byte(f[1:])))
 			}
 		}
 		out[k] = nodes

@@ -2,6 +2,7 @@ package fleetsim
 
 import (
 	"context"
+	"encoding/hex"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/hybridrate/hybridrate/central"
 	"github.com/hybridrate/hybridrate/hybrid"
 	"github.com/hybridrate/hybridrate/internal/redistest"
 )
@@ -199,7 +201,7 @@ func checkRelays(t *testing.T, c relayCase) {
 }
 
 // flushChecking returns a Config.Flush that checks every bucket's node records with ok (the ids of
-// its "n:" fields) before it flushes the server for the next run; a bucket that fails is an error.
+// its node fields, central.NodeField) before it flushes the server for the next run; a bucket that fails is an error.
 func flushChecking(t *testing.T, rdb *redis.Client, ok func(nodes []string) bool, want string) func(context.Context) error {
 	return func(ctx context.Context) error {
 		var cursor uint64
@@ -216,6 +218,8 @@ func flushChecking(t *testing.T, rdb *redis.Client, ok func(nodes []string) bool
 				for _, f := range rdb.HKeys(ctx, k).Val() {
 					if n, found := strings.CutPrefix(f, "n:"); found {
 						nodes = append(nodes, n)
+					} else if central.IsNodeField(f) {
+						nodes = append(nodes, hex.EncodeToString([]byte(f[1:])))
 					}
 				}
 				if !ok(nodes) {
