@@ -91,13 +91,7 @@ func seqBefore(a, b uint32) bool { return int32(a-b) < 0 }
 // stripe is one of the locks entries share (Entry.lock): mu is the mutex of each entry mapped to
 // it, and cond is what callers waiting for such an entry's call in flight sleep on (Fly).
 type stripe struct {
-	_    [(64 - unsafe.Sizeof(stripeFields{})%64) % 64]byte // a whole number of cache lines (first: a zero-size last field would add a word)
-	mu   sync.Mutex
-	cond sync.Cond
-}
-
-// stripeFields is stripe without its padding, to size it.
-type stripeFields struct {
+	_    [(64 - (unsafe.Sizeof(sync.Mutex{})+unsafe.Sizeof(sync.Cond{}))%64) % 64]byte // a whole number of cache lines (first: a zero-size last field would add a word)
 	mu   sync.Mutex
 	cond sync.Cond
 }
