@@ -1,5 +1,5 @@
 // Package every runs a function periodically until a context ends: the background loops of the
-// limiter, the reloaders and the daemons (ban checks, idle sweeps, Redis policy checks, directory
+// limiter, the reloaders and the daemons (idle sweeps, heartbeats, Redis policy checks, directory
 // polls, memory returns). It owns no state; each loop is the caller's goroutine.
 package every
 
