@@ -435,3 +435,56 @@ func TestIdleKeysLeaveMemory(t *testing.T) {
 		assert.ErrorIs(t, err, hybrid.ErrBadOption)
 	})
 }
+
+// coveringUpstream answers every synchronous take "covered" without charging the node anything it
+// can see, as an answer that a later call's answer overtook looks to the node; its reconciles fail.
+type coveringUpstream struct {
+	takes atomic.Int64
+	mu    sync.Mutex
+	used  int64 // the Used of the last take
+}
+
+func (u *coveringUpstream) Take(_ context.Context, _ string, up central.Update) (central.State, error) {
+	u.takes.Add(1)
+	u.mu.Lock()
+	u.used = up.Used
+	u.mu.Unlock()
+	// A token left in the bucket: the node's overdraft credit is one token, which its first
+	// decision uses; later ones find the allowance spent.
+	return central.State{Status: central.StatusCovered, Tokens: 1_000_000}, nil
+}
+
+func (u *coveringUpstream) Reconcile(_ context.Context, _ string, updates []central.Update, _ []central.State, errs []error) error {
+	for i := range updates {
+		errs[i] = central.ErrUnavailable
+	}
+	return central.ErrUnavailable
+}
+
+// TestCoveredIsAdmitted: a decision Redis covered (and so counted) is admitted even when the node's
+// allowance never shows the covering lease, after its retries (the CI failure of 2026-11-28: Redis
+// counted one token more than the fleet admitted on a flood of new keys), and the admitted tokens are
+// the node's consumption, reported in its next call.
+func TestCoveredIsAdmitted(t *testing.T) {
+	_, rdb := redistest.Mini(t)
+	up := &coveringUpstream{}
+	lim, err := hybrid.New(rdb, hybrid.WithUpstream(up), hybrid.WithoutColdStart(), hybrid.WithCheckTimeout(time.Second))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = lim.Close(context.Background())
+		_ = rdb.Close()
+	})
+	limit := hybrid.Limit{Rate: 1, Burst: 5}
+	for i := range 3 {
+		before := up.takes.Load()
+		d, err := lim.Decide(context.Background(), "covered", limit)
+		require.NoError(t, err)
+		require.Greater(t, up.takes.Load(), before, "decision %d asked the upstream", i)
+		assert.True(t, d.Allowed, "decision %d: the upstream covered it", i)
+		assert.Equal(t, outcome.SourceCentral, d.Source)
+		up.mu.Lock()
+		assert.EqualValues(t, i, up.used, "decision %d's takes report the %d admitted before", i, i)
+		up.mu.Unlock()
+	}
+	assert.EqualValues(t, 3, lim.Stats().Central)
+}

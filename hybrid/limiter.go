@@ -788,8 +788,18 @@ func (l *Limiter) slow(ctx context.Context, key string, h uint64, limit Limit, n
 				allowed = res.Status == central.StatusCovered
 			default:
 				allowed = false
-				if res.Status == central.StatusCovered && attempt < maxAttempts {
-					continue
+				if res.Status == central.StatusCovered {
+					if attempt < maxAttempts {
+						continue
+					}
+					// Redis covered n and counted it for this very request, but the node's
+					// allowance does not show it: the answer was not applied (the answer to a later
+					// call of the key was applied first) or the lease was written off while the call
+					// was in flight. A denial here would leave Redis counting n tokens nobody was
+					// admitted; the last attempt admits n against that charge instead, recorded as
+					// the node's consumption (debt, if beyond what it was charged), as Gone does.
+					e.Add(n)
+					allowed = true
 				}
 			}
 			if !allowed && res.RetryAfter == 0 {
