@@ -40,13 +40,14 @@ rules:
 type sidecarProcess struct {
 	cmd    *exec.Cmd
 	base   string // http://host:port
+	grpc   string // host:port
 	stderr *logtest.Buffer
 	exited chan error
 }
 
 // startProcess runs bin with args (and env added to the test's environment), JSON logs, and waits
 // for its serving line.
-func startProcess(t *testing.T, bin string, env []string, args ...string) *sidecarProcess {
+func startProcess(t testing.TB, bin string, env []string, args ...string) *sidecarProcess {
 	t.Helper()
 	cmd := exec.Command(bin, append([]string{"-grpc", "127.0.0.1:0", "-http", "127.0.0.1:0", "-log-format", "json"}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
@@ -63,9 +64,9 @@ func startProcess(t *testing.T, bin string, env []string, args ...string) *sidec
 	require.Eventually(t, func() bool {
 		sc := bufio.NewScanner(strings.NewReader(p.stderr.String()))
 		for sc.Scan() {
-			var line struct{ Msg, HTTP string }
+			var line struct{ Msg, HTTP, GRPC string }
 			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "hybridrated serving" {
-				p.base = "http://" + line.HTTP
+				p.base, p.grpc = "http://"+line.HTTP, line.GRPC
 				return true
 			}
 		}

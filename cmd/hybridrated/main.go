@@ -237,7 +237,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	if perr != nil {
 		err = errors.Join(err, fmt.Errorf("HYBRIDRATED_MAX_KEYS: %w", perr))
 	}
-	fs.IntVar(&c.maxKeys, "max-keys", maxKeys, "cap on the keys each hybrid limiter holds in local memory (at least 64); about 145 bytes of heap each (and the key string; about 143 more once reconciled and while a key holds a lease), so 152-302 MB of heap at the default")
+	fs.IntVar(&c.maxKeys, "max-keys", maxKeys, "cap on the keys each hybrid limiter holds in local memory (at least 64); about 145 bytes of heap each (and the key string; about 143 more once reconciled and while a key holds a lease), so 152-302 MB of heap at the default, and up to twice that resident unless GOMEMLIMIT bounds it (docs/operations.md)")
 	if err != nil {
 		return c, err
 	}

@@ -47,7 +47,7 @@ var built struct {
 }
 
 // buildBinary builds the hybridrated binary on first use and returns its path.
-func buildBinary(t *testing.T) string {
+func buildBinary(t testing.TB) string {
 	t.Helper()
 	built.once.Do(func() {
 		if built.dir, built.err = os.MkdirTemp("", "hybridrated-test-"); built.err != nil {
@@ -159,7 +159,7 @@ rules:
     burst: 1000
 `
 
-func writePolicy(t *testing.T, dir, content string) string {
+func writePolicy(t testing.TB, dir, content string) string {
 	t.Helper()
 	p := filepath.Join(dir, "policy.yaml")
 	tmp := p + ".tmp"
