@@ -1,6 +1,7 @@
 package local
 
 import (
+	"math/rand/v2"
 	"runtime"
 	"sync/atomic"
 	"unsafe"
@@ -32,7 +33,9 @@ import (
 // A take from a slot counts its decision in the slot's word, as Store.Take counts one in the
 // entry's (see takeShift), and Store.fold folds the slots' counts with the entry's.
 type split struct {
-	slots []slot // a power of two of them, each on its own cache line
+	slots []slot        // a power of two of them, each on its own cache line
+	salt  atomic.Uint64 // mixed into slotHint: a new one sends the goroutines to other slots
+	lost  atomic.Uint32 // CASes lost on slots; every reshuffleAfter-th draws a new salt
 }
 
 // slot is one cache line of a split: its word holds, as an entry's does, tokens in its low
@@ -72,17 +75,15 @@ func (e *Entry) splitOf() *split {
 // Split reports whether e's allowance is split per core (see split).
 func (e *Entry) Split() bool { return e.flags.has(fSplit) }
 
-// doSplit splits e's allowance, unless it already is.
-func (e *Entry) doSplit() {
+// doSplit splits e's allowance, unless it already is, and reports whether it did.
+func (e *Entry) doSplit() bool {
 	defer e.acquire().Unlock()
 	if e.flags.has(fSplit) {
-		return
+		return false
 	}
-	r := e.more()
-	if r.split.Load() == nil {
-		r.split.Store(newSplit())
-	}
+	e.more().split.Store(newSplit())
 	e.flags.set(fSplit) // after the pointer: whoever sees the flag finds the split
+	return true
 }
 
 // total returns the tokens consumed: total in e's word, less the tokens e's slots hold. Lock-free;
@@ -132,8 +133,12 @@ func (e *Entry) drainLocked() {
 // other core half the time, on two cores).
 func slotHint() uint64 {
 	var b byte
-	return uint64(uintptr(unsafe.Pointer(&b))>>11) * 0x9e3779b97f4a7c15
+	return uint64(uintptr(unsafe.Pointer(&b)) >> 11)
 }
+
+// reshuffleAfter is the number of CASes lost on a split's slots that draws it a new salt: two
+// goroutines whose hints meet on one slot keep losing CASes there, until a salt parts them.
+const reshuffleAfter = 16
 
 // contended counts a CAS lost on e's word by a take, and splits e when it is the splitAfter-th of
 // the window (see split).
@@ -146,7 +151,9 @@ func (s *Store) contended(e *Entry) {
 			return
 		}
 		if f&lostMask == lostMask {
-			e.doSplit()
+			if e.doSplit() {
+				s.stats.Splits.Add(1)
+			}
 			e.flags.v.And(^uint32(lostMask))
 			return
 		}
@@ -164,7 +171,7 @@ func (s *Store) contended(e *Entry) {
 func (s *Store) takeSplit(e *Entry, n int64) *Entry {
 	sp := e.rare.Load().split.Load()
 	mask := uint64(len(sp.slots) - 1)
-	i := slotHint() >> 58 // the product's top bits, the well-mixed ones
+	i := ((slotHint() ^ sp.salt.Load()) * 0x9e3779b97f4a7c15) >> 58 // the product's top bits, the well-mixed ones
 	for range len(sp.slots) {
 		sl := &sp.slots[i&mask]
 		w := sl.word.Load()
@@ -177,6 +184,9 @@ func (s *Store) takeSplit(e *Entry, n int64) *Entry {
 				return s.afterSlot(e, sl, f, w, n)
 			}
 			return e
+		}
+		if sp.lost.Add(1)%reshuffleAfter == 0 {
+			sp.salt.Store(rand.Uint64())
 		}
 		i++ // another goroutine on this slot: the next one
 	}

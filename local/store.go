@@ -36,6 +36,7 @@ type Stats struct {
 	Inserts   atomic.Int64 // keys added
 	Evictions atomic.Int64 // clean keys evicted to make room
 	Full      atomic.Int64 // inserts refused because every candidate had pending consumption
+	Splits    atomic.Int64 // entries whose allowance was split per core (see Entry.Split)
 
 	// Taken counts the decisions [Store.Take] admitted. It is not raised by each decision (that
 	// would be a locked instruction per decision): each entry counts its own in the word Take

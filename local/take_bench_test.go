@@ -82,6 +82,7 @@ func BenchmarkTake(b *testing.B) {
 					i++
 				}
 			})
+			b.ReportMetric(float64(s.Stats().Splits.Load()), "splits") // keys split so far (see split)
 		})
 	}
 }
