@@ -72,7 +72,13 @@ func (e *Entry) splitOf() *split {
 	return e.rare.Load().split.Load()
 }
 
-// Split reports whether e's allowance is split per core (see split).
+// Split reports whether e's allowance is split per core: takes on e lost many CASes to one another
+// (8 within 256 decisions or one [Store.Collect]), so [Store.Take] now takes from one of several
+// padded slots, each holding tokens moved out of e's allowance, and two cores taking from e write
+// different cache lines. It changes nothing else a caller sees: all slots together never admit
+// more than the mark, and Total, Remaining, Unused, the counts a [Call] sends, Expire's write-off
+// and Stats.Taken count what was admitted, not what a slot holds. A split lasts for the entry's
+// life; [Stats].Splits counts them.
 func (e *Entry) Split() bool { return e.flags.has(fSplit) }
 
 // doSplit splits e's allowance, unless it already is, and reports whether it did.
@@ -151,9 +157,7 @@ func (s *Store) contended(e *Entry) {
 			return
 		}
 		if f&lostMask == lostMask {
-			if e.doSplit() {
-				s.stats.Splits.Add(1)
-			}
+			s.Split(e)
 			e.flags.v.And(^uint32(lostMask))
 			return
 		}
@@ -284,4 +288,15 @@ func (s *Store) foldWord(w *atomic.Int64) {
 			return
 		}
 	}
+}
+
+// Split splits e's allowance per core now, as contention on it would (see [Entry.Split]), and
+// reports whether it did (false when e already was). For a caller that knows a key is hot before
+// its takes collide, and for tests.
+func (s *Store) Split(e *Entry) bool {
+	if !e.doSplit() {
+		return false
+	}
+	s.stats.Splits.Add(1)
+	return true
 }

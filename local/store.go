@@ -40,9 +40,10 @@ type Stats struct {
 
 	// Taken counts the decisions [Store.Take] admitted. It is not raised by each decision (that
 	// would be a locked instruction per decision): each entry counts its own in the word Take
-	// already writes, and Taken gets them when [Store.Collect] takes the entry off its dirty list
-	// (a decision puts it there), when the entry leaves the store ([Store.Remove], an eviction,
-	// [Store.Sweep]), and every 256th decision of an entry. So Taken lags the decisions by those
+	// already writes (a split entry in the word of the slot it took from: see [Entry.Split]), and
+	// Taken gets them when [Store.Collect] takes the entry off its dirty list (a decision puts it
+	// there), when the entry leaves the store ([Store.Remove], an eviction, [Store.Sweep]), and
+	// every 256th decision of an entry (or of a slot). So Taken lags the decisions by those
 	// made since their entries were last collected (for a caller that collects every interval, at
 	// most an interval's), and never loses one: after a Collect with no decision running, it is
 	// exact. A take undone by a concurrent eviction after its entry was collected is taken off
