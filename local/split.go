@@ -47,7 +47,8 @@ type slot struct {
 }
 
 // splitAfter is the number of CASes lost on an entry's word, within one window, that splits it:
-// the lost-CAS count in the flags word saturates at 7, and the loss after that splits.
+// the lost-CAS count in the flags word (lostMask: at most 7) reaches splitAfter−1, and the loss
+// after that splits.
 const splitAfter = 8
 
 // maxChunk bounds the tokens one refill moves to a slot (beyond the take it serves).
@@ -156,7 +157,7 @@ func (s *Store) contended(e *Entry) {
 		if f&fSplit != 0 {
 			return
 		}
-		if f&lostMask == lostMask {
+		if f&lostMask == (splitAfter-1)<<lostShift {
 			s.Split(e)
 			e.flags.v.And(^uint32(lostMask))
 			return
