@@ -229,3 +229,34 @@ func TestSplitTakesAndEvictionsLoseNothing(t *testing.T) {
 	assert.Equal(t, decisions.Load(), s.Stats().Taken.Load())
 	assert.Positive(t, s.Stats().Evictions.Load())
 }
+
+// TestUniformKeysStayUnsplit: on 1,024 keys drawn at random by two goroutines (as
+// BenchmarkAllow's keys=1k rows), takes rarely meet on one key, and the trigger (8 lost CASes
+// within 256 decisions) splits none.
+func TestUniformKeysStayUnsplit(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, 1<<12)
+	keys := make([]string, 1024)
+	for i := range keys {
+		keys[i] = "user:" + strconv.Itoa(i)
+		s.Insert(keys[i], hash(s, keys[i]), 1e9, 1e9, 1<<62)
+	}
+	seq := make([]int, 1<<16)
+	for i := range seq {
+		seq[i] = rand.IntN(len(keys))
+	}
+	var wg sync.WaitGroup
+	for g := range 2 {
+		wg.Go(func() {
+			for i := range 1_000_000 {
+				k := keys[seq[(i+g*104_729)&(len(seq)-1)]]
+				if s.Take(k, hash(s, k), 1e9, 1e9, 1) == nil {
+					t.Error("not taken")
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	assert.Zero(t, s.Stats().Splits.Load(), "uniform keys split")
+}
