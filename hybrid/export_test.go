@@ -59,3 +59,14 @@ func (l *Limiter) Unused(key string) int64 {
 	}
 	return 0
 }
+
+// Splits returns how many of l's keys had their local allowance split per core (local.Stats.Splits);
+// for tests only.
+func Splits(l *Limiter) int64 { return l.store.Stats().Splits.Load() }
+
+// SplitKey splits key's local allowance per core now, as contention would (local.Store.Split), and
+// reports whether it did; for tests only.
+func SplitKey(l *Limiter, key string) bool {
+	e := l.store.Lookup(key, l.store.Hash(key))
+	return e != nil && l.store.Split(e)
+}

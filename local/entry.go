@@ -21,7 +21,7 @@ type Entry struct {
 	// cache line, as an Entry is exactly 128 bytes (a size class whose objects are 64-byte aligned;
 	// TestEntryLayout pins both). docs/design.md says what each field costs.
 	hash    uint32        // low 32 bits of the store's hash: shard, slot and a tag compared first
-	flags   flags         // fDirty, fEvicted, fUsed, fThin, fHeld, fUnder, fFly, fWait; above them, the nodes active on the key
+	flags   flags         // fDirty, fEvicted, fUsed, fThin, fHeld, fUnder, fFly, fWait, fSplit, lost CAS; above them, the nodes active on the key
 	key     string        // compared on lookup
 	word    atomic.Int64  // total (tokens consumed by this incarnation) and the decisions Store.Take counted: see takeShift
 	mark    atomic.Int64  // total may grow up to mark without asking Redis
@@ -125,15 +125,16 @@ func (e *Entry) lock() *stripe { return &stripes[(e.hash*0x9e3779b1)>>(32-stripe
 // Until then each of its values reads as zero. Fields without an atomic type are guarded by the
 // entry's lock.
 type rare struct {
-	denied     atomic.Int64 // tokens this node denied locally (demand it could not serve), cumulative
-	waiters    atomic.Int64 // tokens the callers waiting for the call in flight want
-	retryAt    atomic.Int64 // a lease shorter than wanted: do not ask again before then (caller's clock)
-	sentDenied int64        // denied tokens at the last call
-	excused    int64        // tokens AddExcused excused that Redis has not been told of
-	exSeq      uint32       // the first call that left them out of its Cum (modulo 2^32, as calls.seq)
-	directAt   int64        // start of the window Direct counts in (caller's clock); 0 before the first
-	directN    int16        // one-off takes counted in Direct's window
-	thinRun    uint8        // synchronous answers in a row that SetThin recorded as thin
+	denied     atomic.Int64          // tokens this node denied locally (demand it could not serve), cumulative
+	waiters    atomic.Int64          // tokens the callers waiting for the call in flight want
+	retryAt    atomic.Int64          // a lease shorter than wanted: do not ask again before then (caller's clock)
+	sentDenied int64                 // denied tokens at the last call
+	excused    int64                 // tokens AddExcused excused that Redis has not been told of
+	directAt   int64                 // start of the window Direct counts in (caller's clock); 0 before the first
+	split      atomic.Pointer[split] // a contended key's allowance split per core (see split); set before fSplit
+	exSeq      uint32                // the first call that left them out of its Cum (modulo 2^32, as calls.seq)
+	directN    int16                 // one-off takes counted in Direct's window
+	thinRun    uint8                 // synchronous answers in a row that SetThin recorded as thin
 }
 
 // more returns e's rare part, allocating it the first time.
@@ -149,7 +150,7 @@ func (e *Entry) more() *rare {
 }
 
 // The bits of Entry.flags. Each is set and cleared by an atomic Or or And on the word, so that the
-// eight need 4 bytes of the hot cache line, not 24, and TryTake reads all three it needs at once.
+// nine need 4 bytes of the hot cache line, not 24, and TryTake reads all three it needs at once.
 // The word's bits from activeShift up hold the number of nodes active on the key by the last
 // answer (Global), written by Grant with a CAS that leaves the flag bits as they are.
 const (
@@ -161,9 +162,15 @@ const (
 	fUnder                      // the last answer counted the key's demand under its rate (see Under)
 	fFly                        // a caller's synchronous call is in flight (see Fly)
 	fWait                       // a caller waits for it on the entry's stripe (see Fly)
+	fSplit                      // the allowance is split per core: rare.split is set (see split)
 
-	activeShift = 8
-	maxActive   = 1<<(32-activeShift) - 1 // 16,777,215 nodes: more than any fleet's
+	// Bits 9–11 count the CAS a take lost on the entry's word (Store.contended) since the count
+	// was last reset (every 256th decision and every Collect): at splitAfter the entry is split.
+	lostShift   = 9
+	lostOne     = 1 << lostShift
+	lostMask    = 7 << lostShift
+	activeShift = 12
+	maxActive   = 1<<(32-activeShift) - 1 // 1,048,575 nodes: more than any fleet's
 )
 
 // An entry's word holds two counts that Store.Take updates with one CAS: total, the tokens
@@ -252,8 +259,16 @@ func (e *Entry) Incarnation() uint64 {
 	return e.inc
 }
 
-// Total returns the tokens consumed by this incarnation so far.
-func (e *Entry) Total() int64 { return tot(e.word.Load()) }
+// Total returns the tokens consumed by this incarnation so far: admitted, and written off. For a
+// split entry (see split) it takes the entry's lock, and the tokens moved to its slots and not
+// admitted are not counted.
+func (e *Entry) Total() int64 {
+	if e.flags.v.Load()&fSplit == 0 {
+		return tot(e.word.Load())
+	}
+	defer e.acquire().Unlock()
+	return e.total()
+}
 
 // Charged returns the tokens Redis has charged to this incarnation, by the last answer applied.
 func (e *Entry) Charged() int64 { return e.charged.Load() }
@@ -280,9 +295,18 @@ const (
 // TryTake takes n tokens from the local allowance. It never blocks, never allocates and reads no
 // clock. It does not count a decision (Store.Take does; the caller counts its own).
 func (e *Entry) TryTake(n int64) TakeResult {
+	reclaimed := false
 	for {
 		w := e.word.Load()
 		if tot(w)+n > e.mark.Load() {
+			if !reclaimed && e.flags.has(fSplit) {
+				// The slots may hold what is missing: bring it back and look again, once.
+				reclaimed = true
+				mu := e.acquire()
+				e.drainLocked()
+				mu.Unlock()
+				continue
+			}
 			return Exhaust
 		}
 		if e.word.CompareAndSwap(w, w+n) {
@@ -363,6 +387,7 @@ func (e *Entry) Refund(n, now int64) int64 {
 		return 0
 	}
 	defer e.acquire().Unlock()
+	e.drainLocked()
 	for {
 		if e.flags.has(fEvicted) {
 			return 0
@@ -453,6 +478,12 @@ func (e *Entry) Touch() {
 // tryEvict marks an entry evicted when Redis has counted all of its consumption (no debt, and every
 // admitted token reported) and it is not on a dirty list. An unused lease is given up.
 func (e *Entry) tryEvict() bool {
+	if e.flags.has(fSplit) {
+		// Under the entry's lock no slot is refilled: the drain leaves total exact, and a slot take
+		// that raced with it sees fEvicted and gives its tokens back (Store.afterSlot).
+		defer e.acquire().Unlock()
+		e.drainLocked()
+	}
 	if !e.clean() {
 		return false
 	}
@@ -470,15 +501,15 @@ func (e *Entry) clean() bool {
 		return false
 	}
 	burned := e.burned.Load() // before total: Expire raises total first, so a race reads used too high
-	t := e.Total()
+	t := e.total()
 	return t <= e.charged.Load() && t-burned <= e.uacked.Load()
 }
 
 // Pending reports whether the entry has consumption Redis has not charged (debt to report).
-func (e *Entry) Pending() bool { return e.Total() > e.charged.Load() }
+func (e *Entry) Pending() bool { return e.total() > e.charged.Load() }
 
 // Unused returns the unused part of the lease, in tokens.
-func (e *Entry) Unused() int64 { return max(e.charged.Load()-e.Total(), 0) }
+func (e *Entry) Unused() int64 { return max(e.charged.Load()-e.total(), 0) }
 
 // Call is what one reconcile sends for an entry; see central.Update.
 type Call struct {
@@ -500,7 +531,8 @@ func (e *Entry) Next(now int64) Call {
 	defer e.acquire().Unlock()
 	k := e.record()
 	k.seq++
-	total := e.Total()
+	e.drainLocked() // what the slots hold and did not admit comes back: total is then exact
+	total := tot(e.word.Load())
 	cum := total
 	r := e.rare.Load()
 	if r != nil && r.excused > 0 {
@@ -584,7 +616,7 @@ func (e *Entry) RecentRate(now int64) float64 {
 	if k.sentAt <= 0 {
 		return -1
 	}
-	return e.sinceCall(k, e.Total()-e.burned.Load(), e.Denied()) / max(float64(now-k.sentAt)/1e9, 1)
+	return e.sinceCall(k, e.total()-e.burned.Load(), e.Denied()) / max(float64(now-k.sentAt)/1e9, 1)
 }
 
 // sinceCall returns the tokens admitted and denied since the last call, given the counters now:
@@ -667,13 +699,13 @@ func (e *Entry) ThinRun() int {
 // Active reports whether the entry admitted or denied anything since its last call.
 func (e *Entry) Active() bool {
 	defer e.acquire().Unlock()
-	return e.Total()-e.burned.Load() != e.peek().sentUsed || e.Denied() != e.sentDenied()
+	return e.total()-e.burned.Load() != e.peek().sentUsed || e.Denied() != e.sentDenied()
 }
 
 // Unreported reports whether the entry admitted tokens Redis has not counted yet.
 func (e *Entry) Unreported() bool {
 	burned := e.burned.Load()
-	return e.Total()-burned > e.uacked.Load()
+	return e.total()-burned > e.uacked.Load()
 }
 
 // Demand returns the entry's demand estimate, tokens/s.
@@ -709,6 +741,7 @@ func (e *Entry) Grant(a Answer) {
 	}
 	k = e.record()
 	k.applied = seq
+	e.drainLocked() // tokens moved to slots under the old mark come back before the new one applies
 	if a.Charged > e.charged.Load() {
 		e.charged.Store(a.Charged)
 	}
@@ -745,6 +778,7 @@ func (e *Entry) Expire(now int64) int64 {
 	if now < e.LeaseUntil() {
 		return 0
 	}
+	e.drainLocked()
 	c := e.charged.Load()
 	for {
 		w := e.word.Load()
@@ -817,7 +851,7 @@ func (e *Entry) Burned() int64 { return e.burned.Load() }
 // Remaining estimates the global tokens left, in tokens: the global count at the last answer plus
 // this node's unused lease. Lock-free; the estimate may mix two answers.
 func (e *Entry) Remaining() int64 {
-	return max(e.remBase.Load()-e.Total(), 0)
+	return max(e.remBase.Load()-e.total(), 0)
 }
 
 // demandTau returns the time constant (s) of a node's demand estimate, from the estimate so far and

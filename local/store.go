@@ -36,12 +36,14 @@ type Stats struct {
 	Inserts   atomic.Int64 // keys added
 	Evictions atomic.Int64 // clean keys evicted to make room
 	Full      atomic.Int64 // inserts refused because every candidate had pending consumption
+	Splits    atomic.Int64 // entries whose allowance was split per core (see Entry.Split)
 
 	// Taken counts the decisions [Store.Take] admitted. It is not raised by each decision (that
 	// would be a locked instruction per decision): each entry counts its own in the word Take
-	// already writes, and Taken gets them when [Store.Collect] takes the entry off its dirty list
-	// (a decision puts it there), when the entry leaves the store ([Store.Remove], an eviction,
-	// [Store.Sweep]), and every 256th decision of an entry. So Taken lags the decisions by those
+	// already writes (a split entry in the word of the slot it took from: see [Entry.Split]), and
+	// Taken gets them when [Store.Collect] takes the entry off its dirty list (a decision puts it
+	// there), when the entry leaves the store ([Store.Remove], an eviction, [Store.Sweep]), and
+	// every 256th decision of an entry (or of a slot). So Taken lags the decisions by those
 	// made since their entries were last collected (for a caller that collects every interval, at
 	// most an interval's), and never loses one: after a Collect with no decision running, it is
 	// exact. A take undone by a concurrent eviction after its entry was collected is taken off
@@ -319,8 +321,14 @@ probe:
 			return nil
 		}
 	}
-	if e.rate.Load() != math.Float64bits(rate) || e.burst.Load() != burst || e.flags.v.Load()&fHeld != 0 {
+	if e.rate.Load() != math.Float64bits(rate) || e.burst.Load() != burst {
 		return nil
+	}
+	if f := e.flags.v.Load(); f&(fHeld|fSplit) != 0 {
+		if f&fHeld != 0 {
+			return nil
+		}
+		return s.takeSplit(e, n) // see split
 	}
 	w := e.word.Load()
 	if tot(w)+n > e.mark.Load() || !e.word.CompareAndSwap(w, w+n+oneTake) {
@@ -344,6 +352,9 @@ func (s *Store) takeSlow(e *Entry, n int64) *Entry {
 		if tot(w)+n > e.mark.Load() {
 			return nil
 		}
+		// The allowance covers n, so Take's CAS (or the last one here) lost to another take or a
+		// fold: count it, and split a key that loses many (see split).
+		s.contended(e)
 		if e.word.CompareAndSwap(w, w+n+oneTake) {
 			return s.afterTake(e, e.flags.v.Load(), w+n+oneTake, n)
 		}
@@ -359,6 +370,9 @@ func (s *Store) takeSlow(e *Entry, n int64) *Entry {
 func (s *Store) afterTake(e *Entry, f uint32, w, n int64) *Entry {
 	if uint64(w) < oneTake {
 		s.stats.Taken.Add(takeWrap)
+		if f&lostMask != 0 {
+			e.flags.v.And(^uint32(lostMask)) // a new window for the lost CASes (see split)
+		}
 	}
 	if f&fEvicted != 0 {
 		s.untake(e, n)
@@ -392,17 +406,12 @@ func (s *Store) untake(e *Entry, n int64) {
 	}
 }
 
-// fold moves the decisions counted in e's word to Stats.Taken.
+// fold moves the decisions counted in e's word, and in its slots' if it is split, to Stats.Taken.
 func (s *Store) fold(e *Entry) {
-	for {
-		w := e.word.Load()
-		k := takes(w)
-		if k == 0 {
-			return
-		}
-		if e.word.CompareAndSwap(w, tot(w)) {
-			s.stats.Taken.Add(k)
-			return
+	s.foldWord(&e.word)
+	if sp := e.splitOf(); sp != nil {
+		for i := range sp.slots {
+			s.foldWord(&sp.slots[i].word)
 		}
 	}
 }
@@ -717,7 +726,9 @@ func (s *Store) Collect(buf []*Entry) []*Entry {
 		for e != nil {
 			next := e.link
 			e.link = unsafe.Pointer(s)
-			e.flags.clear(fDirty)
+			if e.flags.v.And(^fDirty)&lostMask != 0 {
+				e.flags.v.And(^uint32(lostMask)) // a new window for the lost CASes (see split)
+			}
 			s.fold(e) // after the clear: a decision the fold misses sees the flag clear and marks e dirty again
 			buf = append(buf, e)
 			k++

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"sync/atomic"
 	"testing"
+
+	"github.com/hybridrate/hybridrate/internal/cputime"
 )
 
 // BenchmarkTake measures the store's share of a local decision, and its parts: the key's hash, the
@@ -82,6 +84,7 @@ func BenchmarkTake(b *testing.B) {
 					i++
 				}
 			})
+			b.ReportMetric(float64(s.Stats().Splits.Load()), "splits") // keys split so far (see split)
 		})
 	}
 }
@@ -118,5 +121,54 @@ func BenchmarkTakeMany(b *testing.B) {
 		if s.Take(k, s.Hash(k), 1e9, 1e9, 1) == nil {
 			b.Fatal("not taken")
 		}
+	}
+}
+
+// BenchmarkTakeSplit measures Store.Take on one hot key whose allowance is split per core
+// (Entry.Split) beside the same key unsplit: serially, what a split costs one core, and on every P,
+// what it saves them (an unsplit key splits itself under contention, so its parallel row is the
+// split one's; the figure before splitting existed is the previous build's keys=1 parallel row).
+// cpu-ns/op is the process's CPU time per take, both cores' in the parallel rows.
+//
+//	go test -run '^$' -bench BenchmarkTakeSplit -benchmem -count 6 ./local/
+func BenchmarkTakeSplit(b *testing.B) {
+	for _, split := range []bool{false, true} {
+		s, err := New(Config{MaxKeys: 1 << 10})
+		if err != nil {
+			b.Fatal(err)
+		}
+		const k = "user:hot"
+		h := s.Hash(k)
+		e := s.Insert(k, h, 1e9, 1e9, 1<<62)
+		if split {
+			e.doSplit()
+		}
+		name := "split=" + strconv.FormatBool(split)
+		b.Run(name+"/serial", func(b *testing.B) {
+			b.ReportAllocs()
+			cpu := cputime.Process()
+			for i := 0; i < b.N; i++ {
+				if s.Take(k, h, 1e9, 1e9, 1) == nil {
+					b.Fatal("not taken")
+				}
+			}
+			cputime.Report(b, cpu)
+		})
+		if !split {
+			continue
+		}
+		b.Run(name+"/parallel", func(b *testing.B) {
+			b.ReportAllocs()
+			cpu := cputime.Process()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if s.Take(k, h, 1e9, 1e9, 1) == nil {
+						b.Error("not taken")
+						return
+					}
+				}
+			})
+			cputime.Report(b, cpu)
+		})
 	}
 }
