@@ -253,26 +253,10 @@ func (s *Store) afterSlot(e *Entry, sl *slot, f uint32, w, n int64) *Entry {
 		s.stats.Taken.Add(takeWrap)
 	}
 	if f&fEvicted != 0 {
-		for {
-			v := sl.word.Load()
-			if takes(v) != 0 {
-				if sl.word.CompareAndSwap(v, v+n-oneTake) {
-					return nil
-				}
-				continue
-			}
-			if sl.word.CompareAndSwap(v, v+n) {
-				s.stats.Taken.Add(-1)
-				return nil
-			}
-		}
+		s.untakeWord(&sl.word, n) // the tokens go back to the slot
+		return nil
 	}
-	if f&fUsed == 0 {
-		e.flags.set(fUsed)
-	}
-	if f&fDirty == 0 {
-		e.markDirty()
-	}
+	e.noteUse(f)
 	return e
 }
 

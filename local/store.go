@@ -378,31 +378,41 @@ func (s *Store) afterTake(e *Entry, f uint32, w, n int64) *Entry {
 		s.untake(e, n)
 		return nil
 	}
+	e.noteUse(f)
+	return e
+}
+
+// untake undoes a take of n tokens and one decision that found e evicted (see untakeWord).
+func (s *Store) untake(e *Entry, n int64) { s.untakeWord(&e.word, -n) }
+
+// untakeWord undoes a take that found its entry evicted: it adds d to the tokens in w (an entry's
+// word, whose tokens are consumption: d = −n; or a slot's, whose tokens are held: d = +n) and takes
+// one decision off the count in w, or, when a fold (or the take's own wrap) has already moved it
+// to Stats.Taken and the count is 0, off Stats.Taken.
+func (s *Store) untakeWord(w *atomic.Int64, d int64) {
+	for {
+		v := w.Load()
+		if takes(v) != 0 {
+			if w.CompareAndSwap(v, v+d-oneTake) {
+				return
+			}
+			continue
+		}
+		if w.CompareAndSwap(v, v+d) {
+			s.stats.Taken.Add(-1)
+			return
+		}
+	}
+}
+
+// noteUse sets e's CLOCK bit and puts it on the dirty list, unless the flags f read after a take
+// show them done already.
+func (e *Entry) noteUse(f uint32) {
 	if f&fUsed == 0 {
 		e.flags.set(fUsed)
 	}
 	if f&fDirty == 0 {
 		e.markDirty()
-	}
-	return e
-}
-
-// untake undoes a take of n tokens and one decision that found e evicted. The decision comes off
-// the count in e's word, or, when a fold (or the take's own wrap) has already moved it to
-// Stats.Taken and the count is 0, off Stats.Taken.
-func (s *Store) untake(e *Entry, n int64) {
-	for {
-		w := e.word.Load()
-		if takes(w) != 0 {
-			if e.word.CompareAndSwap(w, w-n-oneTake) {
-				return
-			}
-			continue
-		}
-		if e.word.CompareAndSwap(w, w-n) {
-			s.stats.Taken.Add(-1)
-			return
-		}
 	}
 }
 
