@@ -849,9 +849,13 @@ func (e *Entry) sentDenied() int64 {
 func (e *Entry) Burned() int64 { return e.burned.Load() }
 
 // Remaining estimates the global tokens left, in tokens: the global count at the last answer plus
-// this node's unused lease. Lock-free; the estimate may mix two answers.
+// this node's unused lease. Lock-free; the estimate may mix two answers. On a split entry (see
+// [Entry.Split]) the tokens its slots hold count as spent, so the estimate is low by those: a
+// refill moves at most 1/(2·slots) of the allowance left to a slot, so about half of it at most.
+// Reading every slot, which the other cores write, would cost each decision that reads it what the
+// split saved.
 func (e *Entry) Remaining() int64 {
-	return max(e.remBase.Load()-e.total(), 0)
+	return max(e.remBase.Load()-tot(e.word.Load()), 0)
 }
 
 // demandTau returns the time constant (s) of a node's demand estimate, from the estimate so far and

@@ -26,7 +26,7 @@ import (
 // (drainLocked, under the entry's lock, where no refill runs): Next before it reports to Redis
 // (so Redis counts exactly what was admitted), Grant before it applies a new mark, Expire before
 // it writes the lease off, Refund, eviction (tryEvict), and TryTake when the word alone cannot
-// cover a take. Lock-free readers (Remaining, Pending, Unused, Unreported, clean) subtract the
+// cover a take. Lock-free readers (Pending, Unused, Unreported, clean) subtract the
 // slots' tokens as they read them (total), which may count a token being moved or drained as
 // consumed for an instant, never the reverse; Total takes the lock.
 //
